@@ -1,0 +1,45 @@
+"""speculative_t5x: exact speculative decoding for T5 1.1 in JAX/Flax, the T5X way."""
+import setuptools
+
+setuptools.setup(
+    name="speculative_t5x",
+    version="0.1.0",
+    description="Exact speculative decoding (Leviathan et al. 2023) for T5 1.1 in JAX/Flax, T5X-compatible.",
+    packages=setuptools.find_packages(include=["speculative_t5x", "speculative_t5x.*"]),
+    package_data={"": ["**/*.gin"]},
+    python_requires=">=3.11",
+    install_requires=[
+        "jax>=0.4.30",
+        "flax>=0.10",
+        "optax>=0.2",
+        "orbax-checkpoint>=0.11",
+        "gin-config>=0.5",
+        "seqio>=0.0.19",
+        "tensorflow-datasets>=4.9",
+        "tensorflow>=2.16",
+        "tensorstore>=0.1.60",
+        "sentencepiece>=0.2",
+        "numpy>=1.26",
+        "absl-py>=2.0",
+        "tqdm>=4.66",
+        "msgpack>=1.0",
+        "ml_dtypes>=0.4",
+        "safetensors>=0.4",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3",
+            "hypothesis>=6",
+            "scipy>=1.11",
+            "transformers>=4.40",
+            "torch==2.13.0",
+            "sacrebleu>=2.4",
+            "rouge-score>=0.1.2",
+            "matplotlib>=3.8",
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6",
+        ],
+    },
+)
