@@ -1,0 +1,271 @@
+"""The paper's formulas: expected tokens, speedup, optimal gamma, operations, lenience.
+
+Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding" (ICML 2023),
+section 3 and Appendix A.5. Notation follows the paper:
+
+  alpha    expected acceptance rate, E(beta), in [0, 1] (Corollary 3.6).
+  beta     per-position acceptance probability, sum_x min(p(x), q(x)) (Theorem 3.5).
+  gamma    tokens drafted per iteration, a positive integer (math.inf where a formula allows it).
+  c        cost coefficient: time of one drafter (M_q) step over one target (M_p) step (Def. 3.7).
+  c_hat    arithmetic operations per token of M_q over those of M_p (Definition 3.10).
+  l        lenience in (0, 1] (Appendix A.5); l = 1 is exact speculative sampling.
+
+Every function broadcasts over numpy arrays of alpha (and of gamma, c where it makes sense) and
+returns a Python float when all its inputs are scalars. Nothing here depends on JAX or on a model.
+"""
+import numpy as np
+
+# Largest gamma `optimal_gamma` searches by default. Figure 3's largest finite optimum is 40
+# (alpha = 0.95, c = 0.01); alpha = 0.99 with c = 0.001 needs 259.
+DEFAULT_MAX_GAMMA = 1000
+
+# How far a distribution's total mass may be from 1 (float32 softmax over 32k tokens is ~1e-5 off).
+_PROBABILITY_SUM_TOLERANCE = 1e-3
+
+
+def _as_float_array(name, value):
+  array = np.asarray(value, dtype=np.float64)
+  if np.any(np.isnan(array)):
+    raise ValueError(f"{name} contains NaN: {value!r}")
+  return array
+
+
+def _check_alpha(alpha):
+  alpha = _as_float_array("alpha", alpha)
+  if np.any((alpha < 0) | (alpha > 1)):
+    raise ValueError(f"alpha must lie in [0, 1] (it is an acceptance probability), got {alpha!r}")
+  return alpha
+
+
+def _check_gamma(gamma, allow_inf=True):
+  gamma = _as_float_array("gamma", gamma)
+  finite = np.isfinite(gamma)
+  if not allow_inf and not np.all(finite):
+    raise ValueError(f"gamma must be finite here, got {gamma!r}")
+  if np.any(gamma < 1) or np.any(finite & (gamma != np.floor(gamma))):
+    raise ValueError(f"gamma must be a positive integer (tokens drafted per step), got {gamma!r}; "
+                     "gamma = 0 is plain autoregressive decoding")
+  return gamma
+
+
+def _check_cost(name, value):
+  value = _as_float_array(name, value)
+  if np.any(value < 0) or not np.all(np.isfinite(value)):
+    raise ValueError(f"{name} must be a finite non-negative cost ratio, got {value!r}")
+  return value
+
+
+def _to_output(array):
+  """A float for 0-d results, the array otherwise."""
+  return float(array) if np.ndim(array) == 0 else array
+
+
+def _expected_tokens(alpha, gamma):
+  """Eq. (1) on checked float64 arrays; see `expected_tokens`."""
+  with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    finite_gamma = np.where(np.isinf(gamma), 1.0, gamma)
+    capped = np.where(alpha == 1, finite_gamma + 1, (1 - alpha**(finite_gamma + 1)) / (1 - alpha))
+    return np.where(np.isinf(gamma), 1 / (1 - alpha), capped)
+
+
+def expected_tokens(alpha, gamma):
+  """Expected tokens produced per target call, Eq. (1): (1 - alpha^(gamma+1)) / (1 - alpha).
+
+  The count is a geometric variable with success probability 1 - alpha, capped at gamma + 1. Limits
+  are returned exactly: alpha == 1 gives gamma + 1 (every draft and the bonus token), and
+  gamma == math.inf gives 1 / (1 - alpha) (infinite when alpha == 1 too).
+
+  Args:
+    alpha: acceptance rate in [0, 1]; scalar or array.
+    gamma: drafted tokens per iteration, an integer >= 1 or math.inf; scalar or array
+      broadcastable with alpha.
+
+  Returns:
+    E(# generated tokens), a float or an array of the broadcast shape.
+  """
+  return _to_output(_expected_tokens(_check_alpha(alpha), _check_gamma(gamma)))
+
+
+def speedup_hardware_aware(alpha, gamma, c, verify_cost):
+  """Walltime improvement when verifying gamma + 1 tokens costs `verify_cost` single target steps.
+
+  One iteration costs gamma * c + verify_cost target steps and yields Eq. (1) tokens, against one
+  target step per token for the baseline:
+
+    (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + verify_cost)).
+
+  Theorem 3.8 assumes the gamma + 1 parallel evaluations take no longer than one (verify_cost = 1);
+  on real hardware verify_cost is the measured time of the target on gamma + 1 tokens over its time
+  on 1 token. With c > 0, gamma == math.inf gives 0; with c == 0 it gives 1 / ((1 - alpha)
+  verify_cost).
+
+  Args:
+    alpha: acceptance rate in [0, 1].
+    gamma: drafted tokens per iteration, an integer >= 1 or math.inf.
+    c: cost coefficient, drafter step time over target step time, >= 0.
+    verify_cost: target time on gamma + 1 tokens over target time on 1 token, > 0.
+  All four broadcast against each other.
+
+  Returns:
+    The expected speedup over autoregressive decoding with the target alone.
+  """
+  alpha, gamma = _check_alpha(alpha), _check_gamma(gamma)
+  c = _check_cost("c", c)
+  verify_cost = _check_cost("verify_cost", verify_cost)
+  if np.any(verify_cost == 0):
+    raise ValueError(f"verify_cost must be > 0 (a time ratio), got {verify_cost!r}")
+  with np.errstate(invalid="ignore"):
+    drafting = np.where(c == 0, 0.0, gamma * c)  # c == 0 costs nothing even for gamma == inf.
+  return _to_output(_expected_tokens(alpha, gamma) / (drafting + verify_cost))
+
+
+def speedup(alpha, gamma, c):
+  """Expected walltime improvement factor, Theorem 3.8.
+
+    (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + 1)).
+
+  Assumes the gamma + 1 target evaluations run in parallel in the time of one, and long generations.
+  c == 0 gives Eq. (1); Corollary 3.9: gamma = 1 gives (1 + alpha) / (1 + c).
+
+  Args:
+    alpha: acceptance rate in [0, 1].
+    gamma: drafted tokens per iteration, an integer >= 1 or math.inf.
+    c: cost coefficient, drafter step time over target step time, >= 0.
+
+  Returns:
+    The expected speedup over autoregressive decoding with the target alone.
+  """
+  return speedup_hardware_aware(alpha, gamma, c, verify_cost=1.0)
+
+
+def optimal_gamma(alpha, c, max_gamma=DEFAULT_MAX_GAMMA):
+  """The integer gamma in [1, max_gamma] that maximises Theorem 3.8, as in Figure 3 (section 3.5).
+
+  An exhaustive search; on ties the smallest gamma wins (e.g. alpha = 0 with c = 0, where every
+  gamma gives 1). The speedup has no finite maximiser exactly when it increases with every gamma:
+  c == 0 with alpha > 0 (it approaches 1 / (1 - alpha), Figure 3's "infinity" cells; see
+  `speedup(alpha, math.inf, 0)`), or alpha == 1 with c < 1. Then the search is capped and returns
+  gamma = max_gamma with its speedup.
+
+  Args:
+    alpha: acceptance rate in [0, 1], a scalar.
+    c: cost coefficient >= 0, a scalar.
+    max_gamma: the largest gamma tried, an integer >= 1.
+
+  Returns:
+    (gamma, speedup): the best gamma as an int and Theorem 3.8 at that gamma.
+  """
+  if np.ndim(alpha) != 0 or np.ndim(c) != 0:
+    raise ValueError(f"optimal_gamma takes scalar alpha and c, got alpha={alpha!r}, c={c!r}; "
+                     "call it once per (alpha, c) pair")
+  max_gamma = int(_check_gamma(max_gamma, allow_inf=False))
+  alpha, c = float(_check_alpha(alpha)), float(_check_cost("c", c))
+  if (c == 0 and alpha > 0) or (alpha == 1 and c < 1):
+    # Increasing in gamma; searching would stop where the float speedup stops changing instead.
+    return max_gamma, speedup(alpha, max_gamma, c)
+  gammas = np.arange(1, max_gamma + 1)
+  speedups = speedup(alpha, gammas, c)
+  best = int(np.argmax(speedups))
+  return int(gammas[best]), float(speedups[best])
+
+
+def operations_factor(alpha, gamma, c_hat):
+  """Expected factor of increase in total arithmetic operations, Theorem 3.11.
+
+    (1 - alpha) (gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)).
+
+  One iteration runs gamma drafter steps (gamma c_hat target-step equivalents) and the target on
+  gamma + 1 positions, and yields Eq. (1) tokens. alpha == 1 gives (gamma c_hat + gamma + 1) /
+  (gamma + 1).
+
+  Args:
+    alpha: acceptance rate in [0, 1].
+    gamma: drafted tokens per iteration, a finite integer >= 1.
+    c_hat: drafter operations per token over target operations per token, >= 0.
+
+  Returns:
+    Total operations of speculative decoding over those of the target decoding alone.
+  """
+  alpha, gamma = _check_alpha(alpha), _check_gamma(gamma, allow_inf=False)
+  c_hat = _check_cost("c_hat", c_hat)
+  return _to_output((gamma * c_hat + gamma + 1) / _expected_tokens(alpha, gamma))
+
+
+def lenient_alpha(p, q, lenience=1.0):
+  """Acceptance probability with lenience l (Appendix A.5): sum_x min(p(x) / l, q(x)).
+
+  Lenient speculative sampling compares p(x) with l q(x) instead of q(x), so that
+    alpha_l = E_{x~q} p(x) / max(p(x), l q(x)) = sum_x min(p(x) / l, q(x)).
+  With l = 1 this is beta = sum_x min(p(x), q(x)) = 1 - D_LK(p, q) (Theorem 3.5).
+
+  Args:
+    p: target distributions, [..., vocab], non-negative and each summing to 1.
+    q: drafter distributions, the same shape as p.
+    lenience: l in (0, 1]; 1 is exact sampling.
+
+  Returns:
+    alpha_l per distribution, [...] (a float for a single pair of distributions).
+  """
+  p, q = _as_float_array("p", p), _as_float_array("q", q)
+  lenience = float(lenience)
+  if not 0 < lenience <= 1:
+    raise ValueError(f"lenience must lie in (0, 1] (1 is exact sampling), got {lenience}")
+  if p.shape != q.shape or p.ndim == 0:
+    raise ValueError(f"p and q must be distributions of the same shape [..., vocab], "
+                     f"got {p.shape} and {q.shape}")
+  for name, dist in (("p", p), ("q", q)):
+    if np.any(dist < 0) or np.any(np.abs(dist.sum(axis=-1) - 1) > _PROBABILITY_SUM_TOLERANCE):
+      raise ValueError(f"{name} must hold probabilities (non-negative, summing to 1 over the last "
+                       "axis); pass softmax outputs, not logits")
+  return _to_output(np.minimum(p / lenience, q).sum(axis=-1))
+
+
+def _check_counts(numerator_name, numerator, count_name, count):
+  numerator = _as_float_array(numerator_name, numerator)
+  count = _as_float_array(count_name, count)
+  if numerator.shape != count.shape:
+    raise ValueError(f"{numerator_name} and {count_name} must have the same shape, "
+                     f"got {numerator.shape} and {count.shape}")
+  if np.any(numerator < 0) or np.any(count < 0):
+    raise ValueError(f"{numerator_name} and {count_name} must be non-negative")
+  total = count.sum()
+  if total == 0:
+    raise ValueError(f"{count_name} is 0 in total: nothing was verified, so there is no estimate")
+  return numerator.sum(), total
+
+
+def alpha_from_stats(beta_sum, beta_count):
+  """alpha = E(beta) (Corollary 3.6), the mean of beta over every verified position.
+
+  Decoding returns per-row sums of beta = sum_x min(p, q) and per-row counts of the positions they
+  cover; rows are pooled, so alpha is the mean over tokens (as in Table 3), not over rows.
+
+  Args:
+    beta_sum: sum of beta over verified positions; a scalar or per-row array, e.g. [batch].
+    beta_count: number of positions in each sum; the same shape.
+
+  Returns:
+    alpha, a float in [0, 1].
+  """
+  beta_total, count = _check_counts("beta_sum", beta_sum, "beta_count", beta_count)
+  if beta_total > count:
+    raise ValueError(f"beta_sum {beta_total} exceeds beta_count {count}: each beta is at most 1")
+  return float(beta_total / count)
+
+
+def tokens_per_call(accepted_drafts, target_calls):
+  """Measured tokens per target call, the empirical counterpart of Eq. (1).
+
+  Each target call verifies a block, accepts n of its drafts and adds one token of its own, so it
+  yields n + 1 tokens; summed over calls, tokens = accepted drafts + target calls.
+
+  Args:
+    accepted_drafts: accepted draft tokens; a scalar or per-row array, e.g. [batch].
+    target_calls: target calls; the same shape.
+
+  Returns:
+    The mean number of tokens per target call, pooled over rows, a float >= 1.
+  """
+  accepted, calls = _check_counts("accepted_drafts", accepted_drafts, "target_calls", target_calls)
+  return float((accepted + calls) / calls)
+

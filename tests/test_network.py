@@ -1,0 +1,196 @@
+"""Tests of the T5 1.1 network: T5X parity, k-token cached decoding with rollback, bad input."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import serialization
+
+from conftest import fixture_path
+from speculative_t5x import network
+
+# T5X's minimal T5 1.1 tree (reference/t5x.md section 3), written out by hand.
+_T5X_LAYER_PATHS = {
+    "encoder": ["pre_attention_layer_norm/scale", "attention/query/kernel", "attention/key/kernel",
+                "attention/value/kernel", "attention/out/kernel", "pre_mlp_layer_norm/scale",
+                "mlp/wi_0/kernel", "mlp/wi_1/kernel", "mlp/wo/kernel"],
+    "decoder": ["pre_self_attention_layer_norm/scale"] +
+               [f"self_attention/{p}/kernel" for p in ("query", "key", "value", "out")] +
+               ["pre_cross_attention_layer_norm/scale"] +
+               [f"encoder_decoder_attention/{p}/kernel" for p in ("query", "key", "value", "out")] +
+               ["pre_mlp_layer_norm/scale", "mlp/wi_0/kernel", "mlp/wi_1/kernel", "mlp/wo/kernel"],
+}
+
+TINY = network.T5Config(vocab_size=61, emb_dim=16, num_heads=2, num_encoder_layers=2,
+                        num_decoder_layers=2, head_dim=8, mlp_dim=32,
+                        mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+
+FIXTURE_CONFIG = network.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
+                                  num_decoder_layers=2, head_dim=3, mlp_dim=16,
+                                  mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+
+
+def _paths(tree, prefix=""):
+  out = set()
+  for key, value in tree.items():
+    path = f"{prefix}{key}"
+    out |= _paths(value, path + "/") if isinstance(value, dict) else {path}
+  return out
+
+
+def _expected_t5x_paths(num_layers):
+  paths = {"token_embedder/embedding", "encoder/relpos_bias/rel_embedding",
+           "encoder/encoder_norm/scale", "decoder/relpos_bias/rel_embedding",
+           "decoder/decoder_norm/scale", "decoder/logits_dense/kernel"}
+  for stack, layer_paths in _T5X_LAYER_PATHS.items():
+    for i in range(num_layers):
+      paths |= {f"{stack}/layers_{i}/{p}" for p in layer_paths}
+  return paths
+
+
+def test_parameter_tree_equals_t5x():
+  params = network.param_shapes(FIXTURE_CONFIG)
+  assert _paths(params) == _expected_t5x_paths(2)
+  assert params["encoder"]["layers_0"]["attention"]["query"]["kernel"] == (8, 12)
+  assert params["encoder"]["layers_0"]["attention"]["out"]["kernel"] == (12, 8)
+  assert params["decoder"]["logits_dense"]["kernel"] == (8, 32128)
+  assert params["encoder"]["relpos_bias"]["rel_embedding"] == (4, 32)
+
+
+def _fixture_params():
+  raw = serialization.msgpack_restore(fixture_path("test_t5_tiny.checkpoint_0").read_bytes())
+  return raw["optimizer"]["target"]
+
+
+def test_fixture_tree_and_logits_match_t5x():
+  params = _fixture_params()
+  shapes = jax.tree.map(lambda x: tuple(x.shape), params)
+  assert shapes == network.param_shapes(FIXTURE_CONFIG)
+  ref = np.load(fixture_path("t5x_tiny_reference.npz"))
+  logits = network.Transformer(FIXTURE_CONFIG).apply(
+      {"params": params}, ref["encoder_input_tokens"], ref["decoder_input_tokens"],
+      ref["decoder_target_tokens"])
+  logits = np.asarray(logits)
+  assert logits.dtype == np.float32
+  np.testing.assert_allclose(logits[..., :2048], ref["logits_first_2048"], atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(logits.argmax(-1), ref["logits_argmax"])
+  np.testing.assert_allclose(jax.nn.logsumexp(logits, -1), ref["logits_logsumexp"], atol=1e-5)
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_params(seed=0):
+  return network.init_params(TINY, jax.random.PRNGKey(seed))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _init_cache(params, enc_tokens, cache_length):
+  model = network.Transformer(TINY)
+  encoded = model.apply({"params": params}, enc_tokens, method=model.encode)
+  return model.apply({"params": params}, encoded, enc_tokens, cache_length,
+                     method=model.init_decode_cache)
+
+
+@jax.jit
+def _decode(params, tokens, cache, cache_index):
+  model = network.Transformer(TINY)
+  return model.apply({"params": params}, tokens, cache, cache_index, method=model.decode)
+
+
+def test_cached_blocks_with_rollback_match_teacher_forcing():
+  """Chunks of 1, 3, 1, 5, 2 at different per-row offsets, with garbage written then rolled back."""
+  rng = np.random.default_rng(0)
+  batch, length = 3, 14
+  params = _tiny_params()
+  enc = rng.integers(1, TINY.vocab_size, (batch, 9)).astype(np.int32)
+  enc[1, 6:] = 0  # ragged encoder inputs
+  enc[2, 3:] = 0
+  targets = rng.integers(1, TINY.vocab_size, (batch, length)).astype(np.int32)
+  dec_inputs = np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], axis=1)
+  expected = np.asarray(network.Transformer(TINY).apply({"params": params}, enc, dec_inputs, targets))
+
+  cache = _init_cache(params, enc, length + 5)
+  index = np.array([0, 2, 1], np.int32)
+  # Rows 1 and 2 first get a prefix in one block (rows start at different offsets).
+  for b, n in ((1, 2), (2, 1)):
+    block = np.zeros((batch, 5), np.int32)
+    block[b, :n] = dec_inputs[b, :n]
+    _, cache = _decode(params, block, cache, np.where(np.arange(batch) == b, 0, 9).astype(np.int32))
+  checked = np.zeros((batch, length), bool)
+  schedule = [1, 3, 1, 5, 2]
+  step = 0
+  while index.min() < length:  # rows past the end keep writing into spare slots, unchecked.
+    k = schedule[step % len(schedule)]
+    if step == 2:  # write garbage at every row, then roll back: stale slots must be masked.
+      garbage = rng.integers(1, TINY.vocab_size, (batch, k)).astype(np.int32)
+      _, cache = _decode(params, garbage, cache, index)
+    pos = index[:, None] + np.arange(k)[None]
+    tokens = np.take_along_axis(dec_inputs, np.minimum(pos, length - 1), axis=1)
+    logits, cache = _decode(params, tokens, cache, index)
+    logits = np.asarray(logits)
+    for b in range(batch):
+      for j in range(k):
+        if pos[b, j] < length:
+          np.testing.assert_allclose(logits[b, j], expected[b, pos[b, j]], atol=1e-5, rtol=0)
+          checked[b, pos[b, j]] = True
+    index = np.minimum(index + k, length)
+    step += 1
+  assert checked[:, 2:].all()
+
+
+def test_decode_logits_equal_in_bfloat16_roughly():
+  cfg = TINY.replace(dtype="bfloat16")
+  params = _tiny_params()
+  model = network.Transformer(cfg)
+  enc = jnp.array([[5, 6, 7, 0]], jnp.int32)
+  dec = jnp.array([[0, 3, 4]], jnp.int32)
+  tgt = jnp.array([[3, 4, 1]], jnp.int32)
+  full = model.apply({"params": params}, enc, dec, tgt)
+  assert full.dtype == jnp.float32
+  encoded = model.apply({"params": params}, enc, method=model.encode)
+  assert encoded.dtype == jnp.bfloat16
+  cache = model.apply({"params": params}, encoded, enc, 6, method=model.init_decode_cache)
+  assert cache["layers_0"]["self_key"].dtype == jnp.bfloat16
+  logits, _ = model.apply({"params": params}, dec, cache, jnp.zeros((1,), jnp.int32),
+                          method=model.decode)
+  np.testing.assert_allclose(logits, full, atol=0.1)
+
+
+def test_relative_position_buckets_match_t5_definition():
+  # Hand-derived from T5's definition: causal, 32 buckets, max_exact 16, max_distance 128.
+  rel = -np.array([0, 1, 15, 16, 20, 127, 128, 1000])
+  np.testing.assert_array_equal(network.relative_position_bucket(rel, False, 32, 128),
+                                [0, 1, 15, 16, 17, 31, 31, 31])
+  # Bidirectional: 16 buckets per sign, future keys offset by 16.
+  np.testing.assert_array_equal(network.relative_position_bucket(np.array([0, 1, -1, 7, 8]), True,
+                                                                 32, 128), [0, 17, 1, 23, 24])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(mlp_activations=("gelu", "swiglu")), "unknown activation"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(num_heads=0), "num_heads"),
+])
+def test_bad_config(bad, message):
+  with pytest.raises(ValueError, match=message):
+    TINY.replace(**bad)
+
+
+def test_bad_tokens_and_blocks():
+  params = _tiny_params()
+  model = network.Transformer(TINY)
+  enc = np.ones((1, 4), np.int32)
+  with pytest.raises(ValueError, match="rank-2"):
+    model.apply({"params": params}, np.ones((4,), np.int32), method=model.encode)
+  with pytest.raises(ValueError, match="integer token ids"):
+    model.apply({"params": params}, np.ones((1, 4), np.float32), method=model.encode)
+  cache = _init_cache(params, enc, 4)
+  with pytest.raises(ValueError, match="does not fit a cache of length 4"):
+    model.apply({"params": params}, np.ones((1, 5), np.int32), cache, np.zeros((1,), np.int32),
+                method=model.decode)
+  with pytest.raises(ValueError, match="needs 6 cache slots"):
+    model.apply({"params": params}, np.ones((1, 3), np.int32), cache, np.array([3], np.int32),
+                method=model.decode)
+  with pytest.raises(ValueError, match="cache_index must have shape"):
+    model.apply({"params": params}, np.ones((1, 1), np.int32), cache, np.int32(0),
+                method=model.decode)
