@@ -1,0 +1,540 @@
+"""T5X checkpoints without T5X, and the project's own orbax checkpoints.
+
+Reading (`load_t5x_checkpoint`, `restore_params`) understands every layout T5X has written
+(`reference/t5x.md` section 5):
+
+* the legacy T5X layout: `checkpoint_<step>/checkpoint`, a flax msgpack file
+  `{'version': 3, 'optimizer': {'target': ..., 'state': ...}}` whose leaves are inline arrays
+  (msgpack ExtType 1 / 3, bfloat16 included, arrays over 1 GiB in flax's chunked form) or
+  tensorstore zarr specs with a `kvstore.path` relative to the checkpoint directory (kvstore
+  driver `file`, `gfile` or `gcs`); the zarr `.zarray` file is used when present, otherwise the
+  metadata in the spec is all there is;
+* the older orbax layout: a msgpack `checkpoint` whose leaves are `'PLACEHOLDER://<name>'` and
+  one zarr directory `<name>/` per leaf (also under `checkpoint_<step>/state/`);
+* orbax checkpoints (`checkpoint_<step>/state/`, OCDBT), read through orbax-checkpoint;
+* the project's own checkpoints written by `save_model` (returned as `{'target': params}`).
+
+Paths are local or `gs://bucket/...`. Every file of a T5X checkpoint is read through tensorstore
+key-value stores (driver `file` locally, `gcs` for `gs://`), so the code that reads a GCS
+checkpoint is the code the tests run locally; only the store driver differs. GCS needs
+credentials tensorstore can find (e.g. `gcloud auth application-default login`). Orbax-format
+checkpoints on GCS go through orbax's own path handling (etils.epath).
+
+Writing: `save_model` / `restore_model` keep one model's params and `T5Config`, `save_pair` /
+`restore_pair` a (target, drafter) pair in one directory, each as orbax params plus
+`config.json`.
+"""
+import dataclasses
+import json
+import os
+import posixpath
+import re
+from typing import Any, Mapping
+
+from etils import epath
+from flax import traverse_util
+import jax
+import ml_dtypes
+import msgpack
+import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
+
+from speculative_t5x import network
+
+_MSGPACK_FILE = "checkpoint"
+_ORBAX_METADATA = "_METADATA"
+_ORBAX_STATE_DIR = "state"
+_PLACEHOLDER = "PLACEHOLDER://"
+_CHUNKED = "__msgpack_chunked_array__"
+_SUPPORTED_VERSIONS = (2, 3)  # T5X rejects < 2; 3 is its current VERSION.
+_EXT_NDARRAY, _EXT_COMPLEX, _EXT_SCALAR = 1, 2, 3
+_STEP_DIR = re.compile(r"checkpoint_(\d+)")
+_CONFIG_FILE = "config.json"
+_PARAMS_DIR = "params"
+_PAIR_MEMBERS = ("target", "drafter")
+# Magic numbers of the zarr compressors orbax and T5X use, for chunks stored without .zarray.
+_COMPRESSOR_MAGIC = ((b"\x1f\x8b", {"id": "gzip"}), (b"\x28\xb5\x2f\xfd", {"id": "zstd"}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Locations: local paths and gs:// URLs, read through tensorstore key-value stores.
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Location:
+  """An absolute local path or a `gs://bucket/path` URL, without a trailing slash."""
+  path: str
+
+  @classmethod
+  def of(cls, path: str | os.PathLike) -> "_Location":
+    path = os.fspath(path)
+    if path.startswith("gs://"):
+      return cls(path.rstrip("/"))
+    return cls(os.path.abspath(os.path.expanduser(path)))
+
+  def join(self, relative: str) -> "_Location":
+    relative = relative.strip("/")
+    return _Location(posixpath.join(self.path, relative)) if relative else self
+
+  def parent(self) -> "_Location":
+    return _Location(posixpath.dirname(self.path))
+
+  def kvstore_spec(self) -> dict:
+    """Tensorstore kvstore spec of this location as a directory."""
+    match = re.fullmatch(r"gs://([^/]+)/?(.*)", self.path)
+    if match:
+      prefix = match.group(2)
+      return {"driver": "gcs", "bucket": match.group(1), "path": prefix + "/" if prefix else ""}
+    return {"driver": "file", "path": self.path + "/"}
+
+  def kvstore(self) -> ts.KvStore:
+    return ts.KvStore.open(self.kvstore_spec()).result()
+
+  def keys(self) -> list[str]:
+    """Every key (file path relative to this directory) below this location; [] if none."""
+    return sorted(key.decode() for key in self.kvstore().list().result())
+
+  def read_file(self) -> bytes | None:
+    """Contents of this location as a file, or None if there is no such file."""
+    result = self.parent().kvstore().read(posixpath.basename(self.path)).result()
+    return result.value if result.state == "value" else None
+
+
+# ----------------------------------------------------------------------------------------------
+# msgpack (flax serialization) decoding.
+# ----------------------------------------------------------------------------------------------
+def _np_dtype(name: str) -> np.dtype:
+  return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+  """Decodes flax's msgpack extension types: 1 ndarray, 2 complex, 3 numpy scalar."""
+  if code in (_EXT_NDARRAY, _EXT_SCALAR):
+    shape, dtype_name, buffer = msgpack.unpackb(data, raw=False)
+    dtype = _np_dtype(dtype_name)
+    if len(buffer) != int(np.prod(shape)) * dtype.itemsize:
+      raise ValueError(f"inline array of shape {tuple(shape)} and dtype {dtype_name} has "
+                       f"{len(buffer)} bytes, expected {int(np.prod(shape)) * dtype.itemsize}")
+    return np.frombuffer(buffer, dtype).reshape(shape).copy()
+  if code == _EXT_COMPLEX:
+    real, imag = msgpack.unpackb(data, raw=False)
+    return complex(real, imag)
+  raise ValueError(f"unknown msgpack extension type {code} (flax uses 1, 2 and 3)")
+
+
+def _unchunk(node: dict, name: str) -> np.ndarray:
+  """Joins flax's chunked form of an array over 1 GiB: flat chunks '0', '1', ... and a shape."""
+  shape = tuple(int(node["shape"][k]) for k in sorted(node["shape"], key=int))
+  chunks = [node["chunks"][k] for k in sorted(node["chunks"], key=int)]
+  flat = np.concatenate([np.ravel(c) for c in chunks])
+  if flat.size != int(np.prod(shape)):
+    raise ValueError(f"chunked array '{name}' has {flat.size} elements in {len(chunks)} chunks "
+                     f"but shape {shape}: the checkpoint file is incomplete")
+  return flat.reshape(shape)
+
+
+def _is_ts_spec(node: Any) -> bool:
+  return isinstance(node, dict) and isinstance(node.get("driver"), str) and (
+      "kvstore" in node or "path" in node)
+
+
+def _decode_msgpack(data: bytes, location: _Location) -> dict:
+  try:
+    contents = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+  except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.UnpackException) as e:
+    raise ValueError(f"checkpoint file {location.path} is not a readable flax msgpack file "
+                     f"(truncated or corrupted?): {e}") from e
+  if not isinstance(contents, dict):
+    raise ValueError(f"checkpoint file {location.path} holds a {type(contents).__name__}, "
+                     "not a T5X state dict")
+  return contents
+
+
+def _optimizer_state(contents: dict, location: _Location) -> dict:
+  """The `{'target': ..., 'state': ...}` part of a decoded T5X msgpack file."""
+  if "version" in contents:
+    version = contents["version"]
+    if version not in _SUPPORTED_VERSIONS or "optimizer" not in contents:
+      raise ValueError(
+          f"checkpoint {location.path} has version {version!r}: only T5X checkpoint versions "
+          f"{_SUPPORTED_VERSIONS} with an 'optimizer' entry are supported (T5X itself rejects "
+          "versions before 2); re-save it with a current T5X")
+    return contents["optimizer"]
+  if "_optimizer" in contents:  # Orbax-era T5X TrainState dict (PLACEHOLDER layout).
+    return contents["_optimizer"]
+  raise ValueError(f"checkpoint {location.path} has no 'version' (keys {sorted(contents)}): "
+                   "it is not a T5X checkpoint of version 2 or later")
+
+
+# ----------------------------------------------------------------------------------------------
+# zarr arrays.
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _ArrayRead:
+  """One zarr array to read: the parameter `name` and its directory relative to the checkpoint."""
+  name: str
+  relative_path: str
+  dtype: str | None = None
+  metadata: dict | None = None
+
+
+def _spec_read(name: str, spec: dict) -> _ArrayRead:
+  """An `_ArrayRead` from a T5X tensorstore spec dict (any tensorstore version's layout)."""
+  if spec["driver"] != "zarr":
+    raise ValueError(f"array '{name}' uses tensorstore driver {spec['driver']!r}; T5X writes zarr")
+  kvstore = spec.get("kvstore", {})
+  if isinstance(kvstore, dict) and kvstore.get("driver") not in (None, "file", "gfile", "gcs"):
+    raise ValueError(f"array '{name}' uses kvstore driver {kvstore['driver']!r}: only file, "
+                     "gfile and gcs are supported")
+  path = kvstore.get("path") if isinstance(kvstore, dict) else None
+  path = path or spec.get("path")  # tensorstore < 0.1.14 kept the path at the top level.
+  if not path:
+    raise ValueError(f"tensorstore spec of array '{name}' has no kvstore.path: {spec}")
+  if posixpath.isabs(path) or "://" in path:
+    raise ValueError(f"array '{name}' has the absolute path {path!r}; T5X writes paths relative "
+                     "to the checkpoint directory")
+  if spec.get("dtype") == "uint16":
+    raise ValueError(f"array '{name}' is stored as uint16 (bfloat16 in the version-2 format), "
+                     "which T5X no longer reads either; convert it with an older T5X")
+  return _ArrayRead(name, path.rstrip("/"), spec.get("dtype"), dict(spec.get("metadata", {})))
+
+
+def _metadata_from_chunks(read: _ArrayRead, keys: list[str], template: Mapping[str, Any],
+                          directory: _Location) -> None:
+  """Fills in zarr metadata for an array stored without `.zarray` and without a spec.
+
+  Shape and dtype come from `template`; the chunk grid from the chunk file names (chunk shape =
+  shape / grid, as T5X and orbax chunk by divisors); the compressor from the chunk's magic number.
+  """
+  where = directory.join(read.relative_path).path
+  if read.name not in template:
+    raise ValueError(f"array '{read.name}' at {where} has no .zarray metadata file and no spec: "
+                     "pass template= (a tree of arrays or jax.ShapeDtypeStruct with its shape "
+                     "and dtype), or restore the .zarray files (copy checkpoints with `cp -a`)")
+  shape = tuple(template[read.name].shape)
+  indices = [tuple(int(i) for i in key.split(".")) for key in keys]
+  grid = [max(index[d] for index in indices) + 1 for d in range(len(shape))]
+  if any(s % g for s, g in zip(shape, grid)) or (not shape and keys != ["0"]):
+    raise ValueError(f"chunk files {keys} of array '{read.name}' at {where} do not tile its "
+                     f"template shape {shape}")
+  first = directory.join(f"{read.relative_path}/{keys[0]}").read_file() or b""
+  compressor = next((c for magic, c in _COMPRESSOR_MAGIC if first.startswith(magic)), None)
+  if compressor is None:
+    raise ValueError(f"cannot tell the compressor of array '{read.name}' at {where} without "
+                     ".zarray: its chunk is neither gzip nor zstd")
+  read.dtype = np.dtype(template[read.name].dtype).name
+  read.metadata = {"shape": list(shape), "chunks": [s // g for s, g in zip(shape, grid)],
+                   "compressor": compressor}
+
+
+def _read_arrays(reads: list[_ArrayRead], directory: _Location,
+                 template: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Reads zarr arrays below `directory`, all in flight at once; returns {name: array}.
+
+  An array uses its `.zarray` when there is one (the spec's shape and dtype are then checked
+  against it) and otherwise the metadata of its spec. Missing chunks are errors, never zeros.
+  """
+  store = directory.kvstore()
+  has_zarray = {r.name: store.read(f"{r.relative_path}/.zarray") for r in reads}
+  for read in reads:
+    if has_zarray[read.name].result().state == "value":
+      read.metadata = {k: v for k, v in (read.metadata or {}).items() if k == "shape"}
+      continue
+    if not read.metadata:
+      keys = [k for k in directory.join(read.relative_path).keys() if not k.startswith(".")]
+      if not keys:
+        raise FileNotFoundError(f"array directory {directory.join(read.relative_path).path} of "
+                                f"'{read.name}' is missing or empty")
+      _metadata_from_chunks(read, keys, template, directory)
+    elif not {"shape", "chunks"} <= read.metadata.keys():
+      raise ValueError(f"array '{read.name}' has no .zarray file and its spec metadata lacks "
+                       f"shape/chunks: {read.metadata}")
+  opened = {}
+  for read in reads:
+    spec = {"driver": "zarr", "kvstore": directory.join(read.relative_path).kvstore_spec(),
+            "metadata": read.metadata, "fill_missing_data_reads": False}
+    if read.dtype:
+      spec["dtype"] = read.dtype
+    assume = has_zarray[read.name].result().state != "value"
+    opened[read.name] = ts.open(spec, open=True, read=True, assume_metadata=assume)
+  pending = {}
+  for read in reads:
+    pending[read.name] = _guarded(read, directory, lambda r=read: opened[r.name].result().read())
+  return {r.name: _guarded(r, directory, lambda r=r: np.asarray(pending[r.name].result()))
+          for r in reads}
+
+
+def _guarded(read: _ArrayRead, directory: _Location, fn):
+  """Runs `fn`, turning tensorstore errors into one naming the array and its directory."""
+  try:
+    return fn()
+  except ValueError as e:
+    where = directory.join(read.relative_path).path
+    raise ValueError(f"cannot read array '{read.name}' from {where}: {e}. A missing, truncated "
+                     "or corrupted chunk file means an incomplete copy: copy the checkpoint "
+                     "again") from e
+
+
+# ----------------------------------------------------------------------------------------------
+# Finding the checkpoint.
+# ----------------------------------------------------------------------------------------------
+def _layout(keys: list[str]) -> tuple[str, str] | None:
+  """(kind, sub-directory) of a checkpoint directory from its keys, or None if it is not one."""
+  keys = set(keys)
+  for kind, marker in (("orbax", f"{_ORBAX_STATE_DIR}/{_ORBAX_METADATA}"),
+                       ("msgpack", f"{_ORBAX_STATE_DIR}/{_MSGPACK_FILE}"),
+                       ("project", f"{_PARAMS_DIR}/{_ORBAX_METADATA}"),
+                       ("orbax", _ORBAX_METADATA),
+                       ("msgpack", _MSGPACK_FILE)):
+    if marker in keys:
+      return kind, "" if kind == "project" else posixpath.dirname(marker)
+  return None
+
+
+def _find_checkpoint(path, step: int | None) -> tuple[str, _Location]:
+  """(kind, directory) of the checkpoint at `path`: a model dir, a checkpoint dir or a file.
+
+  kind is 'file' (a msgpack file), 'msgpack' (a directory holding one), 'orbax' (an orbax
+  item directory) or 'project' (a `save_model` directory).
+  """
+  location = _Location.of(path)
+  if location.read_file() is not None:
+    if step is not None:
+      raise ValueError(f"step={step} was given but {location.path} is a checkpoint file")
+    return "file", location
+  keys = location.keys()
+  if not keys:
+    raise FileNotFoundError(f"no checkpoint at {location.path}: no such file or directory")
+  own = _layout(keys)
+  if own and step is None:
+    return own[0], location.join(own[1])
+  by_step: dict[int, list[str]] = {}
+  for key in keys:
+    head, _, rest = key.partition("/")
+    if _STEP_DIR.fullmatch(head):
+      by_step.setdefault(int(head.split("_")[1]), []).append(rest)
+  steps = sorted(s for s, step_keys in by_step.items() if _layout(step_keys))
+  if not steps:
+    raise FileNotFoundError(
+        f"{location.path} holds no checkpoint" + (f" for step={step}" if own else "") +
+        f": no '{_MSGPACK_FILE}' file, no orbax '{_ORBAX_METADATA}' and no checkpoint_<step>/ "
+        "directories")
+  chosen = steps[-1] if step is None else step
+  if chosen not in steps:
+    raise FileNotFoundError(f"no checkpoint_{step} in {location.path}; steps found: {steps}")
+  kind, sub = _layout(by_step[chosen])
+  return kind, location.join(f"checkpoint_{chosen}/{sub}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Public reading API.
+# ----------------------------------------------------------------------------------------------
+def load_t5x_checkpoint(path: str | os.PathLike, step: int | None = None,
+                        restore_dtype: Any = None,
+                        template: Mapping[str, Any] | None = None) -> dict:
+  """Reads a T5X checkpoint (any layout in the module docstring) into numpy, without T5X.
+
+  Args:
+    path: a model directory (the latest `checkpoint_<step>` is read, or `step`), a checkpoint
+      directory, or the msgpack `checkpoint` file itself; local or `gs://`.
+    step: which `checkpoint_<step>` of a model directory to read.
+    restore_dtype: if given (e.g. 'bfloat16'), floating-point arrays under 'target' are cast to it.
+    template: nested dict (same paths as the result) of arrays or `jax.ShapeDtypeStruct`s; only
+      consulted for arrays stored with neither a `.zarray` file nor a spec (old orbax copies).
+
+  Returns:
+    {'target': nested params, 'state': nested optimizer state, ...} of numpy arrays: the entries
+    of the checkpoint's optimizer state dict, 'target' and 'state' always present.
+  """
+  return _load(path, step, restore_dtype, template or {}, only_target=False)
+
+
+def _load(path, step, restore_dtype, template: Mapping[str, Any], only_target: bool) -> dict:
+  kind, location = _find_checkpoint(path, step)
+  if kind == "project":
+    tree = {"target": _orbax_numpy_restore(location.join(_PARAMS_DIR))}
+  elif kind == "orbax":
+    tree = _orbax_numpy_restore(location)
+    tree = tree.get("_optimizer", tree)  # Orbax-era T5X wrapped the state dict in '_optimizer'.
+  else:
+    file = location if kind == "file" else location.join(_MSGPACK_FILE)
+    tree = _read_msgpack_checkpoint(file, template, only_target)
+  tree.setdefault("target", {})
+  tree.setdefault("state", {})
+  if restore_dtype is not None:
+    dtype = np.dtype(restore_dtype)
+    tree["target"] = _map_leaves(
+        lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, tree["target"])
+  return tree
+
+
+def _read_msgpack_checkpoint(file: _Location, template: Mapping[str, Any],
+                             only_target: bool) -> dict:
+  """The optimizer state dict of a msgpack checkpoint file, its zarr arrays read in."""
+  data = file.read_file()
+  if data is None:
+    raise FileNotFoundError(f"checkpoint file {file.path} does not exist")
+  state = _optimizer_state(_decode_msgpack(data, file), file)
+  if only_target:
+    state = {"target": state.get("target", {})}
+  flat = traverse_util.flatten_dict(
+      state, keep_empty_nodes=True, sep="/",
+      is_leaf=lambda _, node: _is_ts_spec(node) or _CHUNKED in node)
+  reads = []
+  for name, leaf in flat.items():
+    if _is_ts_spec(leaf):
+      reads.append(_spec_read(name, leaf))
+    elif isinstance(leaf, str) and leaf.startswith(_PLACEHOLDER):
+      reads.append(_ArrayRead(name, leaf[len(_PLACEHOLDER):]))
+    elif isinstance(leaf, dict) and _CHUNKED in leaf:
+      flat[name] = _unchunk(leaf, name)
+  flat.update(_read_arrays(reads, file.parent(),
+                           traverse_util.flatten_dict(dict(template), sep="/")))
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _orbax_numpy_restore(location: _Location) -> dict:
+  """Restores an orbax PyTree checkpoint as numpy arrays on the host (no device memory)."""
+  checkpointer = ocp.PyTreeCheckpointer()
+  try:
+    structure = checkpointer.metadata(location.path).item_metadata.tree
+    args = _map_leaves(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), structure)
+    return checkpointer.restore(location.path, restore_args=args)
+  except (ValueError, OSError) as e:
+    raise ValueError(f"cannot restore the orbax checkpoint at {location.path}: {e}") from e
+
+
+def _map_leaves(fn, tree):
+  """`fn` on every leaf of a nested dict (tuples and None are leaves; None stays None)."""
+  if isinstance(tree, Mapping):
+    return {k: _map_leaves(fn, v) for k, v in tree.items()}
+  return tree if tree is None else fn(tree)
+
+
+def check_params(params: Mapping, expected_shapes: Mapping, source: str = "params") -> None:
+  """Raises one ValueError listing every missing, extra or mis-shaped parameter by path.
+
+  Args:
+    params: nested dict of arrays.
+    expected_shapes: nested dict of shape tuples, e.g. `network.param_shapes(config)`.
+    source: what `params` came from, for the message.
+  """
+  flat = traverse_util.flatten_dict(dict(params), sep="/")
+  expected = traverse_util.flatten_dict(dict(expected_shapes), sep="/")
+  problems = [f"  missing: {k} {tuple(expected[k])}" for k in sorted(expected.keys() - flat.keys())]
+  problems += [f"  extra: {k} {np.shape(flat[k])}" for k in sorted(flat.keys() - expected.keys())]
+  problems += [f"  wrong shape: {k} is {np.shape(flat[k])}, the config needs {tuple(expected[k])}"
+               for k in sorted(flat.keys() & expected.keys())
+               if tuple(np.shape(flat[k])) != tuple(expected[k])]
+  if problems:
+    raise ValueError(f"{source} does not match the model config ({len(problems)} problem(s)); "
+                     "use the config (sizes, mlp_activations, logits_via_embedding) the "
+                     "checkpoint was trained with:\n" + "\n".join(problems))
+
+
+def config_from_params(params: Mapping, **overrides) -> network.T5Config:
+  """The `T5Config` whose parameter tree has the shapes of `params` (T5X layout).
+
+  Sizes come from the shapes. `mlp_activations` is ('gelu', 'linear') for a gated MLP (`wi_0`,
+  `wi_1`: T5 1.1, mT5, Flan-T5) and ('relu',) for a single `wi` (T5 1.0); `logits_via_embedding`
+  is whether `decoder/logits_dense` is absent. `overrides` (e.g. dtype='bfloat16') win.
+  """
+  try:
+    vocab_size, emb_dim = np.shape(params["token_embedder"]["embedding"])
+    num_heads = np.shape(params["encoder"]["relpos_bias"]["rel_embedding"])[0]
+    layer = params["encoder"]["layers_0"]
+    mlp = layer["mlp"]
+    fields = dict(
+        vocab_size=vocab_size, emb_dim=emb_dim, num_heads=num_heads,
+        head_dim=np.shape(layer["attention"]["query"]["kernel"])[1] // num_heads,
+        mlp_dim=np.shape(mlp["wo"]["kernel"])[0],
+        num_encoder_layers=sum(k.startswith("layers_") for k in params["encoder"]),
+        num_decoder_layers=sum(k.startswith("layers_") for k in params["decoder"]),
+        mlp_activations=("relu",) if "wi" in mlp else ("gelu", "linear"),
+        logits_via_embedding="logits_dense" not in params["decoder"], dropout_rate=0.0)
+  except KeyError as e:
+    raise ValueError(f"not a T5X T5 parameter tree: it has no {e} where T5X puts it") from e
+  return network.T5Config(**{**fields, **overrides})
+
+
+def restore_params(config: network.T5Config, path: str | os.PathLike, dtype: Any = None,
+                   step: int | None = None) -> dict:
+  """Parameters for `network.Transformer(config)` from a T5X or project checkpoint at `path`.
+
+  Reads only the 'target' of `path` (see `load_t5x_checkpoint`), checks it against
+  `network.param_shapes(config)` (one ValueError lists every problem) and casts floating-point
+  parameters to `dtype` if given (e.g. 'bfloat16' for the real sizes).
+  """
+  shapes = network.param_shapes(config)
+  template = {"target": _map_leaves(lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes)}
+  params = _load(path, step, dtype, template, only_target=True)["target"]
+  check_params(params, shapes, source=f"checkpoint {path}")
+  return params
+
+
+# ----------------------------------------------------------------------------------------------
+# The project's own checkpoints: orbax params + config.json.
+# ----------------------------------------------------------------------------------------------
+def config_to_json(config: network.T5Config) -> str:
+  """`config` as JSON text (tuples become lists)."""
+  return json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True)
+
+
+def config_from_json(text: str, source: str = "config") -> network.T5Config:
+  """The `T5Config` written by `config_to_json`."""
+  fields = json.loads(text)
+  known = {f.name for f in dataclasses.fields(network.T5Config)}
+  unknown = sorted(fields.keys() - known)
+  if unknown:
+    raise ValueError(f"{source} has field(s) {unknown} that T5Config does not know: it was written "
+                     "by another version of speculative_t5x")
+  return network.T5Config(**fields)
+
+
+def _epath(directory: str | os.PathLike) -> epath.Path:
+  directory = os.fspath(directory)
+  return epath.Path(directory if "://" in directory else os.path.abspath(directory))
+
+
+def save_model(directory: str | os.PathLike, params: Mapping, config: network.T5Config,
+               overwrite: bool = False) -> None:
+  """Writes `params` (orbax, under `directory/params`) and `config` (`directory/config.json`).
+
+  The params are checked against `config` first, so a saved model always restores.
+  """
+  check_params(params, network.param_shapes(config), source="params to save")
+  directory = _epath(directory)
+  if (directory / _PARAMS_DIR).exists() and not overwrite:
+    raise FileExistsError(f"{directory / _PARAMS_DIR} exists: choose a new directory or pass "
+                          "overwrite=True")
+  directory.mkdir(parents=True, exist_ok=True)
+  ocp.PyTreeCheckpointer().save(directory / _PARAMS_DIR,
+                                _map_leaves(np.asarray, dict(params)), force=overwrite)
+  (directory / _CONFIG_FILE).write_text(config_to_json(config))
+
+
+def restore_model(directory: str | os.PathLike, dtype: Any = None
+                  ) -> tuple[dict, network.T5Config]:
+  """(params, config) written by `save_model`, params checked and cast to `dtype` if given."""
+  directory = _epath(directory)
+  config_file = directory / _CONFIG_FILE
+  if not config_file.exists():
+    raise FileNotFoundError(f"{config_file} does not exist: {directory} is not a directory "
+                            "written by save_model")
+  config = config_from_json(config_file.read_text(), source=str(config_file))
+  return restore_params(config, directory, dtype=dtype), config
+
+
+def save_pair(directory: str | os.PathLike, target_params: Mapping,
+              target_config: network.T5Config, drafter_params: Mapping,
+              drafter_config: network.T5Config, overwrite: bool = False) -> None:
+  """Writes a (target, drafter) pair: `save_model` into `directory/target` and `.../drafter`."""
+  members = ((target_params, target_config), (drafter_params, drafter_config))
+  for member, (params, config) in zip(_PAIR_MEMBERS, members):
+    save_model(_epath(directory) / member, params, config, overwrite)
+
+
+def restore_pair(directory: str | os.PathLike, dtype: Any = None
+                 ) -> tuple[tuple[dict, network.T5Config], tuple[dict, network.T5Config]]:
+  """((target_params, target_config), (drafter_params, drafter_config)) from `save_pair`."""
+  return tuple(restore_model(_epath(directory) / member, dtype) for member in _PAIR_MEMBERS)

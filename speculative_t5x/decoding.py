@@ -1,0 +1,317 @@
+"""Decoding loops, each one `lax.while_loop`: the T5X baseline and speculative sampling.
+
+`temperature_sample` has T5X's signature and semantics (t5x/decoding.py): it is the baseline of
+every speedup we report. `speculative_sample` runs Algorithm 1 for all rows at once: draft gamma
+tokens, verify them with one target call on gamma+1 tokens, accept per row, write, roll back.
+
+Rows are B*N ("flat"): the N decodes of one batch item sit next to each other, as in T5X.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import sampling
+from speculative_t5x import speculative
+
+STAT_NAMES = ("target_calls", "drafter_calls", "drafted_tokens", "accepted_tokens", "beta_sum",
+              "beta_count")
+
+
+@flax.struct.dataclass
+class DecodingState:
+  """What `tokens_to_logits` receives (T5X's fields).
+
+  cur_index: [B*N] int32, each row's position; sequences: [B*N, L]; cur_token: [B*N, 1];
+  cache: the cache pytree.
+  """
+  cur_index: jax.Array
+  sequences: jax.Array
+  cur_token: jax.Array
+  cache: Any
+
+
+@flax.struct.dataclass
+class SamplingLoopState:
+  """The baseline's loop carry (T5X's fields)."""
+  step: jax.Array
+  cur_index: jax.Array
+  sequences: jax.Array  # [B*N, L+2]: a BOS slot, L decoded slots, a spare slot.
+  cache: Any
+  cur_token: jax.Array  # [B*N, 1]
+  ended: jax.Array  # [B*N, 1] bool
+  rng: jax.Array
+  log_prob: jax.Array  # [B*N]
+
+
+def expand_rows(tree: Any, num_decodes: int, axis: int = 0) -> Any:
+  """Repeats every array's batch axis num_decodes times in place: [B, ...] -> [B*N, ...], the N
+  copies of one row next to each other (T5X's flat_batch_beam_expand)."""
+  if num_decodes == 1:
+    return tree
+  return jax.tree.map(lambda x: jnp.repeat(x, num_decodes, axis=axis), tree)
+
+
+def _unflatten_sorted(sequences: jax.Array, log_prob: jax.Array, num_decodes: int,
+                      *extras: jax.Array):
+  """[B*N, ...] -> [B, N, ...], each item's decodes sorted by ascending log_prob (best last)."""
+  def unflat(x):
+    return x.reshape((-1, num_decodes) + x.shape[1:])
+  log_prob = unflat(log_prob)
+  order = jnp.argsort(log_prob, axis=1)
+  take = lambda x: jnp.take_along_axis(  # noqa: E731
+      unflat(x), order.reshape(order.shape + (1,) * (x.ndim - 1)), axis=1)
+  return (take(sequences), jnp.take_along_axis(log_prob, order, axis=1),
+          *[take(x) for x in extras])
+
+
+def _max_lengths(max_decode_steps, prompt_lengths: jax.Array, length: int,
+                 hard_limit: int | None = None) -> jax.Array:
+  """Per-row last position: min(L, prompt length + max_decode_steps) -> [rows] int32."""
+  if max_decode_steps is None:
+    return jnp.full(prompt_lengths.shape, length, jnp.int32)
+  if isinstance(max_decode_steps, int) and max_decode_steps > length:
+    raise ValueError(f"max_decode_steps={max_decode_steps} is larger than the decode length "
+                     f"{length}: cannot decode more steps than the sequence length.")
+  steps = jnp.asarray(max_decode_steps, jnp.int32)
+  if hard_limit:
+    steps = jnp.minimum(steps, hard_limit)
+  return jnp.minimum(length, prompt_lengths + steps).astype(jnp.int32)
+
+
+def _write_rows(buffer: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
+  """Writes block [rows, k] into buffer [rows, S] at per-row offsets start [rows]."""
+  return jax.vmap(lambda b, x, i: jax.lax.dynamic_update_slice(b, x, (i,)))(buffer, block, start)
+
+
+def temperature_sample(inputs: jax.Array, cache: Any,
+                       tokens_to_logits: Callable[[DecodingState], tuple[jax.Array, Any]],
+                       eos_id: int, decode_rng: jax.Array | None = None, num_decodes: int = 1,
+                       temperature: float | jax.Array = 1.0, topk: int = 1, topp: float = 0.0,
+                       cache_offset: int = 0, initial_index: jax.Array | None = None,
+                       max_decode_steps: int | jax.Array | None = None,
+                       max_decode_steps_hard_limit: int | None = None,
+                       rescale_log_probs: bool = True, state_callback_fn=None,
+                       logit_callback_fn=None) -> tuple[jax.Array, jax.Array]:
+  """Temperature sampling, one token per loop step, with T5X's signature and semantics.
+
+  Args:
+    inputs: [B, L] int32, shifted right: position 0 is the BOS slot; nonzero entries are forced
+      prompt tokens (all zeros for encoder-decoder prediction).
+    cache: the cache pytree at batch B (batch on axis `cache_offset`).
+    tokens_to_logits: DecodingState -> (logits [B*N, V], new cache).
+    eos_id: a row ends when it produces an EOS beyond those in its prompt.
+    decode_rng: PRNG key (default PRNGKey(0)).
+    num_decodes: N independent samples per item.
+    temperature: scalar or [B]; at or below 1e-4 greedy (argmax).
+    topk: T5X's default 1 is greedy; 0 means no cutoff.
+    topp: nucleus mass, 0 means no cutoff; at most one of topk, topp may be non-zero.
+    cache_offset: the batch axis of cache arrays.
+    initial_index: [B] int32 loop start per row (prefilled caches); default 0.
+    max_decode_steps: decode at most this many tokens after the prompt.
+    max_decode_steps_hard_limit: static upper bound on max_decode_steps.
+    rescale_log_probs: log-probs from the standardized (tempered, truncated) distribution when
+      True, from log_softmax(logits) when False.
+    state_callback_fn, logit_callback_fn: T5X's hooks.
+
+  Returns:
+    decodes [B, N, L] and log_probs [B, N], sorted by ascending log-prob (best last).
+  """
+  sampling.validate(temperature, topk, topp)
+  batch, length = inputs.shape
+  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  inputs = expand_rows(inputs, num_decodes)
+  cache = expand_rows(cache, num_decodes, axis=cache_offset)
+  temperature = jnp.asarray(temperature, jnp.float32)
+  if temperature.ndim == 1:
+    temperature = jnp.repeat(temperature, num_decodes)
+  if initial_index is not None:
+    initial_index = expand_rows(jnp.asarray(initial_index, jnp.int32), num_decodes)
+  rows = batch * num_decodes
+  max_len = _max_lengths(max_decode_steps, jnp.count_nonzero(inputs, axis=1), length,
+                         max_decode_steps_hard_limit)
+  sequences0 = jnp.pad(inputs, ((0, 0), (0, 2)))
+  index0 = jnp.zeros((rows,), jnp.int32) if initial_index is None else initial_index
+  token0 = jnp.take_along_axis(sequences0, index0[:, None], axis=1)
+  if initial_index is None:
+    token0 = jnp.zeros((rows, 1), jnp.int32)
+
+  def cond(state: SamplingLoopState):
+    return ~jnp.all(state.ended)
+
+  def body(state: SamplingLoopState):
+    if state_callback_fn is not None:
+      state = state_callback_fn(state)
+    rng, rng_next = jax.random.split(state.rng)
+    decoding_state = DecodingState(cur_index=state.cur_index, sequences=state.sequences[:, :-2],
+                                   cur_token=state.cur_token, cache=state.cache)
+    logits, new_cache = tokens_to_logits(decoding_state)
+    if logit_callback_fn is not None:
+      logits = logit_callback_fn(logits, state)
+    probs = sampling.distribution(logits, temperature, topk, topp)
+    sampled = sampling.sample(rng, probs)
+    i = jnp.minimum(state.cur_index, length)
+    forced_token = jnp.take_along_axis(state.sequences, (i + 1)[:, None], axis=1)[:, 0]
+    forced = forced_token != 0
+    token = jnp.where(forced, forced_token, sampled)
+    ended = state.ended[:, 0]
+    token_probs = probs if rescale_log_probs else jax.nn.softmax(logits.astype(jnp.float32))
+    token_log_prob = jnp.log(jnp.take_along_axis(token_probs, token[:, None], axis=1)[:, 0])
+    log_prob = state.log_prob + jnp.where(forced | ended, 0.0, token_log_prob)
+    token = jnp.where(ended, 0, token)
+    sequences = _write_rows(state.sequences, token[:, None], i + 1)
+    ended = ended | ((token == eos_id) & ~forced) | (i >= max_len - 1)
+    return SamplingLoopState(step=state.step + 1, cur_index=i + 1, sequences=sequences,
+                             cache=new_cache, cur_token=token[:, None], ended=ended[:, None],
+                             rng=rng_next, log_prob=log_prob)
+
+  init = SamplingLoopState(step=jnp.int32(0), cur_index=index0, sequences=sequences0, cache=cache,
+                           cur_token=token0.astype(jnp.int32),
+                           ended=jnp.zeros((rows, 1), bool), rng=rng,
+                           log_prob=jnp.zeros((rows,), jnp.float32))
+  final = jax.lax.while_loop(cond, body, init)
+  if state_callback_fn is not None:
+    final = state_callback_fn(final)
+  return _unflatten_sorted(final.sequences[:, 1:-1], final.log_prob, num_decodes)
+
+
+@flax.struct.dataclass
+class SpeculativeLoopState:
+  """The speculative loop's carry. sequences [rows, L+gamma+1] holds y_0, y_1, ... (no BOS
+  slot); length [rows] counts the decoded tokens, which is also the target cache's index."""
+  sequences: jax.Array
+  length: jax.Array
+  ended: jax.Array  # [rows] bool
+  target_cache: Any
+  drafter_state: Any
+  rng: jax.Array
+  log_prob: jax.Array  # [rows]
+  stats: dict  # STAT_NAMES -> [rows]
+
+
+def validate_speculative(gamma, temperature, topk, topp) -> None:
+  """Raises ValueError for bad settings, before tracing."""
+  if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
+    raise ValueError(f"gamma must be an integer >= 1 (the number of drafted tokens per target "
+                     f"call), got {gamma}.")
+  sampling.validate(temperature, topk, topp)
+
+
+def speculative_sample(inputs: jax.Array, target_cache: Any,
+                       target_logits_fn: Callable[[jax.Array, Any, jax.Array],
+                                                  tuple[jax.Array, Any]],
+                       drafter: drafters_lib.Drafter, drafter_params: Any, drafter_state: Any,
+                       eos_id: int, *, gamma: int, decode_rng: jax.Array | None = None,
+                       num_decodes: int = 1, temperature: float | jax.Array = 1.0, topk: int = 0,
+                       topp: float = 0.0, max_decode_steps: int | jax.Array | None = None,
+                       rescale_log_probs: bool = True):
+  """Speculative sampling (Algorithm 1) for all rows in one `lax.while_loop`.
+
+  Args:
+    inputs: [B, L] int32, only its shape is used (decoding starts from BOS; prompts are not
+      supported here).
+    target_cache: the target's cache at batch B, length at least L + gamma + 1.
+    target_logits_fn: (tokens [rows, k], cache, cache_index [rows]) -> (logits [rows, k, V], cache),
+      the target's k-token cached decode.
+    drafter: a `drafters.Drafter`; drafter_params its parameters; drafter_state its state at
+      batch B (from `drafter.init_state`).
+    eos_id: end-of-sequence id; tokens accepted after it are dropped.
+    gamma: drafts per target call (static).
+    decode_rng, num_decodes, temperature, topk, topp, max_decode_steps: as in temperature_sample
+      (topk defaults to 0 here: no cutoff).
+    rescale_log_probs: log-probs from the standardized target distribution (True) or from the
+      target's raw softmax (False).
+
+  Returns:
+    decodes [B, N, L] int32 (0 after EOS), log_probs [B, N] (sorted ascending, best last), and
+    stats: a dict of [B, N] arrays named STAT_NAMES (beta over the verified positions only: the
+    accepted drafts and the first rejected one, so beta_sum / beta_count estimates alpha).
+  """
+  validate_speculative(gamma, temperature, topk, topp)
+  if drafter.vocab_size <= 0:
+    raise ValueError(f"the drafter's vocab_size is {drafter.vocab_size}: give it the target's.")
+  batch, length = inputs.shape
+  rows = batch * num_decodes
+  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  temperature = jnp.asarray(temperature, jnp.float32)
+  if temperature.ndim == 1:
+    temperature = jnp.repeat(temperature, num_decodes)[:, None]  # [rows, 1] against [rows, k, V]
+
+  def standardize(logits):
+    return sampling.distribution(logits, temperature, topk, topp)
+
+  max_len = _max_lengths(max_decode_steps, jnp.zeros((rows,), jnp.int32), length)
+  block = jnp.arange(gamma + 1)[None]  # [1, gamma+1]
+
+  def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
+    rng, rng_draft, rng_accept = jax.random.split(state.rng, 3)
+    drafts, q, drafter_state = drafter.propose(drafter_params, state.drafter_state,
+                                               state.sequences, state.length, gamma, rng_draft,
+                                               standardize)
+    pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
+    logits, target_cache = target_logits_fn(jnp.concatenate([pending, drafts], axis=1),
+                                            state.target_cache, state.length)
+    p = standardize(logits)
+    n, token, beta = speculative.accept(p, q, drafts, rng_accept)
+
+    # New tokens: the n accepted drafts, then the correction (or bonus) token.
+    out = jnp.where(block < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), token[:, None])
+    emitted = n + 1
+    is_eos = (out == eos_id) & (block < emitted[:, None])
+    emitted = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1, emitted)
+    emitted = jnp.minimum(emitted, max_len - state.length)
+    emitted = jnp.where(state.ended, 0, emitted)
+    kept = block < emitted[:, None]
+    out = jnp.where(kept, out, 0)
+    sequences = _write_rows(state.sequences, out, state.length)
+
+    token_probs = p if rescale_log_probs else jax.nn.softmax(logits)
+    out_log_prob = jnp.log(jnp.take_along_axis(token_probs, out[..., None], axis=-1)[..., 0])
+    log_prob = state.log_prob + jnp.sum(jnp.where(kept, out_log_prob, 0.0), axis=1)
+
+    active = (~state.ended).astype(jnp.int32)
+    verified = kept[:, :gamma]  # beta at the accepted drafts and at the first rejection.
+    stats = dict(state.stats)
+    stats["target_calls"] += active
+    stats["drafter_calls"] += active * gamma * drafter.steps_per_draft
+    stats["drafted_tokens"] += active * gamma
+    stats["accepted_tokens"] += jnp.minimum(n, emitted)
+    stats["beta_sum"] += jnp.sum(jnp.where(verified, beta, 0.0), axis=1)
+    stats["beta_count"] += jnp.sum(verified, axis=1).astype(jnp.int32)
+
+    new_length = state.length + emitted
+    ended = state.ended | jnp.any(is_eos & kept, axis=1) | (new_length >= max_len)
+    return SpeculativeLoopState(sequences=sequences, length=new_length, ended=ended,
+                                target_cache=target_cache, drafter_state=drafter_state, rng=rng,
+                                log_prob=log_prob, stats=stats)
+
+  stats0 = {name: jnp.zeros((rows,), jnp.float32 if name == "beta_sum" else jnp.int32)
+            for name in STAT_NAMES}
+  init = SpeculativeLoopState(
+      sequences=jnp.zeros((rows, length + gamma + 1), jnp.int32),
+      length=jnp.zeros((rows,), jnp.int32), ended=max_len <= 0,
+      target_cache=expand_rows(target_cache, num_decodes),
+      drafter_state=expand_rows(drafter_state, num_decodes), rng=rng,
+      log_prob=jnp.zeros((rows,), jnp.float32), stats=stats0)
+  final = jax.lax.while_loop(lambda s: ~jnp.all(s.ended), body, init)
+  stat_values = [final.stats[name] for name in STAT_NAMES]
+  decodes, log_prob, *stat_values = _unflatten_sorted(final.sequences[:, :length], final.log_prob,
+                                                      num_decodes, *stat_values)
+  return decodes, log_prob, dict(zip(STAT_NAMES, stat_values))
+
+
+def stats_summary(stats: dict) -> dict:
+  """Totals of a stats dict -> alpha (mean beta), tokens per target call, acceptance rate."""
+  total = {k: float(np.sum(np.asarray(v))) for k, v in stats.items()}
+  emitted = total["accepted_tokens"] + total["target_calls"]
+  return {
+      "alpha": total["beta_sum"] / max(total["beta_count"], 1),
+      "acceptance_rate": total["accepted_tokens"] / max(total["drafted_tokens"], 1),
+      "tokens_per_target_call": emitted / max(total["target_calls"], 1),
+      **total,
+  }

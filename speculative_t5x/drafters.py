@@ -1,0 +1,254 @@
+"""Where drafts come from: a T5 drafter, unigram and bigram tables, and prompt lookup.
+
+Every drafter proposes gamma tokens per row and returns the distributions q it sampled them from.
+Model and n-gram drafters standardize their logits with the same `standardize` function the target
+uses (DESIGN.md contract 3); prompt lookup proposes deterministically, so its q is one-hot, which
+keeps speculative sampling exact.
+
+The decoding loop tells a drafter where each row stands with `sequences` [B, S] (the tokens decoded
+so far, y_0 y_1 ..., zero beyond) and `length` [B] (how many are decoded). The decoder input at
+position t is x_t = 0 (BOS) for t = 0 and y_{t-1} after, so the token to continue from is
+x_length. Drafters keep no index of their own: rolling back is the loop setting `length` back.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import network
+from speculative_t5x import sampling
+
+Standardize = Callable[[jax.Array], jax.Array]  # logits [B, k, V] -> probabilities [B, k, V]
+
+
+def decoder_inputs(sequences: jax.Array, positions: jax.Array) -> jax.Array:
+  """x at `positions` [B, k]: 0 (BOS) at position 0, else y_{position-1} -> [B, k] int32."""
+  previous = jnp.take_along_axis(sequences, jnp.maximum(positions - 1, 0), axis=1)
+  return jnp.where(positions > 0, previous, 0).astype(jnp.int32)
+
+
+class Drafter(abc.ABC):
+  """A source of drafts. Its state is a pytree carried through the decoding loop."""
+  vocab_size: int
+  eos_id: int
+
+  @abc.abstractmethod
+  def init_state(self, params: Any, encoder_input_tokens: jax.Array, cache_length: int) -> Any:
+    """Per-sequence state at batch B (an encoder runs here, once); every leaf has batch first, so
+    the decoding loop can repeat rows for num_decodes."""
+
+  @abc.abstractmethod
+  def propose(self, params: Any, state: Any, sequences: jax.Array, length: jax.Array, gamma: int,
+              rng: jax.Array, standardize: Standardize) -> tuple[jax.Array, jax.Array, Any]:
+    """-> drafts [B, gamma] int32, q [B, gamma, V] float32 (drafts[:, i] ~ q[:, i]), new state."""
+
+  @property
+  def steps_per_draft(self) -> int:
+    """How many drafter calls one proposal of gamma tokens makes, per drafted token (1 or 0)."""
+    return 1
+
+
+def _draw(rng: jax.Array, q: jax.Array) -> jax.Array:
+  return sampling.sample(rng, q)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class T5Drafter(Drafter):
+  """A smaller T5 1.1 with its own encoder (run once per sequence) and its own cache.
+
+  Each proposal first feeds the block [x_{s}, x_{s+1}] at s = max(length-1, 0) and reads the
+  logits of x_length: after all gamma drafts were accepted, the drafter has not yet seen its last
+  draft x_{length-1}, and this puts it in the cache (re-writing an existing slot is harmless).
+  Then gamma-1 single-token steps feed its own drafts.
+  """
+  config: network.T5Config
+  eos_id: int = 1
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def module(self) -> network.Transformer:
+    return network.Transformer(self.config)
+
+  def init_state(self, params, encoder_input_tokens, cache_length):
+    module = self.module
+    encoded = module.apply({"params": params}, encoder_input_tokens, method=module.encode)
+    return module.apply({"params": params}, encoded, encoder_input_tokens, cache_length,
+                        method=module.init_decode_cache)
+
+  def propose(self, params, state, sequences, length, gamma, rng, standardize):
+    module = self.module
+    decode = lambda tokens, cache, index: module.apply(  # noqa: E731
+        {"params": params}, tokens, cache, index, method=module.decode)
+    rngs = jax.random.split(rng, gamma)
+    start = jnp.maximum(length - 1, 0)
+    block = decoder_inputs(sequences, start[:, None] + jnp.arange(2)[None])
+    logits, cache = decode(block, state, start)
+    logits = jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1)
+    q_first = standardize(logits)[:, 0]
+    first = _draw(rngs[0], q_first)
+
+    def step(carry, rng_i):
+      cache, token, position = carry
+      logits, cache = decode(token[:, None], cache, position)
+      q_i = standardize(logits)[:, 0]
+      draft = _draw(rng_i, q_i)
+      return (cache, draft, position + 1), (draft, q_i)
+
+    (cache, _, _), (drafts, qs) = jax.lax.scan(step, (cache, first, length + 1), rngs[1:])
+    drafts = jnp.concatenate([first[:, None], jnp.moveaxis(drafts, 0, 1)], axis=1)
+    q = jnp.concatenate([q_first[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    return drafts, q, cache
+
+
+def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
+  return np.log(np.asarray(counts, np.float64) + smoothing).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _TableDrafter(Drafter):
+  """Shared proposal loop of the n-gram drafters: logits from a table, standardized, sampled."""
+  eos_id: int = 1
+
+  @property
+  def steps_per_draft(self) -> int:
+    return 0  # a table lookup, not a model call.
+
+  def init_state(self, params, encoder_input_tokens, cache_length):
+    return ()
+
+  @abc.abstractmethod
+  def _logits(self, params, previous: jax.Array) -> jax.Array:
+    """previous tokens [B] -> logits [B, V]."""
+
+  def propose(self, params, state, sequences, length, gamma, rng, standardize):
+    previous = decoder_inputs(sequences, length[:, None])[:, 0]
+
+    def step(token, rng_i):
+      q_i = standardize(self._logits(params, token)[:, None])[:, 0]
+      draft = _draw(rng_i, q_i)
+      return draft, (draft, q_i)
+
+    _, (drafts, q) = jax.lax.scan(step, previous, jax.random.split(rng, gamma))
+    return jnp.moveaxis(drafts, 0, 1), jnp.moveaxis(q, 0, 1), state
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class UnigramDrafter(_TableDrafter):
+  """q(x) from token frequencies; params = {'logits': [V]} (see `fit`)."""
+  vocab_size: int = 0
+
+  @staticmethod
+  def fit(token_arrays, vocab_size: int, smoothing: float = 1.0) -> dict:
+    """Counts token ids (0 = padding, ignored) in an iterable of int arrays -> params."""
+    counts = np.zeros(vocab_size, np.int64)
+    for tokens in token_arrays:
+      tokens = np.asarray(tokens).ravel()
+      counts += np.bincount(tokens[tokens > 0], minlength=vocab_size)[:vocab_size]
+    return {"logits": _ngram_logits(counts, smoothing)}
+
+  def _logits(self, params, previous):
+    return jnp.broadcast_to(params["logits"], (previous.shape[0], self.vocab_size))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BigramDrafter(_TableDrafter):
+  """q(x | previous token) from bigram counts, kept sparse: the `top` most frequent successors of
+  each token, backed off to the unigram distribution.
+
+  params = {'unigram': [V] log-probabilities, 'next_ids': [V, top] int32, 'next_logp': [V, top]
+  log-probabilities replacing the unigram's at those ids}. Counting starts from BOS (0).
+  """
+  vocab_size: int = 0
+
+  @staticmethod
+  def fit(token_arrays, vocab_size: int, top: int = 32, smoothing: float = 1.0,
+          backoff: float = 0.1) -> dict:
+    """Fits on target sequences (an iterable of 1-D int arrays, 0 = padding)."""
+    if not 0 < backoff < 1:
+      raise ValueError(f"backoff must be in (0, 1), got {backoff}.")
+    unigram = np.zeros(vocab_size, np.int64)
+    pairs: dict[tuple[int, int], int] = {}
+    for tokens in token_arrays:
+      tokens = np.asarray(tokens).ravel()
+      tokens = tokens[tokens > 0]
+      unigram += np.bincount(tokens, minlength=vocab_size)[:vocab_size]
+      for prev, nxt in zip(np.concatenate([[0], tokens[:-1]]), tokens):
+        pairs[(int(prev), int(nxt))] = pairs.get((int(prev), int(nxt)), 0) + 1
+    uni_p = (unigram + smoothing) / (unigram + smoothing).sum()
+    next_ids = np.zeros((vocab_size, top), np.int32)
+    next_p = np.zeros((vocab_size, top), np.float64)
+    by_prev: dict[int, list[tuple[int, int]]] = {}
+    for (prev, nxt), count in pairs.items():
+      by_prev.setdefault(prev, []).append((count, nxt))
+    for prev, successors in by_prev.items():
+      successors.sort(key=lambda cn: (-cn[0], cn[1]))
+      successors = successors[:top]
+      total = sum(c for c, _ in successors)
+      for j, (count, nxt) in enumerate(successors):
+        next_ids[prev, j] = nxt
+        next_p[prev, j] = count / total
+    # Rows with successors mix (1 - backoff) * bigram + backoff * unigram; others are unigram.
+    has_next = next_p.sum(1, keepdims=True) > 0
+    mixed = np.where(has_next, (1 - backoff) * next_p + backoff * uni_p[next_ids], uni_p[next_ids])
+    return {"unigram": np.log(uni_p).astype(np.float32), "next_ids": next_ids,
+            "next_logp": np.log(mixed).astype(np.float32),
+            "backoff": np.where(has_next[:, 0], np.log(backoff), 0.0).astype(np.float32)}
+
+  def _logits(self, params, previous):
+    base = params["unigram"][None, :] + params["backoff"][previous][:, None]
+    rows = jnp.arange(previous.shape[0])[:, None]
+    return base.at[rows, params["next_ids"][previous]].set(params["next_logp"][previous])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PromptLookupDrafter(Drafter):
+  """Copies what followed the latest earlier occurrence of the last `ngram` decoded tokens, searched
+  in the encoder input and in the decoded prefix (prefix matches win). Deterministic: q is one-hot,
+  so sampling stays exact. Where nothing matches it proposes `fallback_token` repeated.
+  """
+  vocab_size: int = 0
+  ngram: int = 2
+  eos_id: int = 1
+  fallback_token: int = 0
+
+  @property
+  def steps_per_draft(self) -> int:
+    return 0
+
+  def init_state(self, params, encoder_input_tokens, cache_length):
+    return jnp.asarray(encoder_input_tokens, jnp.int32)
+
+  def propose(self, params, state, sequences, length, gamma, rng, standardize):
+    n = self.ngram
+    # Search space per row: the input tokens, then x_0..x_length (BOS and the decoded tokens).
+    positions = jnp.arange(sequences.shape[1] + 1)[None]
+    decoded = decoder_inputs(sequences, positions)
+    decoded = jnp.where(positions <= length[:, None], decoded, -1)
+    source = jnp.concatenate([state, decoded], axis=1)  # [B, Le + S + 1]
+    offset = state.shape[1]
+    end = offset + length  # index of x_length in `source`
+    key = jnp.stack([jnp.take_along_axis(source, (end - n + 1 + j)[:, None], axis=1)[:, 0]
+                     for j in range(n)], axis=1)  # [B, n], the last n tokens x_{length-n+1..length}
+    width = source.shape[1]
+    starts = jnp.arange(width - n + 1)
+    windows = jnp.stack([source[:, starts + j] for j in range(n)], axis=-1)  # [B, W, n]
+    match = jnp.all(windows == key[:, None, :], axis=-1)
+    # A match must end before x_length, and the n-gram must lie inside the decoded part.
+    match &= (starts + n - 1)[None] < end[:, None]
+    match &= (length[:, None] + 1 >= n)
+    best = jnp.max(jnp.where(match, starts[None], -1), axis=1)  # the latest match wins.
+    copy_from = best + n
+    idx = jnp.clip(copy_from[:, None] + jnp.arange(gamma)[None], 0, width - 1)
+    drafts = jnp.take_along_axis(source, idx, axis=1)
+    valid = (best[:, None] >= 0) & (copy_from[:, None] + jnp.arange(gamma)[None] <= end[:, None])
+    valid &= drafts > 0
+    drafts = jnp.where(valid, drafts, self.fallback_token).astype(jnp.int32)
+    return drafts, jax.nn.one_hot(drafts, self.vocab_size, dtype=jnp.float32), state

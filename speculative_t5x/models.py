@@ -1,0 +1,263 @@
+"""T5X-style model classes: the baseline `EncoderDecoderModel` and `SpeculativeEncoderDecoderModel`.
+
+They follow T5X's model interface (t5x/models.py): `get_initial_variables`, `loss_fn`,
+`score_batch`, `predict_batch_with_aux(params, batch, rng, decoder_params, return_all_decodes,
+num_decodes)`, with batches in seqio's `EncDecFeatureConverter` layout (`encoder_input_tokens`,
+`decoder_input_tokens`, `decoder_target_tokens`, optional `decoder_loss_weights`).
+
+Unlike T5X, where `temperature_sample` defaults to topk=1 (greedy), both models here pass
+`topk=0` unless `decoder_params` says otherwise, so a baseline and a speculative run with the same
+`decoder_params` sample from the same distribution.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+
+from speculative_t5x import decoding
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import network
+from speculative_t5x import sampling
+
+Batch = Mapping[str, jax.Array]
+_DECODER_PARAM_DEFAULTS = {"temperature": 0.0, "topk": 0, "topp": 0.0}
+
+
+def _cross_entropy(logits: jax.Array, targets: jax.Array, z_loss: float,
+                   label_smoothing: float) -> tuple[jax.Array, jax.Array]:
+  """logits [B, l, V], targets [B, l] -> (per-token loss incl. z-loss, per-token z-loss)."""
+  vocab = logits.shape[-1]
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab - 1)
+  soft = jax.nn.one_hot(targets, vocab) * (confidence - low) + low
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  log_probs = logits - log_z[..., None]
+  loss = -jnp.sum(soft * log_probs, axis=-1)
+  if label_smoothing:
+    loss -= -(confidence * np.log(confidence) + (vocab - 1) * low * np.log(low + 1e-20))
+  z = z_loss * jnp.square(log_z)
+  return loss + z, z
+
+
+def _weights(batch: Batch) -> jax.Array:
+  weights = batch.get("decoder_loss_weights")
+  return (batch["decoder_target_tokens"] > 0).astype(jnp.float32) if weights is None else weights
+
+
+@gin.configurable
+class EncoderDecoderModel:
+  """The baseline: T5 1.1 decoded with `decode_fn` (default `decoding.temperature_sample`)."""
+  FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter
+
+  def __init__(self, module: network.Transformer, input_vocabulary: seqio.Vocabulary,
+               output_vocabulary: seqio.Vocabulary, optimizer_def: Any = None,
+               decode_fn: Callable = decoding.temperature_sample, label_smoothing: float = 0.0,
+               z_loss: float = 0.0, loss_normalizing_factor: float | None = None):
+    self.module = module
+    self._input_vocabulary = input_vocabulary
+    self._output_vocabulary = output_vocabulary
+    self.optimizer_def = optimizer_def
+    self._decode_fn = decode_fn
+    self._label_smoothing = label_smoothing
+    self._z_loss = z_loss
+    self._loss_normalizing_factor = loss_normalizing_factor
+
+  @property
+  def input_vocabulary(self):
+    return self._input_vocabulary
+
+  @property
+  def output_vocabulary(self):
+    return self._output_vocabulary
+
+  @property
+  def decode_fn(self):
+    return self._decode_fn
+
+  @property
+  def eos_id(self) -> int:
+    return self._output_vocabulary.eos_id or 1
+
+  def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, tuple],
+                            input_types: Mapping[str, Any] | None = None) -> dict:
+    """{'params': ...} at the given feature shapes (float32, unboxed)."""
+    del input_types
+    enc = jnp.ones(input_shapes["encoder_input_tokens"], jnp.int32)
+    dec = jnp.ones(input_shapes["decoder_input_tokens"], jnp.int32)
+    variables = self.module.init(rng, enc, dec, dec)
+    return {"params": nn.meta.unbox(variables["params"])}
+
+  def _compute_logits(self, params, batch: Batch, dropout_rng: jax.Array | None = None):
+    rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+    return self.module.apply({"params": params}, batch["encoder_input_tokens"],
+                             batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                             batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
+                             enable_dropout=dropout_rng is not None, rngs=rngs)
+
+  def loss_fn(self, params, batch: Batch, dropout_rng: jax.Array | None):
+    """Weighted cross-entropy plus z-loss -> (loss, metrics)."""
+    logits = self._compute_logits(params, batch, dropout_rng)
+    weights = _weights(batch)
+    loss, z = _cross_entropy(logits, batch["decoder_target_tokens"], self._z_loss,
+                             self._label_smoothing)
+    normalizer = (jnp.sum(weights) if self._loss_normalizing_factor is None
+                  else self._loss_normalizing_factor)
+    total = jnp.sum(loss * weights) / normalizer
+    correct = (jnp.argmax(logits, -1) == batch["decoder_target_tokens"]) * weights
+    metrics = {"loss": total, "z_loss": jnp.sum(z * weights) / normalizer,
+               "accuracy": jnp.sum(correct) / jnp.sum(weights), "tokens": jnp.sum(weights)}
+    return total, metrics
+
+  def eval_fn(self, params, batch: Batch):
+    return self.loss_fn(params, batch, dropout_rng=None)
+
+  def score_batch(self, params, batch: Batch, return_intermediates: bool = False):
+    """Sum over the targets of log p(target token) -> [B]."""
+    if return_intermediates:
+      raise ValueError("return_intermediates=True is not supported: call _compute_logits instead.")
+    logits = self._compute_logits(params, batch)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    token = jnp.take_along_axis(log_probs, batch["decoder_target_tokens"][..., None], -1)[..., 0]
+    return jnp.sum(token * _weights(batch), axis=-1)
+
+  def _settings(self, decoder_params: Mapping[str, Any] | None, rng) -> dict:
+    settings = dict(_DECODER_PARAM_DEFAULTS, **(decoder_params or {}))
+    if rng is not None:
+      if "decode_rng" in settings:
+        raise ValueError("Got both `rng` and `decoder_params['decode_rng']`: give only one.")
+      settings["decode_rng"] = rng
+    sampling.validate(settings.get("temperature"), settings.get("topk", 0),
+                      settings.get("topp", 0.0))
+    return settings
+
+  def _encode_and_cache(self, params, encoder_tokens, cache_length):
+    encoded = self.module.apply({"params": params}, encoder_tokens, method=self.module.encode)
+    return self.module.apply({"params": params}, encoded, encoder_tokens, cache_length,
+                             method=self.module.init_decode_cache)
+
+  def _target_decode(self, params, tokens, cache, index):
+    return self.module.apply({"params": params}, tokens, cache, index, method=self.module.decode)
+
+  def predict_batch_with_aux(self, params, batch: Batch, rng: jax.Array | None = None,
+                             decoder_params: Mapping[str, Any] | None = None,
+                             return_all_decodes: bool = False, num_decodes: int = 1,
+                             prompt_with_targets: bool = False):
+    """-> (decodes [B, L] or [B, N, L], {'scores': [B] or [B, N]})."""
+    settings = self._settings(decoder_params, rng)
+    encoder_tokens = batch["encoder_input_tokens"]
+    decoder_inputs = batch["decoder_input_tokens"]
+    if prompt_with_targets:
+      inputs = jnp.where(decoder_inputs == self.eos_id, 0, decoder_inputs)
+    else:
+      inputs = jnp.zeros_like(decoder_inputs)
+    cache = self._encode_and_cache(params, encoder_tokens, decoder_inputs.shape[1])
+
+    def tokens_to_logits(state: decoding.DecodingState):
+      logits, cache = self._target_decode(params, state.cur_token, state.cache, state.cur_index)
+      return logits[:, 0], cache
+
+    decodes, scores = self._decode_fn(inputs=inputs, cache=cache,
+                                      tokens_to_logits=tokens_to_logits, eos_id=self.eos_id,
+                                      num_decodes=num_decodes, **settings)
+    if return_all_decodes:
+      return decodes, {"scores": scores}
+    return decodes[:, -1], {"scores": scores[:, -1]}
+
+  def predict_batch(self, params, batch: Batch, rng: jax.Array | None = None, **kwargs):
+    return self.predict_batch_with_aux(params, batch, rng, **kwargs)[0]
+
+  @functools.cache
+  def jit_predict(self, num_decodes: int = 1, return_all_decodes: bool = False, topk: int = 0,
+                  topp: float = 0.0, max_decode_steps: int | None = None) -> Callable:
+    """A jitted `fn(params, batch, rng, temperature) -> (decodes, aux)`; temperature is traced,
+    so changing it does not recompile."""
+    sampling.validate(None, topk, topp)
+
+    def fn(params, batch, rng, temperature):
+      decoder_params = {"temperature": temperature, "topk": topk, "topp": topp,
+                        "max_decode_steps": max_decode_steps}
+      return self.predict_batch_with_aux(params, batch, rng, decoder_params=decoder_params,
+                                         return_all_decodes=return_all_decodes,
+                                         num_decodes=num_decodes)
+    return jax.jit(fn)
+
+
+@gin.configurable
+class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
+  """Speculative decoding: a target `module` verifies `gamma` drafts per call from a drafter.
+
+  `drafter_module` is a `network.Transformer` (its parameters sit beside the target's:
+  params = {'target': ..., 'drafter': ...}) or a `drafters.Drafter` (an n-gram table or prompt
+  lookup, whose fitted tables are params['drafter']).
+  """
+
+  def __init__(self, module: network.Transformer,
+               drafter_module: network.Transformer | drafters_lib.Drafter,
+               input_vocabulary: seqio.Vocabulary, output_vocabulary: seqio.Vocabulary,
+               gamma: int = 4, optimizer_def: Any = None, label_smoothing: float = 0.0,
+               z_loss: float = 0.0, loss_normalizing_factor: float | None = None):
+    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def,
+                     decode_fn=decoding.speculative_sample, label_smoothing=label_smoothing,
+                     z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor)
+    decoding.validate_speculative(gamma, None, 0, 0.0)
+    self.gamma = int(gamma)
+    if isinstance(drafter_module, network.Transformer):
+      self.drafter = drafters_lib.T5Drafter(drafter_module.config, eos_id=self.eos_id)
+    elif isinstance(drafter_module, drafters_lib.Drafter):
+      self.drafter = drafter_module
+    else:
+      raise ValueError(f"drafter_module must be a network.Transformer or a drafters.Drafter, got "
+                       f"{type(drafter_module).__name__}.")
+    target_vocab = module.config.vocab_size
+    if self.drafter.vocab_size != target_vocab:
+      raise ValueError(f"drafter vocab_size {self.drafter.vocab_size} != target vocab_size "
+                       f"{target_vocab}: speculative decoding needs one vocabulary (configure the "
+                       "drafter with the target's vocab_size).")
+    if self.drafter.eos_id != self.eos_id:
+      raise ValueError(f"drafter eos_id {self.drafter.eos_id} != the output vocabulary's eos_id "
+                       f"{self.eos_id}: give the drafter the target's EOS id.")
+
+  def get_initial_variables(self, rng, input_shapes, input_types=None) -> dict:
+    """{'params': {'target': ..., 'drafter': ...}}; a table drafter's params are empty until fitted."""
+    rng_target, rng_drafter = jax.random.split(rng)
+    target = super().get_initial_variables(rng_target, input_shapes, input_types)["params"]
+    drafter = {}
+    if isinstance(self.drafter, drafters_lib.T5Drafter):
+      enc = jnp.ones(input_shapes["encoder_input_tokens"], jnp.int32)
+      dec = jnp.ones(input_shapes["decoder_input_tokens"], jnp.int32)
+      drafter = nn.meta.unbox(self.drafter.module.init(rng_drafter, enc, dec, dec)["params"])
+    return {"params": {"target": target, "drafter": drafter}}
+
+  def _compute_logits(self, params, batch, dropout_rng=None):
+    return super()._compute_logits(params["target"], batch, dropout_rng)
+
+  def predict_batch_with_aux(self, params, batch: Batch, rng: jax.Array | None = None,
+                             decoder_params: Mapping[str, Any] | None = None,
+                             return_all_decodes: bool = False, num_decodes: int = 1,
+                             prompt_with_targets: bool = False):
+    """-> (decodes, {'scores': ..., 'speculative_stats': {name: [B] or [B, N]}})."""
+    if prompt_with_targets:
+      raise ValueError("prompt_with_targets=True is not supported by speculative decoding: decode "
+                       "from BOS (the encoder-decoder default).")
+    settings = self._settings(decoder_params, rng)
+    encoder_tokens = batch["encoder_input_tokens"]
+    decoder_inputs = batch["decoder_input_tokens"]
+    cache_length = decoder_inputs.shape[1] + self.gamma + 1
+    target_cache = self._encode_and_cache(params["target"], encoder_tokens, cache_length)
+    drafter_state = self.drafter.init_state(params["drafter"], encoder_tokens, cache_length)
+    decodes, scores, stats = decoding.speculative_sample(
+        jnp.zeros_like(decoder_inputs), target_cache,
+        functools.partial(self._target_decode, params["target"]), self.drafter,
+        params["drafter"], drafter_state, self.eos_id, gamma=self.gamma, num_decodes=num_decodes,
+        **settings)
+    if return_all_decodes:
+      return decodes, {"scores": scores, "speculative_stats": stats}
+    return decodes[:, -1], {"scores": scores[:, -1],
+                            "speculative_stats": {k: v[:, -1] for k, v in stats.items()}}

@@ -1,0 +1,67 @@
+"""Algorithm 1 of Leviathan, Kalman, Matias (ICML 2023), on arrays, one row per sequence.
+
+Given the target's distributions p_1..p_{gamma+1} (each conditioned on the prefix and the drafts
+before it), the drafter's q_1..q_gamma and its drafts x_1..x_gamma:
+
+  r_i ~ U(0, 1);  draft i is accepted while r_i < p_i(x_i) / q_i(x_i)
+  n = number of leading accepted drafts (0..gamma)
+  p' = norm(max(0, p_{n+1} - q_{n+1}))  if n < gamma,  else p_{gamma+1}
+  t ~ p'
+  beta_i = sum_x min(p_i(x), q_i(x))   (the acceptance probability at position i; E[beta] = alpha)
+
+The output x_1..x_n, t is distributed exactly as sampling from p one token at a time (Appendix A.1).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from speculative_t5x import sampling
+
+
+def acceptance_probability(p: jax.Array, q: jax.Array, drafts: jax.Array) -> jax.Array:
+  """min(1, p_i(x_i) / q_i(x_i)) -> [batch, gamma]; p [batch, gamma(+1), V], q [batch, gamma, V]."""
+  gamma = drafts.shape[1]
+  p_x = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
+  q_x = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+  return jnp.where(q_x > p_x, p_x / jnp.where(q_x > 0, q_x, 1.0), 1.0)
+
+
+def adjusted_distribution(p: jax.Array, q: jax.Array, n: jax.Array) -> jax.Array:
+  """p' = norm(max(0, p_{n+1} - q_{n+1})) for n < gamma, p_{gamma+1} for n = gamma -> [batch, V].
+
+  q_{gamma+1} := 0 makes one formula cover both cases. The residual has zero mass only when
+  p_{n+1} <= q_{n+1} everywhere, i.e. p == q up to rounding, where a rejection has probability 0;
+  p_{n+1} itself is then returned.
+  """
+  q_padded = jnp.pad(q, ((0, 0), (0, 1), (0, 0)))
+  p_next = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
+  q_next = jnp.take_along_axis(q_padded, n[:, None, None], axis=1)[:, 0]
+  residual = jnp.maximum(p_next - q_next, 0.0)
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
+
+
+def accept(p: jax.Array, q: jax.Array, drafts: jax.Array,
+           rng: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """One speculative step per row.
+
+  Args:
+    p: target probabilities [batch, gamma+1, vocab] (float32, standardized).
+    q: drafter probabilities [batch, gamma, vocab], the distributions the drafts were sampled from.
+    drafts: [batch, gamma] int32, x_i ~ q_i.
+    rng: PRNG key.
+
+  Returns:
+    n: [batch] int32, the number of accepted drafts.
+    token: [batch] int32, t ~ norm(max(0, p_{n+1} - q_{n+1})), or ~ p_{gamma+1} when n = gamma.
+    beta: [batch, gamma] float32, sum_x min(p_i, q_i).
+  """
+  batch, gamma = drafts.shape
+  rng_accept, rng_token = jax.random.split(rng)
+  r = jax.random.uniform(rng_accept, (batch, gamma), jnp.float32)
+  accepted = r < acceptance_probability(p, q, drafts)
+  n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+  token = sampling.sample(rng_token, adjusted_distribution(p, q, n))
+  beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
+  return n, token, beta

@@ -1,0 +1,319 @@
+"""Tests of checkpoint reading (T5X's own files and ones written here in its layouts) and orbax I/O."""
+import os
+import shutil
+import subprocess
+import sys
+
+import flax.serialization
+import jax
+import ml_dtypes
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import tensorstore as ts
+from flax import traverse_util
+
+from conftest import REPO_ROOT, fixture_path
+from speculative_t5x import checkpoints
+from speculative_t5x import hf_weights
+from speculative_t5x import network
+
+FIXTURE_CONFIG = network.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
+                                  num_decoder_layers=2, head_dim=3, mlp_dim=16,
+                                  mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+SMALL = network.T5Config(vocab_size=40, emb_dim=8, num_heads=2, num_encoder_layers=1,
+                         num_decoder_layers=2, head_dim=4, mlp_dim=12,
+                         mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+KERNEL_ROW_0 = [0.15038408, 0.70071733, 0.50233229, 0.6763428, 0.41820543]
+
+
+def _flat(tree):
+  return traverse_util.flatten_dict(tree, sep="/")
+
+
+def _assert_trees_equal(actual, expected):
+  actual, expected = _flat(actual), _flat(expected)
+  assert actual.keys() == expected.keys()
+  for key, value in expected.items():
+    assert actual[key].dtype == np.asarray(value).dtype, key
+    np.testing.assert_array_equal(actual[key], value, err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def small_params():
+  params = network.init_params(SMALL, jax.random.PRNGKey(0))
+  return jax.tree.map(np.asarray, params)
+
+
+def _write_t5x_checkpoint(model_dir, step, target, *, zarray=True, driver="file", chunked=True,
+                          version=3):
+  """Writes a checkpoint in T5X's legacy layout: target arrays in bfloat16 zarr with relative
+  paths, an inline int32 step and inline float32 optimizer state, msgpack written by flax."""
+  ckpt_dir = os.path.join(model_dir, f"checkpoint_{step}")
+  os.makedirs(ckpt_dir)
+  specs = {}
+  for name, value in _flat(target).items():
+    relative = "target." + name.replace("/", ".")
+    chunks = [max(1, d // 2) if chunked and d % 2 == 0 else d for d in value.shape]
+    spec = {"driver": "zarr", "dtype": "bfloat16",
+            "kvstore": {"driver": driver, "path": relative + "/"},
+            "metadata": {"chunks": chunks, "compressor": {"id": "gzip", "level": 1},
+                         "shape": list(value.shape)}}
+    if driver == "gcs":
+      spec["kvstore"]["bucket"] = "t5x-dummy-bucket"
+    written = dict(spec, kvstore={"driver": "file", "path": os.path.join(ckpt_dir, relative)})
+    store = ts.open(written, create=True).result()
+    store.write(value.astype(ml_dtypes.bfloat16)).result()
+    if not zarray:
+      os.remove(os.path.join(ckpt_dir, relative, ".zarray"))
+    specs[name] = spec
+  state = {"step": np.int32(step),
+           "param_states": {"decoder": {"decoder_norm": {"scale": {"v": np.full(8, 0.5, np.float32)}}}}}
+  contents = {"version": version,
+              "optimizer": {"target": traverse_util.unflatten_dict(specs, sep="/"), "state": state}}
+  with open(os.path.join(ckpt_dir, "checkpoint"), "wb") as f:
+    f.write(flax.serialization.msgpack_serialize(contents))
+  return ckpt_dir
+
+
+def _bf16(tree):
+  return jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16), tree)
+
+
+# ----------------------------------------------------------------------------------------------
+# T5X's own files.
+# ----------------------------------------------------------------------------------------------
+def test_tiny_msgpack_checkpoint_has_t5x_param_tree():
+  ckpt = checkpoints.load_t5x_checkpoint(fixture_path("test_t5_tiny.checkpoint_0"))
+  target = _flat(ckpt["target"])
+  expected = _flat(network.param_shapes(FIXTURE_CONFIG))
+  assert {k: v.shape for k, v in target.items()} == expected
+  assert {v.dtype for v in target.values()} == {np.dtype(np.float32)}
+  assert int(ckpt["state"]["step"]) == 0
+  assert set(ckpt["state"]["param_states"]["decoder"]["decoder_norm"]["scale"]) == {
+      "m", "v", "v_col", "v_row"}
+
+
+def test_tiny_checkpoint_reproduces_t5x_logits():
+  params = checkpoints.restore_params(FIXTURE_CONFIG, fixture_path("test_t5_tiny.checkpoint_0"))
+  ref = np.load(fixture_path("t5x_tiny_reference.npz"))
+  logits = network.Transformer(FIXTURE_CONFIG).apply(
+      {"params": params}, ref["encoder_input_tokens"], ref["decoder_input_tokens"],
+      ref["decoder_target_tokens"])
+  np.testing.assert_allclose(np.asarray(logits)[..., :2048], ref["logits_first_2048"], atol=1e-5)
+
+
+def test_config_from_params_reads_the_architecture_off_the_shapes():
+  ckpt = checkpoints.load_t5x_checkpoint(fixture_path("test_t5_tiny.checkpoint_0"))
+  assert checkpoints.config_from_params(ckpt["target"]) == FIXTURE_CONFIG
+  assert checkpoints.config_from_params(ckpt["target"], dtype="bfloat16").dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("where", ["tiny_t5", "tiny_t5/checkpoint_1", "tiny_t5/checkpoint_1/checkpoint"])
+def test_tiny_t5_tensorstore_checkpoint_gives_readme_values(where):
+  ckpt = checkpoints.load_t5x_checkpoint(fixture_path(where), step=1 if where == "tiny_t5" else None)
+  states = ckpt["state"]["param_states"]
+  np.testing.assert_array_equal(states["bias"], np.ones(5, np.float32))
+  assert states["bias"].dtype == np.float32
+  assert states["kernel"].dtype == np.float64 and states["kernel"].shape == (10, 5)
+  np.testing.assert_allclose(states["kernel"][0], KERNEL_ROW_0, rtol=1e-7)
+  assert states["step"].dtype == np.int32 and int(states["step"]) == 1
+  assert ckpt["state"]["step"].dtype == np.int32 and int(ckpt["state"]["step"]) == 1
+  assert ckpt["target"] == {}
+
+
+def test_old_orbax_placeholder_checkpoint_loads():
+  # Its zarr directories have no .zarray, so shapes and dtypes come from a template: the same
+  # optimizer state in T5X's legacy layout (tiny_t5), whose values it must then reproduce.
+  legacy = checkpoints.load_t5x_checkpoint(fixture_path("tiny_t5/checkpoint_1"))
+  with pytest.raises(ValueError, match=r"state/param_states/\w+' at .*_optimizer.state.*template="):
+    checkpoints.load_t5x_checkpoint(fixture_path("tiny_orbax/1"))
+  ckpt = checkpoints.load_t5x_checkpoint(fixture_path("tiny_orbax/1"), template=legacy)
+  _assert_trees_equal(ckpt["state"], legacy["state"])
+  assert ckpt["target"] == {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints written here in T5X's layouts.
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("zarray", [True, False], ids=["with_zarray", "no_zarray"])
+@pytest.mark.parametrize("driver", ["file", "gfile", "gcs"])
+def test_t5x_tensorstore_layout_loads(tmp_path, small_params, zarray, driver):
+  _write_t5x_checkpoint(tmp_path, 5, small_params, zarray=zarray, driver=driver)
+  _write_t5x_checkpoint(tmp_path, 10, jax.tree.map(lambda x: -x, small_params), zarray=zarray,
+                        driver=driver)
+  latest = checkpoints.load_t5x_checkpoint(tmp_path)
+  _assert_trees_equal(latest["target"], _bf16(jax.tree.map(lambda x: -x, small_params)))
+  assert int(latest["state"]["step"]) == 10
+  np.testing.assert_array_equal(latest["state"]["param_states"]["decoder"]["decoder_norm"]["scale"]["v"], 0.5)
+  params = checkpoints.restore_params(SMALL, tmp_path, step=5, dtype="float32")
+  _assert_trees_equal(params, jax.tree.map(lambda x: x.astype(np.float32), _bf16(small_params)))
+
+
+def test_t5x_layout_with_pre_0_1_14_tensorstore_spec(tmp_path, small_params):
+  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, zarray=False)
+  with open(os.path.join(ckpt_dir, "checkpoint"), "rb") as f:
+    contents = flax.serialization.msgpack_restore(f.read())
+  for spec in _flat(contents["optimizer"]["target"]).values():
+    spec["path"] = spec["kvstore"].pop("path")
+  contents["optimizer"]["target"] = traverse_util.unflatten_dict(
+      {k: v for k, v in _flat(contents["optimizer"]["target"]).items()}, sep="/")
+  with open(os.path.join(ckpt_dir, "checkpoint"), "wb") as f:
+    f.write(flax.serialization.msgpack_serialize(contents))
+  _assert_trees_equal(checkpoints.load_t5x_checkpoint(ckpt_dir)["target"], _bf16(small_params))
+
+
+def test_restore_dtype_casts_only_the_target(tmp_path, small_params):
+  _write_t5x_checkpoint(tmp_path, 1, small_params)
+  ckpt = checkpoints.load_t5x_checkpoint(tmp_path, restore_dtype="float32")
+  assert {v.dtype for v in _flat(ckpt["target"]).values()} == {np.dtype(np.float32)}
+  assert ckpt["state"]["step"].dtype == np.int32
+
+
+def test_chunked_msgpack_arrays_decode(tmp_path, monkeypatch):
+  big = np.arange(300, dtype=np.float32).reshape(3, 100)
+  half = (np.arange(50) / 7).astype(ml_dtypes.bfloat16)
+  monkeypatch.setattr(flax.serialization, "MAX_CHUNK_SIZE", 64)  # T5X's limit is 2**30 bytes.
+  data = flax.serialization.msgpack_serialize(
+      {"version": 3, "optimizer": {"target": {"big": big, "half": half},
+                                   "state": {"step": np.int32(7)}}})
+  assert b"__msgpack_chunked_array__" in data
+  path = tmp_path / "checkpoint"
+  path.write_bytes(data)
+  ckpt = checkpoints.load_t5x_checkpoint(path)
+  _assert_trees_equal(ckpt["target"], {"big": big, "half": half})
+  assert int(ckpt["state"]["step"]) == 7
+
+
+def test_t5x_orbax_layout_loads(tmp_path, small_params):
+  state = {"target": small_params, "state": {"step": np.int32(4), "param_states": {
+      "encoder": {"encoder_norm": {"scale": {"v": np.ones(8, np.float32)}}}}}}
+  ocp.PyTreeCheckpointer().save(tmp_path / "checkpoint_4" / "state", state)
+  ckpt = checkpoints.load_t5x_checkpoint(tmp_path)
+  _assert_trees_equal(ckpt["target"], small_params)
+  assert int(ckpt["state"]["step"]) == 4
+  _assert_trees_equal(checkpoints.restore_params(SMALL, tmp_path / "checkpoint_4"), small_params)
+
+
+# ----------------------------------------------------------------------------------------------
+# The project's own orbax checkpoints.
+# ----------------------------------------------------------------------------------------------
+def test_orbax_model_round_trip_is_exact(tmp_path, small_params):
+  checkpoints.save_model(tmp_path / "m", small_params, SMALL)
+  params, config = checkpoints.restore_model(tmp_path / "m")
+  assert config == SMALL
+  _assert_trees_equal(params, small_params)
+  half, _ = checkpoints.restore_model(tmp_path / "m", dtype="bfloat16")
+  _assert_trees_equal(half, _bf16(small_params))
+  with pytest.raises(FileExistsError, match="overwrite=True"):
+    checkpoints.save_model(tmp_path / "m", small_params, SMALL)
+
+
+def test_orbax_pair_round_trip_is_exact(tmp_path, small_params):
+  drafter_config = SMALL.replace(num_decoder_layers=1, mlp_activations=("relu",),
+                                 logits_via_embedding=True, dtype="bfloat16")
+  drafter = jax.tree.map(np.asarray, network.init_params(drafter_config, jax.random.PRNGKey(1)))
+  checkpoints.save_pair(tmp_path, small_params, SMALL, drafter, drafter_config)
+  (target_params, target_config), (drafter_params, restored_config) = checkpoints.restore_pair(
+      tmp_path)
+  assert (target_config, restored_config) == (SMALL, drafter_config)
+  _assert_trees_equal(target_params, small_params)
+  _assert_trees_equal(drafter_params, drafter)
+
+
+def test_config_json_with_unknown_field_is_rejected():
+  text = checkpoints.config_to_json(SMALL).replace('"vocab_size"', '"rotary": 1, "vocab_size"')
+  with pytest.raises(ValueError, match=r"\['rotary'\]"):
+    checkpoints.config_from_json(text)
+
+
+def test_convert_script_t5x_to_orbax_to_hf_and_back(tmp_path):
+  script = str(REPO_ROOT / "scripts" / "convert_checkpoint.py")
+  steps = [("t5x_to_orbax", fixture_path("test_t5_tiny.checkpoint_0"), tmp_path / "orbax"),
+           ("orbax_to_hf", tmp_path / "orbax", tmp_path / "hf"),
+           ("hf_to_orbax", tmp_path / "hf", tmp_path / "orbax2")]
+  for mode, source, output in steps:
+    subprocess.run([sys.executable, script, f"--mode={mode}", f"--input={source}",
+                    f"--output={output}", "--dtype=float32"], check=True, capture_output=True,
+                   env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  expected = checkpoints.load_t5x_checkpoint(fixture_path("test_t5_tiny.checkpoint_0"))["target"]
+  params, config = checkpoints.restore_model(tmp_path / "orbax2")
+  assert config == FIXTURE_CONFIG
+  _assert_trees_equal(params, expected)
+  hf_params, _ = hf_weights.load_hf(tmp_path / "hf")
+  _assert_trees_equal(hf_params, expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: clear errors naming the path and the parameter, never zeros or partial models.
+# ----------------------------------------------------------------------------------------------
+def test_missing_directory(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no checkpoint at .*nowhere"):
+    checkpoints.load_t5x_checkpoint(tmp_path / "nowhere")
+  (tmp_path / "empty" / "junk").mkdir(parents=True)
+  (tmp_path / "empty" / "junk" / "x").write_text("")
+  with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
+    checkpoints.load_t5x_checkpoint(tmp_path / "empty")
+
+
+def test_missing_step(tmp_path, small_params):
+  _write_t5x_checkpoint(tmp_path, 3, small_params)
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint_7 .*steps found: \[3\]"):
+    checkpoints.load_t5x_checkpoint(tmp_path, step=7)
+
+
+@pytest.mark.parametrize("zarray", [True, False], ids=["with_zarray", "no_zarray"])
+def test_missing_array_directory(tmp_path, small_params, zarray):
+  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, zarray=zarray)
+  shutil.rmtree(os.path.join(ckpt_dir, "target.decoder.decoder_norm.scale"))
+  with pytest.raises(ValueError, match=r"'target/decoder/decoder_norm/scale' from "
+                     r".*target.decoder.decoder_norm.scale.*missing"):
+    checkpoints.load_t5x_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt", "delete_chunk"])
+def test_damaged_chunk(tmp_path, small_params, damage):
+  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, zarray=False)
+  chunk = os.path.join(ckpt_dir, "target.token_embedder.embedding", "1.1")
+  data = open(chunk, "rb").read()
+  if damage == "delete_chunk":
+    os.remove(chunk)
+  else:
+    with open(chunk, "wb") as f:
+      f.write(data[:len(data) // 2] if damage == "truncate" else
+              data[:10] + bytes(b ^ 0xFF for b in data[10:]))
+  with pytest.raises(ValueError, match=r"'target/token_embedder/embedding' from .*embedding"):
+    checkpoints.load_t5x_checkpoint(tmp_path)
+
+
+def test_truncated_msgpack_file(tmp_path):
+  data = open(fixture_path("test_t5_tiny.checkpoint_0"), "rb").read()
+  (tmp_path / "checkpoint").write_bytes(data[:len(data) // 3])
+  with pytest.raises(ValueError, match="truncated or corrupted"):
+    checkpoints.load_t5x_checkpoint(tmp_path / "checkpoint")
+
+
+@pytest.mark.parametrize("contents", [{"version": 1, "optimizer": {}}, {"version": 0},
+                                      {"version": 99, "optimizer": {}}, {"target": {}}])
+def test_unsupported_version(tmp_path, contents):
+  (tmp_path / "checkpoint").write_bytes(flax.serialization.msgpack_serialize(contents))
+  with pytest.raises(ValueError, match="version"):
+    checkpoints.load_t5x_checkpoint(tmp_path)
+
+
+def test_config_mismatch_lists_every_parameter():
+  wrong = FIXTURE_CONFIG.replace(mlp_dim=32, num_decoder_layers=3, logits_via_embedding=True)
+  with pytest.raises(ValueError) as info:
+    checkpoints.restore_params(wrong, fixture_path("test_t5_tiny.checkpoint_0"))
+  message = str(info.value)
+  assert "test_t5_tiny.checkpoint_0" in message
+  assert "missing: decoder/layers_2/self_attention/query/kernel (8, 12)" in message
+  assert "extra: decoder/logits_dense/kernel (8, 32128)" in message
+  assert ("wrong shape: encoder/layers_1/mlp/wo/kernel is (16, 8), the config needs (32, 8)"
+          in message)
+
+
+def test_save_model_rejects_params_that_do_not_fit_the_config(tmp_path, small_params):
+  with pytest.raises(ValueError, match="wrong shape: token_embedder/embedding"):
+    checkpoints.save_model(tmp_path, small_params, SMALL.replace(vocab_size=41))
+  assert not (tmp_path / "params").exists()
