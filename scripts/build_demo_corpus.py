@@ -25,7 +25,9 @@ import os
 import pathlib
 import random
 import re
+import shutil
 import struct
+import subprocess
 import tempfile
 from typing import Iterable, Optional, Sequence
 
@@ -60,11 +62,13 @@ _PLURAL_SEPARATOR = "\x00"
 # Accelerator (mnemonic) markers: GTK's "_File" and Qt/KDE's "&File".
 _ACCELERATOR_MARKERS = ("_", "&")
 # printf conversions (with positional index, flags, width, precision, length modifier, and gettext's
-# <PRIu64> macros), Python's %(name)s and {name} fields. "%%" is a literal percent sign.
+# <PRIu64> macros), Python's %(name)s and {name} fields. "%%" is a literal percent sign, matched so
+# that it is skipped; the space flag is left out because "100% of" is prose, not "% o".
 _PLACEHOLDER = re.compile(
-    r"%(?:(?P<position>\d+\$)|\((?P<name>\w+)\))?[-+ 0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
+    r"%%|%(?:(?P<position>\d+\$)|\((?P<name>\w+)\))?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
     r"(?:hh|h|ll|l|L|q|j|z|Z|t|I32|I64|I)?(?:[diouxXeEfFgGaAcspnmCS]|<PRI\w+>)"
     r"|\{\w*(?:[:!][^{}]*)?\}")
+_SNAKE_CASE = re.compile(r"[a-z0-9]+_[a-z0-9]+")
 _SENTENCE_END = ".:…!?"
 
 
@@ -142,44 +146,50 @@ def _word_at(text: str, index: int) -> str:
   return text[start:end]
 
 
-def strip_accelerator(text: str, other: str) -> str:
-  """Removes a keyboard accelerator marker ("_Save", "Sp_eichern", "&Open") from `text`.
+def _accelerator_index(text: str, other: str, marker: str) -> int:
+  """Index of `marker` in `text` if it marks a keyboard accelerator there, else -1 (see below)."""
+  index = text.find(marker)
+  if index < 0 or text.count(marker) != 1 or index + 1 == len(text):
+    return -1
+  after = text[index + 1]
+  before = text[index - 1] if index > 0 else ""
+  if not after.isalpha() or (before.isupper() or before.isdigit()) and after.isupper():
+    return -1
+  if marker == "&" and re.match(r"&#?\w+;", text[index:]):
+    return -1
+  if _word_at(text, index).casefold() in other.casefold():
+    return -1
+  return index
 
-  The same rule applies to both sides of a pair (`other` is the opposite side). A marker counts as
-  an accelerator when it is the only one of its kind in `text`, is followed by a letter, does not
-  join a capital or digit to a capital (LC_ALL, AT&T, KP_Down), is not an XML entity (&amp;), and the word
-  around it does not occur verbatim in `other` (identifiers such as search_path are copied
-  untranslated, so they appear on both sides).
+
+def strip_accelerators(english: str, german: str) -> tuple[str, str]:
+  """Removes keyboard accelerator markers ("_Save" / "_Speichern", "&Open" / "Ö&ffnen") from a pair.
+
+  Translators keep the accelerator, so a marker is removed only when both sides have one. On each
+  side it must be the only one of its kind, be followed by a letter, not join a capital or digit to
+  a capital (LC_ALL, AT&T, KP_Down), not start an XML entity (&amp;), and the word around it must
+  not occur in the other side (identifiers such as search_path are copied untranslated). An English
+  word in lowercase snake case ("new_version" / "neue_Version") is an identifier the translator
+  rewrote, so it keeps its marker; GTK's rare lowercase mnemonics ("Y t_ilt:") keep theirs too.
   """
   for marker in _ACCELERATOR_MARKERS:
-    index = text.find(marker)
-    if index < 0 or text.count(marker) != 1 or index + 1 == len(text):
-      continue
-    after = text[index + 1]
-    before = text[index - 1] if index > 0 else ""
-    if not after.isalpha():
-      continue
-    if (before.isupper() or before.isdigit()) and after.isupper():
-      continue
-    if marker == "&" and re.match(r"&#?\w+;", text[index:]):
-      continue
-    if _word_at(text, index) in other:
-      continue
-    text = text[:index] + text[index + 1:]
-  return text
+    i, j = _accelerator_index(english, german, marker), _accelerator_index(german, english, marker)
+    if i >= 0 and j >= 0 and not _SNAKE_CASE.fullmatch(_word_at(english, i)):
+      english, german = english[:i] + english[i + 1:], german[:j] + german[j + 1:]
+  return english, german
 
 
 def placeholders(text: str) -> list[str]:
   """Sorted format placeholders of `text`, positional indices removed (%2$s counts as %s)."""
   return sorted(match.group(0).replace(match.group("position") or "", "")
-                for match in _PLACEHOLDER.finditer(text))
+                for match in _PLACEHOLDER.finditer(text) if match.group(0) != "%%")
 
 
 def clean_pair(english: str, german: str, max_chars: int) -> tuple[Optional[tuple[str, str]], str]:
   """Returns ((english, german), "kept") or (None, reason) for a pair the corpus should leave out."""
   if not german.strip():
     return None, "untranslated"
-  english, german = strip_accelerator(english, german), strip_accelerator(german, english)
+  english, german = strip_accelerators(english, german)
   english, german = " ".join(english.split()), " ".join(german.split())
   if not any(c.isalpha() for c in english):
     return None, "no_letters"
@@ -199,6 +209,28 @@ def _group_key(english: str) -> str:
 
 def _sha256(path: str) -> str:
   return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+def owning_packages(paths: Sequence[str]) -> dict[str, str]:
+  """Maps each path installed by a Debian package to "package=version" (`apt-get install` it).
+
+  Empty where dpkg is absent; paths no package owns are left out.
+  """
+  if not paths or shutil.which("dpkg-query") is None:
+    return {}
+  search = subprocess.run(["dpkg-query", "--search", *paths], capture_output=True, text=True)
+  owners = {}
+  for line in search.stdout.splitlines():
+    package, _, path = line.partition(": ")
+    if "," not in package and path in paths:
+      owners[path] = package
+  if not owners:
+    return {}
+  versions = subprocess.run(
+      ["dpkg-query", "--show", "--showformat=${binary:Package} ${Version}\\n",
+       *sorted(set(owners.values()))], capture_output=True, text=True, check=True).stdout
+  versions = dict(line.split(" ", 1) for line in versions.splitlines())
+  return {path: f"{package.split(':')[0]}={versions[package]}" for path, package in owners.items()}
 
 
 def build_corpus(mo_files: Sequence[str], seed: int, validation_size: int, test_size: int,
@@ -225,8 +257,11 @@ def build_corpus(mo_files: Sequence[str], seed: int, validation_size: int, test_
           continue
         translations[pair[0]][pair[1]] += 1
         kept += 1
-    files.append({"path": path, "bytes": os.path.getsize(path), "sha256": _sha256(path),
-                  "messages": len(messages), "pairs_kept": kept})
+    files.append({"path": path, "package": None, "bytes": os.path.getsize(path),
+                  "sha256": _sha256(path), "messages": len(messages), "pairs_kept": kept})
+  packages = owning_packages([f["path"] for f in files])
+  for f in files:
+    f["package"] = packages.get(f["path"])
 
   pairs = [(english, min(counts, key=lambda german: (-counts[german], german)))
            for english, counts in translations.items()]

@@ -113,11 +113,11 @@ def plot_speedup_operations(path):
     operations = theory.operations_factor(alpha, gamma, 0.0)
     speedup = theory.speedup(alpha, gamma, 0.0)
     tradeoff_ax.plot(operations, speedup, "ko", markersize=4)
-    tradeoff_ax.annotate(f"α={alpha}, γ={gamma}", (operations, speedup), fontsize=7,
+    tradeoff_ax.annotate(f"({alpha}, {gamma})", (operations, speedup), fontsize=7,
                          xytext=(5, 3), textcoords="offset points")
   alpha_ax.set(xlabel="α", ylabel="factor", title="Speedup (solid), operations (dashed); c = ĉ = 0")
   tradeoff_ax.set(xlabel="operations factor (Theorem 3.11)", ylabel="speedup (Theorem 3.8)",
-                  title="Speed bought with operations; dots: Table 1", xlim=(1, 4))
+                  title="Speed bought with operations; dots: Table 1 (α, γ)", xlim=(1, 4))
   for ax in (alpha_ax, tradeoff_ax):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

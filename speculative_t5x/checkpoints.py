@@ -235,12 +235,12 @@ def _read_arrays(reads: list[_ArrayRead], directory: _Location,
   against it) and otherwise the metadata of its spec. Missing chunks are errors, never zeros.
   """
   store = directory.kvstore()
-  has_zarray = {r.name: store.read(f"{r.relative_path}/.zarray") for r in reads}
+  zarray_reads = {r.name: store.read(f"{r.relative_path}/.zarray") for r in reads}
+  has_zarray = {name: future.result().state == "value" for name, future in zarray_reads.items()}
   for read in reads:
-    if has_zarray[read.name].result().state == "value":
-      read.metadata = {k: v for k, v in (read.metadata or {}).items() if k == "shape"}
-      continue
-    if not read.metadata:
+    if has_zarray[read.name]:
+      read.metadata = {"shape": read.metadata["shape"]} if read.metadata else {}
+    elif not read.metadata:
       keys = [k for k in directory.join(read.relative_path).keys() if not k.startswith(".")]
       if not keys:
         raise FileNotFoundError(f"array directory {directory.join(read.relative_path).path} of "
@@ -255,12 +255,11 @@ def _read_arrays(reads: list[_ArrayRead], directory: _Location,
             "metadata": read.metadata, "fill_missing_data_reads": False}
     if read.dtype:
       spec["dtype"] = read.dtype
-    assume = has_zarray[read.name].result().state != "value"
-    opened[read.name] = ts.open(spec, open=True, read=True, assume_metadata=assume)
-  pending = {}
-  for read in reads:
-    pending[read.name] = _guarded(read, directory, lambda r=read: opened[r.name].result().read())
-  return {r.name: _guarded(r, directory, lambda r=r: np.asarray(pending[r.name].result()))
+    opened[read.name] = ts.open(spec, open=True, read=True,
+                                assume_metadata=not has_zarray[read.name])
+  reading = {r.name: _guarded(r, directory, lambda r=r: opened[r.name].result().read())
+             for r in reads}
+  return {r.name: _guarded(r, directory, lambda r=r: np.asarray(reading[r.name].result()))
           for r in reads}
 
 

@@ -72,7 +72,7 @@ def params_to_hf_state_dict(params: Mapping, config: network.T5Config) -> dict[s
   """
   checkpoints.check_params(params, network.param_shapes(config), source="params to export")
   flat = traverse_util.flatten_dict(dict(params), sep="/")
-  return {hf: np.ascontiguousarray(np.asarray(flat[path]).T if transpose else flat[path])
+  return {hf: np.array(np.asarray(flat[path]).T if transpose else flat[path], order="C")
           for path, hf, transpose in _key_map(config)}
 
 

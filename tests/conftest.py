@@ -22,3 +22,25 @@ def fixture_path(name: str) -> pathlib.Path:
     pytest.skip(f"T5X fixture {path} is absent (it ships only beside the project's own clone, "
                 "in ../shared/fixtures/t5x); this test needs files written by T5X itself.")
   return path
+
+
+def chisquare_pvalue(observed, probabilities, min_expected: float = 5.0) -> float:
+  """Pearson goodness-of-fit p-value of counts against exact probabilities.
+
+  Cells whose expected count is below `min_expected` are pooled into one cell, so the chi-square
+  approximation holds. Raises AssertionError if any count falls on a probability-0 cell.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+
+  observed = np.asarray(observed, np.float64)
+  probabilities = np.asarray(probabilities, np.float64)
+  assert observed[probabilities <= 0].sum() == 0, "an outcome of probability 0 was produced"
+  expected = probabilities * observed.sum()
+  small = expected < min_expected
+  obs = np.append(observed[~small], observed[small].sum())
+  exp = np.append(expected[~small], expected[small].sum())
+  if exp[-1] == 0:
+    obs, exp = obs[:-1], exp[:-1]
+  exp *= obs.sum() / exp.sum()  # guard float drift in the probabilities' sum
+  return float(stats.chisquare(obs, exp).pvalue)

@@ -45,16 +45,17 @@ def small_params():
   return jax.tree.map(np.asarray, params)
 
 
-def _write_t5x_checkpoint(model_dir, step, target, *, zarray=True, driver="file", chunked=True,
-                          version=3):
+def _write_t5x_checkpoint(model_dir, step, target, *, zarray=True, driver="file",
+                          top_level_path=False):
   """Writes a checkpoint in T5X's legacy layout: target arrays in bfloat16 zarr with relative
-  paths, an inline int32 step and inline float32 optimizer state, msgpack written by flax."""
+  paths (in `kvstore`, or at the top level as tensorstore < 0.1.14 wrote them), an inline int32
+  step and inline float32 optimizer state, the msgpack written by flax."""
   ckpt_dir = os.path.join(model_dir, f"checkpoint_{step}")
   os.makedirs(ckpt_dir)
   specs = {}
   for name, value in _flat(target).items():
     relative = "target." + name.replace("/", ".")
-    chunks = [max(1, d // 2) if chunked and d % 2 == 0 else d for d in value.shape]
+    chunks = [d // 2 if d % 2 == 0 else d for d in value.shape]  # Several chunks per array.
     spec = {"driver": "zarr", "dtype": "bfloat16",
             "kvstore": {"driver": driver, "path": relative + "/"},
             "metadata": {"chunks": chunks, "compressor": {"id": "gzip", "level": 1},
@@ -66,10 +67,12 @@ def _write_t5x_checkpoint(model_dir, step, target, *, zarray=True, driver="file"
     store.write(value.astype(ml_dtypes.bfloat16)).result()
     if not zarray:
       os.remove(os.path.join(ckpt_dir, relative, ".zarray"))
+    if top_level_path:
+      spec["path"] = spec["kvstore"].pop("path")
     specs[name] = spec
   state = {"step": np.int32(step),
            "param_states": {"decoder": {"decoder_norm": {"scale": {"v": np.full(8, 0.5, np.float32)}}}}}
-  contents = {"version": version,
+  contents = {"version": 3,
               "optimizer": {"target": traverse_util.unflatten_dict(specs, sep="/"), "state": state}}
   with open(os.path.join(ckpt_dir, "checkpoint"), "wb") as f:
     f.write(flax.serialization.msgpack_serialize(contents))
@@ -151,15 +154,7 @@ def test_t5x_tensorstore_layout_loads(tmp_path, small_params, zarray, driver):
 
 
 def test_t5x_layout_with_pre_0_1_14_tensorstore_spec(tmp_path, small_params):
-  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, zarray=False)
-  with open(os.path.join(ckpt_dir, "checkpoint"), "rb") as f:
-    contents = flax.serialization.msgpack_restore(f.read())
-  for spec in _flat(contents["optimizer"]["target"]).values():
-    spec["path"] = spec["kvstore"].pop("path")
-  contents["optimizer"]["target"] = traverse_util.unflatten_dict(
-      {k: v for k, v in _flat(contents["optimizer"]["target"]).items()}, sep="/")
-  with open(os.path.join(ckpt_dir, "checkpoint"), "wb") as f:
-    f.write(flax.serialization.msgpack_serialize(contents))
+  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, zarray=False, top_level_path=True)
   _assert_trees_equal(checkpoints.load_t5x_checkpoint(ckpt_dir)["target"], _bf16(small_params))
 
 
@@ -317,3 +312,12 @@ def test_save_model_rejects_params_that_do_not_fit_the_config(tmp_path, small_pa
   with pytest.raises(ValueError, match="wrong shape: token_embedder/embedding"):
     checkpoints.save_model(tmp_path, small_params, SMALL.replace(vocab_size=41))
   assert not (tmp_path / "params").exists()
+
+
+def test_gs_paths_map_to_the_gcs_kvstore():
+  # GCS is not reachable here; this checks the one place where gs:// and local paths differ.
+  location = checkpoints._Location.of("gs://my-bucket/t5x/t5_1_1_xl/")  # pylint: disable=protected-access
+  assert location.join("checkpoint_1000000").kvstore_spec() == {
+      "driver": "gcs", "bucket": "my-bucket", "path": "t5x/t5_1_1_xl/checkpoint_1000000/"}
+  assert checkpoints._Location.of("gs://my-bucket").kvstore_spec() == {  # pylint: disable=protected-access
+      "driver": "gcs", "bucket": "my-bucket", "path": ""}

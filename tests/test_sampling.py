@@ -1,0 +1,65 @@
+"""Tests of standardized sampling: temperature, greedy, top-k, top-p, validation."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative_t5x import sampling
+
+LOGITS = jnp.array([[1.0, 3.0, 2.0, 3.0, -1.0]])
+
+
+def test_temperature_one_is_softmax_and_scales():
+  np.testing.assert_allclose(sampling.distribution(LOGITS, 1.0), jax.nn.softmax(LOGITS), rtol=1e-6)
+  np.testing.assert_allclose(sampling.distribution(LOGITS, 0.5), jax.nn.softmax(LOGITS / 0.5),
+                             rtol=1e-6)
+
+
+def test_greedy_is_one_hot_first_index_on_ties():
+  for t in (0.0, 1e-5):
+    np.testing.assert_array_equal(sampling.distribution(LOGITS, t), [[0, 1, 0, 0, 0]])
+  # Greedy ignores top-k / top-p, as T5X's greedy branch does.
+  np.testing.assert_array_equal(sampling.distribution(LOGITS, 0.0, topk=3), [[0, 1, 0, 0, 0]])
+
+
+def test_top_k_keeps_k_largest_and_renormalizes():
+  probs = np.asarray(sampling.distribution(jnp.array([[0.0, 2.0, 1.0, 3.0]]), 1.0, topk=2))
+  expected = np.array([0, np.exp(2.0), 0, np.exp(3.0)]) / (np.exp(2.0) + np.exp(3.0))
+  np.testing.assert_allclose(probs[0], expected, rtol=1e-6)
+
+
+def test_top_p_keeps_smallest_set_reaching_mass():
+  base = np.array([0.5, 0.3, 0.15, 0.05])
+  logits = jnp.log(jnp.array([base]))
+  np.testing.assert_allclose(sampling.distribution(logits, 1.0, topp=0.7)[0],
+                             [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-5)
+  np.testing.assert_allclose(sampling.distribution(logits, 1.0, topp=0.5)[0], [1, 0, 0, 0],
+                             atol=1e-6)
+  np.testing.assert_allclose(sampling.distribution(logits, 1.0, topp=0.81)[0],
+                             [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0], rtol=1e-5)
+
+
+def test_per_row_temperature():
+  logits = jnp.stack([LOGITS[0], LOGITS[0]])
+  probs = sampling.distribution(logits, jnp.array([0.0, 1.0]))
+  np.testing.assert_array_equal(probs[0], [0, 1, 0, 0, 0])
+  np.testing.assert_allclose(probs[1], jax.nn.softmax(LOGITS[0]), rtol=1e-6)
+
+
+def test_sample_follows_distribution():
+  probs = jnp.array([0.1, 0.6, 0.0, 0.3])
+  draws = sampling.sample(jax.random.PRNGKey(0), jnp.broadcast_to(probs, (20000, 4)))
+  counts = np.bincount(np.asarray(draws), minlength=4) / 20000
+  assert counts[2] == 0
+  np.testing.assert_allclose(counts, probs, atol=0.015)  # > 4 standard errors
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-0.5), "temperature must be >= 0"),
+    (dict(topk=5, topp=0.9), "at most one of top-k and top-p"),
+    (dict(topk=-1), "topk must be a non-negative integer"),
+    (dict(topp=1.5), r"topp must be in \[0, 1\]"),
+])
+def test_validate(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    sampling.validate(**kwargs)
