@@ -42,8 +42,9 @@ from speculative_t5x import theory  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Directory the PNGs are written to (created if absent).")
 flags.DEFINE_string("benchmark_json", None,
-                    "Optional benchmark results, a JSON list of records with keys alpha, gamma, c, "
-                    "speedup, predicted and optionally predicted_hw; adds measured_vs_predicted.png.")
+                    "Optional benchmark results: a JSON list of records with keys alpha, gamma, "
+                    "c, speedup, predicted and optionally predicted_hw (see the module "
+                    "docstring); adds measured_vs_predicted.png.")
 flags.mark_flag_as_required("output_dir")
 
 FIGURE_2_GAMMAS = (1, 2, 3, 5, 7, 10, math.inf)
@@ -115,7 +116,8 @@ def plot_speedup_operations(path):
     tradeoff_ax.plot(operations, speedup, "ko", markersize=4)
     tradeoff_ax.annotate(f"({alpha}, {gamma})", (operations, speedup), fontsize=7,
                          xytext=(5, 3), textcoords="offset points")
-  alpha_ax.set(xlabel="α", ylabel="factor", title="Speedup (solid), operations (dashed); c = ĉ = 0")
+  alpha_ax.set(xlabel="α", ylabel="factor",
+               title="Speedup (solid), operations (dashed); c = ĉ = 0")
   tradeoff_ax.set(xlabel="operations factor (Theorem 3.11)", ylabel="speedup (Theorem 3.8)",
                   title="Speed bought with operations; dots: Table 1 (α, γ)", xlim=(1, 4))
   for ax in (alpha_ax, tradeoff_ax):

@@ -19,7 +19,8 @@ import numpy as np
 # (alpha = 0.95, c = 0.01); alpha = 0.99 with c = 0.001 needs 259.
 DEFAULT_MAX_GAMMA = 1000
 
-# How far a distribution's total mass may be from 1 (float32 softmax over 32k tokens is ~1e-5 off).
+# How far a distribution's total mass may be from 1 (float32 softmax over 32k tokens is ~1e-5 off),
+# and how far a float32 sum of betas may exceed its count before it is an error, not rounding.
 _PROBABILITY_SUM_TOLERANCE = 1e-3
 
 
@@ -245,12 +246,12 @@ def alpha_from_stats(beta_sum, beta_count):
     beta_count: number of positions in each sum; the same shape.
 
   Returns:
-    alpha, a float in [0, 1].
+    alpha, a float in [0, 1] (float32 sums a hair above their count are rounded down to 1).
   """
   beta_total, count = _check_counts("beta_sum", beta_sum, "beta_count", beta_count)
-  if beta_total > count:
+  if beta_total > count * (1 + _PROBABILITY_SUM_TOLERANCE):
     raise ValueError(f"beta_sum {beta_total} exceeds beta_count {count}: each beta is at most 1")
-  return float(beta_total / count)
+  return min(1.0, float(beta_total / count))
 
 
 def tokens_per_call(accepted_drafts, target_calls):

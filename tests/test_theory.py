@@ -220,6 +220,7 @@ def test_lenient_alpha_matches_acceptance_expectation():
 def test_alpha_and_tokens_from_stats():
   assert theory.alpha_from_stats(np.array([1.5, 3.0]), np.array([2, 4])) == pytest.approx(0.75)
   assert theory.alpha_from_stats(6.2, 10) == pytest.approx(0.62)
+  assert theory.alpha_from_stats(np.float32(10_000.2), 10_000) == 1.0  # float32 rounding.
   assert theory.tokens_per_call(np.array([6, 3]), np.array([2, 3])) == pytest.approx(2.8)
   with pytest.raises(ValueError, match="nothing was verified"):
     theory.alpha_from_stats(np.zeros(2), np.zeros(2))
