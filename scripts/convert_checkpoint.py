@@ -33,7 +33,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, MODES, "Which conversion to run.")
 flags.DEFINE_string("input", None, "Checkpoint to read (see the modes above).")
 flags.DEFINE_string("output", None, "Directory to write.")
-flags.DEFINE_integer("step", None, "t5x_to_orbax: the step to read from a model dir (default latest).")
+flags.DEFINE_integer("step", None,
+                     "t5x_to_orbax: the step to read from a model dir (default: the latest).")
 flags.DEFINE_enum("dtype", "bfloat16", ("float32", "bfloat16"),
                   "Activation dtype stored in the written T5Config (parameters stay float32).")
 flags.DEFINE_list("mlp_activations", None,

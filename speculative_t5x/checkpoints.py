@@ -362,8 +362,9 @@ def _load(path, step, restore_dtype, template: Mapping[str, Any], only_target: b
   tree.setdefault("state", {})
   if restore_dtype is not None:
     dtype = np.dtype(restore_dtype)
-    tree["target"] = _map_leaves(
-        lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, tree["target"])
+    tree["target"] = _map_leaves(  # jax's issubdtype counts bfloat16 as floating; numpy's does not.
+        lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x,
+        tree["target"])
   return tree
 
 

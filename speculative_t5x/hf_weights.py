@@ -37,9 +37,10 @@ _EMBEDDING_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weigh
 _UNUSED_KEYS = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
 _ENCODER_BLOCKS = (("attention", "SelfAttention", "pre_attention_layer_norm"),
                    ("mlp", "DenseReluDense", "pre_mlp_layer_norm"))
-_DECODER_BLOCKS = (("self_attention", "SelfAttention", "pre_self_attention_layer_norm"),
-                   ("encoder_decoder_attention", "EncDecAttention", "pre_cross_attention_layer_norm"),
-                   ("mlp", "DenseReluDense", "pre_mlp_layer_norm"))
+_DECODER_BLOCKS = (
+    ("self_attention", "SelfAttention", "pre_self_attention_layer_norm"),
+    ("encoder_decoder_attention", "EncDecAttention", "pre_cross_attention_layer_norm"),
+    ("mlp", "DenseReluDense", "pre_mlp_layer_norm"))
 
 
 def _key_map(config: network.T5Config) -> list[tuple[str, str, bool]]:

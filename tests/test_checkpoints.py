@@ -1,4 +1,4 @@
-"""Tests of checkpoint reading (T5X's own files and ones written here in its layouts) and orbax I/O."""
+"""Tests of checkpoint reading (T5X's own files, and files written here in its layouts) and orbax."""
 import os
 import shutil
 import subprocess
@@ -70,8 +70,8 @@ def _write_t5x_checkpoint(model_dir, step, target, *, zarray=True, driver="file"
     if top_level_path:
       spec["path"] = spec["kvstore"].pop("path")
     specs[name] = spec
-  state = {"step": np.int32(step),
-           "param_states": {"decoder": {"decoder_norm": {"scale": {"v": np.full(8, 0.5, np.float32)}}}}}
+  norm_state = {"scale": {"v": np.full(8, 0.5, np.float32)}}
+  state = {"step": np.int32(step), "param_states": {"decoder": {"decoder_norm": norm_state}}}
   contents = {"version": 3,
               "optimizer": {"target": traverse_util.unflatten_dict(specs, sep="/"), "state": state}}
   with open(os.path.join(ckpt_dir, "checkpoint"), "wb") as f:
@@ -112,9 +112,11 @@ def test_config_from_params_reads_the_architecture_off_the_shapes():
   assert checkpoints.config_from_params(ckpt["target"], dtype="bfloat16").dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("where", ["tiny_t5", "tiny_t5/checkpoint_1", "tiny_t5/checkpoint_1/checkpoint"])
-def test_tiny_t5_tensorstore_checkpoint_gives_readme_values(where):
-  ckpt = checkpoints.load_t5x_checkpoint(fixture_path(where), step=1 if where == "tiny_t5" else None)
+@pytest.mark.parametrize("where, step", [("tiny_t5", None), ("tiny_t5", 1),
+                                         ("tiny_t5/checkpoint_1", None),
+                                         ("tiny_t5/checkpoint_1/checkpoint", None)])
+def test_tiny_t5_tensorstore_checkpoint_gives_readme_values(where, step):
+  ckpt = checkpoints.load_t5x_checkpoint(fixture_path(where), step=step)
   states = ckpt["state"]["param_states"]
   np.testing.assert_array_equal(states["bias"], np.ones(5, np.float32))
   assert states["bias"].dtype == np.float32
@@ -148,7 +150,8 @@ def test_t5x_tensorstore_layout_loads(tmp_path, small_params, zarray, driver):
   latest = checkpoints.load_t5x_checkpoint(tmp_path)
   _assert_trees_equal(latest["target"], _bf16(jax.tree.map(lambda x: -x, small_params)))
   assert int(latest["state"]["step"]) == 10
-  np.testing.assert_array_equal(latest["state"]["param_states"]["decoder"]["decoder_norm"]["scale"]["v"], 0.5)
+  np.testing.assert_array_equal(_flat(latest["state"])["param_states/decoder/decoder_norm/scale/v"],
+                                0.5)
   params = checkpoints.restore_params(SMALL, tmp_path, step=5, dtype="float32")
   _assert_trees_equal(params, jax.tree.map(lambda x: x.astype(np.float32), _bf16(small_params)))
 
@@ -316,8 +319,8 @@ def test_save_model_rejects_params_that_do_not_fit_the_config(tmp_path, small_pa
 
 def test_gs_paths_map_to_the_gcs_kvstore():
   # GCS is not reachable here; this checks the one place where gs:// and local paths differ.
-  location = checkpoints._Location.of("gs://my-bucket/t5x/t5_1_1_xl/")  # pylint: disable=protected-access
-  assert location.join("checkpoint_1000000").kvstore_spec() == {
+  location = checkpoints._Location  # pylint: disable=protected-access
+  assert location.of("gs://my-bucket/t5x/t5_1_1_xl/").join("checkpoint_1000000").kvstore_spec() == {
       "driver": "gcs", "bucket": "my-bucket", "path": "t5x/t5_1_1_xl/checkpoint_1000000/"}
-  assert checkpoints._Location.of("gs://my-bucket").kvstore_spec() == {  # pylint: disable=protected-access
+  assert location.of("gs://my-bucket").kvstore_spec() == {
       "driver": "gcs", "bucket": "my-bucket", "path": ""}
