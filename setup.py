@@ -25,6 +25,7 @@ setuptools.setup(
         "msgpack>=1.0",
         "ml_dtypes>=0.4",
         "safetensors>=0.4",
+        "etils[epath]>=1.5",
     ],
     extras_require={
         "test": [
