@@ -1,16 +1,17 @@
-r"""Builds the offline English-German demo corpus from gettext catalogs, and its vocabulary.
+"""Builds the offline English-German demo corpus from gettext catalogs, and its vocabulary.
 
 Debian packages install their German translations as compiled gettext catalogs (`.mo` files) under
 the system locale directory; each message is an English source string (msgid) and its German
 translation (msgstr). This script reads them, cleans and deduplicates the pairs, splits them with
 a seeded shuffle and trains a SentencePiece vocabulary on the training split. The output is a pure
-function of the catalogs present and the flags: `stats.json` lists every catalog used (path, size,
-sha256), so two machines with different packages can see why their corpora differ.
+function of the catalogs present and the flags: `stats.json` lists every catalog used (path, the
+Debian package and version that installed it, size, sha256), so two machines with different
+packages can see why their corpora differ, and `apt-get install` the same packages.
 
 Outputs in --output_dir (read by the `demo_ende` task in speculative_t5x/tasks.py):
   {train,validation,test}.tsv   one pair per line, `english<TAB>german`, no header
   sentencepiece.model           unigram model with T5's ids: pad 0, eos 1, unk 2, no bos
-  stats.json                    catalogs, counts of what was dropped and why, split sizes, lengths
+  stats.json                    catalogs, what was dropped and why, split sizes, word counts
 
 Usage:
   python scripts/build_demo_corpus.py --output_dir=data/demo_ende
@@ -44,8 +45,8 @@ _OUTPUT_DIR = flags.DEFINE_string("output_dir", str(REPO_ROOT / "data" / "demo_e
 _MO_GLOBS = flags.DEFINE_list(
     "mo_globs", ["/usr/share/locale/de/LC_MESSAGES/*.mo",
                  "/usr/share/locale-langpack/de/LC_MESSAGES/*.mo"],
-    "Glob patterns of German .mo catalogs (regional variants such as de_CH are left out on purpose: "
-    "Swiss spelling differs).")
+    "Glob patterns of German .mo catalogs (regional variants such as de_CH are left out on "
+    "purpose: Swiss spelling differs).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the shuffle that assigns pairs to splits.")
 _VALIDATION_SIZE = flags.DEFINE_integer("validation_size", 2000, "Pairs in the validation split.")
 _TEST_SIZE = flags.DEFINE_integer("test_size", 2000, "Pairs in the test split.")
@@ -65,9 +66,11 @@ _ACCELERATOR_MARKERS = ("_", "&")
 # <PRIu64> macros), Python's %(name)s and {name} fields. "%%" is a literal percent sign, matched so
 # that it is skipped; the space flag is left out because "100% of" is prose, not "% o".
 _PLACEHOLDER = re.compile(
-    r"%%|%(?:(?P<position>\d+\$)|\((?P<name>\w+)\))?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
+    r"%%|%(?:(?P<position>\d+\$)|\(\w+\))?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
     r"(?:hh|h|ll|l|L|q|j|z|Z|t|I32|I64|I)?(?:[diouxXeEfFgGaAcspnmCS]|<PRI\w+>)"
     r"|\{\w*(?:[:!][^{}]*)?\}")
+# GnuPG's "|NAME|use encoding NAME" and "|pinentry-label|_Cancel": a hint for translators.
+_HINT_PREFIX = re.compile(r"^\|[^|\n]*\|")
 _SNAKE_CASE = re.compile(r"[a-z0-9]+_[a-z0-9]+")
 _SENTENCE_END = ".:…!?"
 
@@ -81,7 +84,7 @@ class Message:
 
 
 def read_mo(path: str) -> tuple[list[Message], int]:
-  """Parses a compiled gettext catalog; returns its messages (header left out) and undecodable count.
+  """Parses a compiled gettext catalog; returns its messages (no header) and the undecodable count.
 
   The format (GNU gettext manual, "The Format of GNU MO Files"): a magic number giving the byte
   order, a revision, the message count N, and the offsets of two tables of N (length, offset) pairs
@@ -163,7 +166,7 @@ def _accelerator_index(text: str, other: str, marker: str) -> int:
 
 
 def strip_accelerators(english: str, german: str) -> tuple[str, str]:
-  """Removes keyboard accelerator markers ("_Save" / "_Speichern", "&Open" / "Ö&ffnen") from a pair.
+  """Removes keyboard accelerators ("_Save" / "_Speichern", "&Open" / "Ö&ffnen") from a pair.
 
   Translators keep the accelerator, so a marker is removed only when both sides have one. On each
   side it must be the only one of its kind, be followed by a letter, not join a capital or digit to
@@ -186,9 +189,16 @@ def placeholders(text: str) -> list[str]:
 
 
 def clean_pair(english: str, german: str, max_chars: int) -> tuple[Optional[tuple[str, str]], str]:
-  """Returns ((english, german), "kept") or (None, reason) for a pair the corpus should leave out."""
+  """Cleans one pair; returns ((english, german), "kept") or (None, reason) to leave it out.
+
+  Cleaning removes GnuPG's "|ARG|" hints, strips accelerators and collapses whitespace (newlines,
+  tabs and column padding of --help texts) to single spaces. The reasons to leave a pair out are
+  "untranslated", "no_letters" (English without letters), "identical" (copied untranslated),
+  "placeholder_mismatch" (different format placeholders) and "too_long" (over `max_chars`).
+  """
   if not german.strip():
     return None, "untranslated"
+  english, german = _HINT_PREFIX.sub("", english), _HINT_PREFIX.sub("", german)
   english, german = strip_accelerators(english, german)
   english, german = " ".join(english.split()), " ".join(german.split())
   if not any(c.isalpha() for c in english):
@@ -203,7 +213,7 @@ def clean_pair(english: str, german: str, max_chars: int) -> tuple[Optional[tupl
 
 
 def _group_key(english: str) -> str:
-  """Pairs whose English differs only in case or final punctuation ("Open", "open...") share a split."""
+  """English differing only in case or final punctuation ("Open", "open...") shares a split."""
   return english.casefold().rstrip(_SENTENCE_END + " ")
 
 
@@ -219,10 +229,10 @@ def owning_packages(paths: Sequence[str]) -> dict[str, str]:
   if not paths or shutil.which("dpkg-query") is None:
     return {}
   search = subprocess.run(["dpkg-query", "--search", *paths], capture_output=True, text=True)
-  owners = {}
+  wanted, owners = set(paths), {}
   for line in search.stdout.splitlines():
     package, _, path = line.partition(": ")
-    if "," not in package and path in paths:
+    if "," not in package and path in wanted:
       owners[path] = package
   if not owners:
     return {}
@@ -257,8 +267,8 @@ def build_corpus(mo_files: Sequence[str], seed: int, validation_size: int, test_
           continue
         translations[pair[0]][pair[1]] += 1
         kept += 1
-    files.append({"path": path, "package": None, "bytes": os.path.getsize(path),
-                  "sha256": _sha256(path), "messages": len(messages), "pairs_kept": kept})
+    files.append({"path": path, "bytes": os.path.getsize(path), "sha256": _sha256(path),
+                  "messages": len(messages), "pairs_kept": kept})
   packages = owning_packages([f["path"] for f in files])
   for f in files:
     f["package"] = packages.get(f["path"])
@@ -303,10 +313,14 @@ def train_vocabulary(pairs: Iterable[tuple[str, str]], vocab_size: int) -> bytes
   """
   sentences = [text for pair in pairs for text in pair]
   model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-      model_type="unigram", character_coverage=0.9999, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-      num_threads=1, minloglevel=2)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=0.9999, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+        num_threads=1, minloglevel=2)
+  except RuntimeError as e:
+    raise ValueError(f"cannot train a {vocab_size}-piece vocabulary on {len(sentences)} sentences "
+                     f"({e}); lower --vocab_size") from e
   return model.getvalue()
 
 
@@ -314,6 +328,7 @@ def _write_atomically(path: pathlib.Path, content: bytes) -> None:
   """Writes through a temporary file and a rename, so an interrupted run leaves no partial file."""
   with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, delete=False) as f:
     f.write(content)
+  os.chmod(f.name, 0o644)  # readable like any checked-out file; temporary files are 0600
   os.replace(f.name, path)
 
 

@@ -104,8 +104,8 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
   """Mean ROUGE-1/2/L/Lsum F-measures in [0, 100] (rouge-score with the Porter stemmer).
 
   rougeLsum is the summary-level LCS over sentences: texts without newlines are split after
-  ".", "!" and "?". The mean over examples is exact (T5 reports the mid point of a bootstrap,
-  which estimates the same mean). Returns {"rouge1": ..., "rouge2": ..., "rougeL": ...,
+  ".", "!" and "?". The mean over examples is exact and deterministic (T5 reports the median of a
+  random bootstrap of this mean, which lies close to it). Returns {"rouge1": ..., "rouge2": ..., "rougeL": ...,
   "rougeLsum": ...}.
   """
   _check_pairs(targets, predictions)
@@ -177,14 +177,16 @@ def register_tasks(vocabulary: seqio.Vocabulary, suffix: str = "") -> tuple[str,
 class _DemoCorpusSource(seqio.TextLineDataSource):
   """TSV files of the demo corpus; a missing file says how to build it instead of a TF error."""
 
-  def get_dataset(self, split: str = "train", **kwargs) -> tf.data.Dataset:
-    for pattern in seqio.utils.flatten([self._split_to_filepattern.get(split, [])]):
-      if not tf.io.gfile.glob(pattern):
-        raise FileNotFoundError(
-            f"demo corpus file {pattern} is missing: build it with `python "
-            "scripts/build_demo_corpus.py --output_dir=<dir>` and point $" + DEMO_DATA_ENV +
-            " (or register_demo_task(data_dir=...)) at <dir>")
-    return super().get_dataset(split, **kwargs)
+  def list_shards(self, split: str) -> Sequence[str]:
+    if split not in self._split_to_filepattern:
+      raise ValueError(f"the demo corpus has splits {', '.join(DEMO_SPLITS)}, not {split!r}")
+    files = super().list_shards(split)
+    if not all(tf.io.gfile.glob(f) for f in files):
+      raise FileNotFoundError(
+          f"demo corpus file {self._split_to_filepattern[split]} is missing: build the corpus with "
+          "`python scripts/build_demo_corpus.py --output_dir=DIR` and set $" + DEMO_DATA_ENV +
+          "=DIR (or call register_demo_task(data_dir=DIR))")
+    return files
 
 
 def demo_data_dir() -> pathlib.Path:
@@ -247,7 +249,8 @@ def count_truncated(task: Union[str, seqio.Task], split: str, feature_lengths: M
   if unknown:
     raise ValueError(f"feature_lengths names {sorted(unknown)}, which task {task.name!r} does not "
                      f"have; its features are {sorted(task.output_features)}")
-  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, use_cached=False)
+  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, use_cached=False,
+                             try_in_mem_cache=False)
   if max_examples is not None:
     dataset = dataset.take(max_examples)
   dataset = dataset.map(lambda ex: {key: tf.size(ex[key]) for key in feature_lengths})
