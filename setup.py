@@ -26,6 +26,8 @@ setuptools.setup(
         "ml_dtypes>=0.4",
         "safetensors>=0.4",
         "etils[epath]>=1.5",
+        "sacrebleu>=2.4",
+        "rouge-score>=0.1.2",
     ],
     extras_require={
         "test": [
@@ -35,8 +37,6 @@ setuptools.setup(
             "scipy>=1.11",
             "transformers>=4.40",
             "torch==2.13.0",
-            "sacrebleu>=2.4",
-            "rouge-score>=0.1.2",
             "matplotlib>=3.8",
             "nbclient>=0.10",
             "nbformat>=5.9",
