@@ -125,14 +125,14 @@ class _TableDrafter(Drafter):
     return ()
 
   @abc.abstractmethod
-  def _logits(self, params, previous: jax.Array) -> jax.Array:
+  def next_logits(self, params, previous: jax.Array) -> jax.Array:
     """previous tokens [B] -> logits [B, V]."""
 
   def propose(self, params, state, sequences, length, gamma, rng, standardize):
     previous = decoder_inputs(sequences, length[:, None])[:, 0]
 
     def step(token, rng_i):
-      q_i = standardize(self._logits(params, token)[:, None])[:, 0]
+      q_i = standardize(self.next_logits(params, token)[:, None])[:, 0]
       draft = _draw(rng_i, q_i)
       return draft, (draft, q_i)
 
@@ -154,7 +154,7 @@ class UnigramDrafter(_TableDrafter):
       counts += np.bincount(tokens[tokens > 0], minlength=vocab_size)[:vocab_size]
     return {"logits": _ngram_logits(counts, smoothing)}
 
-  def _logits(self, params, previous):
+  def next_logits(self, params, previous):
     return jnp.broadcast_to(params["logits"], (previous.shape[0], self.vocab_size))
 
 
@@ -202,7 +202,7 @@ class BigramDrafter(_TableDrafter):
             "next_logp": np.log(mixed).astype(np.float32),
             "backoff": np.where(has_next[:, 0], np.log(backoff), 0.0).astype(np.float32)}
 
-  def _logits(self, params, previous):
+  def next_logits(self, params, previous):
     base = params["unigram"][None, :] + params["backoff"][previous][:, None]
     rows = jnp.arange(previous.shape[0])[:, None]
     return base.at[rows, params["next_ids"][previous]].set(params["next_logp"][previous])

@@ -1,0 +1,63 @@
+"""Table 3's alpha: the mean over target-generated tokens of beta = sum_x min(p(x), q(x)).
+
+The target generates sequences (any decoding loop); then the target and the drafter are both
+teacher-forced on them, and beta is taken at every generated position up to and including EOS,
+with p and q standardized by the same function (temperature, top-k or top-p) that sampling uses.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import network
+from speculative_t5x import sampling
+
+
+def shift_right(sequences: jax.Array) -> jax.Array:
+  """[B, L] -> decoder inputs [B, L]: BOS (0), then the sequence without its last token."""
+  return jnp.pad(sequences, ((0, 0), (1, 0)))[:, :-1]
+
+
+def generated_positions(sequences: jax.Array, eos_id: int) -> jax.Array:
+  """[B, L] -> bool [B, L]: positions up to and including the first EOS (all, if none)."""
+  is_eos = sequences == eos_id
+  first = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), sequences.shape[1])
+  return jnp.arange(sequences.shape[1])[None] <= first[:, None]
+
+
+def teacher_forced_logits(config: network.T5Config, params, encoder_input_tokens: jax.Array,
+                          sequences: jax.Array) -> jax.Array:
+  """Logits [B, L, V] of every position of `sequences` [B, L]. The decoder mask is built from
+  all-ones targets, so a 0 generated mid-sequence is a token, as in decoding, not padding."""
+  module = network.Transformer(config)
+  return module.apply({"params": params}, encoder_input_tokens, shift_right(sequences),
+                      jnp.ones_like(sequences))
+
+
+def drafter_logits(drafter: drafters_lib.Drafter, params, encoder_input_tokens: jax.Array,
+                   sequences: jax.Array) -> jax.Array:
+  """The drafter's logits [B, L, V] at every position of the target's `sequences` [B, L]."""
+  if isinstance(drafter, drafters_lib.T5Drafter):
+    return teacher_forced_logits(drafter.config, params, encoder_input_tokens, sequences)
+  if hasattr(drafter, "next_logits"):
+    previous = shift_right(sequences)
+    return jax.vmap(lambda prev: drafter.next_logits(params, prev), in_axes=1,
+                    out_axes=1)(previous)
+  raise ValueError(f"{type(drafter).__name__} has no distribution to score a sequence with: alpha "
+                   "is measured for T5, unigram and bigram drafters.")
+
+
+def beta_totals(target_config: network.T5Config, target_params, drafter: drafters_lib.Drafter,
+                drafter_params, encoder_input_tokens: jax.Array, sequences: jax.Array,
+                eos_id: int, temperature, topk: int = 0,
+                topp: float = 0.0) -> tuple[jax.Array, jax.Array]:
+  """-> (sum of beta [B], number of generated positions [B]) over target-generated `sequences`."""
+  p = sampling.distribution(
+      teacher_forced_logits(target_config, target_params, encoder_input_tokens, sequences),
+      temperature, topk, topp)
+  q = sampling.distribution(drafter_logits(drafter, drafter_params, encoder_input_tokens,
+                                           sequences), temperature, topk, topp)
+  beta = jnp.sum(jnp.minimum(p, q), axis=-1)
+  valid = generated_positions(sequences, eos_id)
+  return jnp.sum(jnp.where(valid, beta, 0.0), axis=1), jnp.sum(valid, axis=1)
