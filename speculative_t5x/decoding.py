@@ -133,6 +133,7 @@ def temperature_sample(inputs: jax.Array, cache: Any,
   if initial_index is not None:
     initial_index = expand_rows(jnp.asarray(initial_index, jnp.int32), num_decodes)
   rows = batch * num_decodes
+  standardize = sampling.Standardizer(temperature, topk, topp)
   max_len = _max_lengths(max_decode_steps, jnp.count_nonzero(inputs, axis=1), length,
                          max_decode_steps_hard_limit)
   sequences0 = jnp.pad(inputs, ((0, 0), (0, 2)))
@@ -153,8 +154,8 @@ def temperature_sample(inputs: jax.Array, cache: Any,
     logits, new_cache = tokens_to_logits(decoding_state)
     if logit_callback_fn is not None:
       logits = logit_callback_fn(logits, state)
-    probs = sampling.distribution(logits, temperature, topk, topp)
-    sampled = sampling.sample(rng, probs)
+    probs = standardize(logits)
+    sampled = standardize.draw(rng, probs)
     i = jnp.minimum(state.cur_index, length)
     forced_token = jnp.take_along_axis(state.sequences, (i + 1)[:, None], axis=1)[:, 0]
     forced = forced_token != 0
@@ -242,8 +243,7 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
   if temperature.ndim == 1:
     temperature = jnp.repeat(temperature, num_decodes)[:, None]  # [rows, 1] against [rows, k, V]
 
-  def standardize(logits):
-    return sampling.distribution(logits, temperature, topk, topp)
+  standardize = sampling.Standardizer(temperature, topk, topp)
 
   max_len = _max_lengths(max_decode_steps, jnp.zeros((rows,), jnp.int32), length)
   block = jnp.arange(gamma + 1)[None]  # [1, gamma+1]
@@ -257,7 +257,7 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
     logits, target_cache = target_logits_fn(jnp.concatenate([pending, drafts], axis=1),
                                             state.target_cache, state.length)
     p = standardize(logits)
-    n, token, beta = speculative.accept(p, q, drafts, rng_accept)
+    n, token, beta = speculative.accept(p, q, drafts, rng_accept, standardize.draw)
 
     # New tokens: the n accepted drafts, then the correction (or bonus) token.
     out = jnp.where(block < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), token[:, None])

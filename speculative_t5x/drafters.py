@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +22,6 @@ import numpy as np
 
 from speculative_t5x import network
 from speculative_t5x import sampling
-
-Standardize = Callable[[jax.Array], jax.Array]  # logits [B, k, V] -> probabilities [B, k, V]
 
 
 def decoder_inputs(sequences: jax.Array, positions: jax.Array) -> jax.Array:
@@ -44,17 +42,13 @@ class Drafter(abc.ABC):
 
   @abc.abstractmethod
   def propose(self, params: Any, state: Any, sequences: jax.Array, length: jax.Array, gamma: int,
-              rng: jax.Array, standardize: Standardize) -> tuple[jax.Array, jax.Array, Any]:
+              rng: jax.Array, standardize: sampling.Standardizer) -> tuple[jax.Array, jax.Array, Any]:
     """-> drafts [B, gamma] int32, q [B, gamma, V] float32 (drafts[:, i] ~ q[:, i]), new state."""
 
   @property
   def steps_per_draft(self) -> int:
     """How many drafter calls one proposal of gamma tokens makes, per drafted token (1 or 0)."""
     return 1
-
-
-def _draw(rng: jax.Array, q: jax.Array) -> jax.Array:
-  return sampling.sample(rng, q)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -93,13 +87,13 @@ class T5Drafter(Drafter):
     logits, cache = decode(block, state, start)
     logits = jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1)
     q_first = standardize(logits)[:, 0]
-    first = _draw(rngs[0], q_first)
+    first = standardize.draw(rngs[0], q_first)
 
     def step(carry, rng_i):
       cache, token, position = carry
       logits, cache = decode(token[:, None], cache, position)
       q_i = standardize(logits)[:, 0]
-      draft = _draw(rng_i, q_i)
+      draft = standardize.draw(rng_i, q_i)
       return (cache, draft, position + 1), (draft, q_i)
 
     (cache, _, _), (drafts, qs) = jax.lax.scan(step, (cache, first, length + 1), rngs[1:])
@@ -133,7 +127,7 @@ class _TableDrafter(Drafter):
 
     def step(token, rng_i):
       q_i = standardize(self.next_logits(params, token)[:, None])[:, 0]
-      draft = _draw(rng_i, q_i)
+      draft = standardize.draw(rng_i, q_i)
       return draft, (draft, q_i)
 
     _, (drafts, q) = jax.lax.scan(step, previous, jax.random.split(rng, gamma))

@@ -13,6 +13,8 @@ The output x_1..x_n, t is distributed exactly as sampling from p one token at a 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -42,8 +44,9 @@ def adjusted_distribution(p: jax.Array, q: jax.Array, n: jax.Array) -> jax.Array
   return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
 
 
-def accept(p: jax.Array, q: jax.Array, drafts: jax.Array,
-           rng: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array,
+           draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample
+           ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """One speculative step per row.
 
   Args:
@@ -51,6 +54,8 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array,
     q: drafter probabilities [batch, gamma, vocab], the distributions the drafts were sampled from.
     drafts: [batch, gamma] int32, x_i ~ q_i.
     rng: PRNG key.
+    draw: (rng, probabilities [batch, vocab]) -> tokens [batch]; a faster exact draw may be given
+      (e.g. `Standardizer.draw`, an argmax when every distribution is one-hot).
 
   Returns:
     n: [batch] int32, the number of accepted drafts.
@@ -62,6 +67,6 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array,
   r = jax.random.uniform(rng_accept, (batch, gamma), jnp.float32)
   accepted = r < acceptance_probability(p, q, drafts)
   n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
-  token = sampling.sample(rng_token, adjusted_distribution(p, q, n))
+  token = draw(rng_token, adjusted_distribution(p, q, n))
   beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
   return n, token, beta

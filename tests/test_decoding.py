@@ -127,7 +127,7 @@ class _MismatchedQ(drafters.UnigramDrafter):
 
   def propose(self, params, state, sequences, length, gamma, rng, standardize):
     drafts, _, state = super().propose(params, state, sequences, length, gamma, rng,
-                                       lambda logits: sampling.distribution(logits, 0.0))
+                                       sampling.Standardizer(0.0))
     _, q, _ = super().propose(params, state, sequences, length, gamma, rng, standardize)
     return drafts, q, state
 

@@ -46,6 +46,19 @@ def test_per_row_temperature():
   np.testing.assert_allclose(probs[1], jax.nn.softmax(LOGITS[0]), rtol=1e-6)
 
 
+def test_argmax_is_jnp_argmax_with_first_index_on_ties():
+  x = jnp.array([[1.0, 3.0, 3.0], [-2.0, -2.0, -5.0], [0.5, 0.25, 0.75]])
+  np.testing.assert_array_equal(sampling.argmax(x), jnp.argmax(x, axis=-1))
+
+
+def test_sample_never_draws_probability_zero_tokens():
+  probs = jnp.broadcast_to(jnp.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0]), (50000, 6))
+  draws = np.asarray(sampling.sample(jax.random.PRNGKey(3), probs))
+  assert set(np.unique(draws)) == {1, 3}
+  one_hot = jnp.broadcast_to(jnp.array([0.0, 0.0, 1.0, 0.0]), (1000, 4))
+  assert np.all(np.asarray(sampling.sample(jax.random.PRNGKey(4), one_hot)) == 2)
+
+
 def test_sample_follows_distribution():
   probs = jnp.array([0.1, 0.6, 0.0, 0.3])
   draws = sampling.sample(jax.random.PRNGKey(0), jnp.broadcast_to(probs, (20000, 4)))
