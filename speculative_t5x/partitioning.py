@@ -1,0 +1,264 @@
+"""Sharding over a ('data', 'model') device mesh by T5X's logical axis rules.
+
+Every parameter carries logical axis names (`network.param_axes`, from flax's
+`with_logical_partitioning`): embed, mlp, heads, kv, joined_kv, vocab, relpos_buckets. Decoding
+state and batches are batch-first arrays named by rank (`state_axes`): [B] is (batch,), [B, L] is
+(batch, length) and an attention cache [B, L, H, D] is (batch, length, heads, kv). Rules map the
+logical names to mesh axes; XLA's SPMD partitioner does the rest. `standard_logical_axis_rules`
+is T5X's 1-D model parallelism: batch over 'data'; mlp, heads, joined_kv and vocab over 'model';
+embed, kv, length and relpos_buckets replicated.
+
+`Partitioner` is this project's `PjitPartitioner(num_partitions=..., logical_axis_rules=...)`: it
+builds the mesh and jit-compiles a model's whole decode (`partition_predict`) with the parameters
+and the batch placed by `NamedSharding`. The target and the drafter share the mesh, since they run
+in one program, but each has its own rules, e.g. the target model-parallel and the drafter
+replicated (`data_parallel_logical_axis_rules`). Caches are built inside the compiled decode; XLA's
+sharding propagation lays them out like the parameters that produce them (a model-parallel
+target's caches split over heads, a replicated drafter's only over the batch).
+`state_shardings` gives the same layout explicitly, for state placed from outside.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import gin
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import models
+from speculative_t5x import network
+
+DATA_AXIS = "data"
+MODEL_AXIS = "model"
+MESH_AXES = (DATA_AXIS, MODEL_AXIS)
+Rules = tuple[tuple[str, Any], ...]  # (logical axis name, mesh axis or None) pairs, in priority order
+
+# Logical names of batch-first decoding state (caches, drafter state) and batch arrays, by rank.
+_STATE_AXES_BY_RANK = {
+    1: ("batch",),
+    2: ("batch", "length"),
+    4: ("batch", "length", "heads", "kv"),
+}
+# Logical axes no standard rule shards (T5X's `replicated_rules`, those this network uses).
+_REPLICATED_AXES = ("embed", "kv", "length", "relpos_buckets")
+_MODEL_PARALLEL_AXES = ("vocab", "mlp", "heads", "joined_kv")
+
+
+@gin.configurable(module="partitioning")
+def standard_logical_axis_rules(additional_rules: Sequence[tuple[str, Any]] = ()) -> Rules:
+  """T5X's `standard_logical_axis_rules()` (1-D activation and parameter partitioning).
+
+  batch -> 'data'; vocab, mlp, heads, joined_kv -> 'model'; embed, kv, length, relpos_buckets
+  replicated. `additional_rules` are appended (earlier rules win, as in flax).
+  """
+  rules = ((("batch", DATA_AXIS),) + tuple((name, MODEL_AXIS) for name in _MODEL_PARALLEL_AXES) +
+           tuple((name, None) for name in _REPLICATED_AXES))
+  return rules + _as_rules(additional_rules)
+
+
+@gin.configurable(module="partitioning")
+def data_parallel_logical_axis_rules(additional_rules: Sequence[tuple[str, Any]] = ()) -> Rules:
+  """batch -> 'data' and every parameter axis replicated: for a drafter small enough to copy onto
+  every device, so its steps need no cross-device communication."""
+  rules = (("batch", DATA_AXIS),) + tuple(
+      (name, None) for name in _MODEL_PARALLEL_AXES + _REPLICATED_AXES)
+  return rules + _as_rules(additional_rules)
+
+
+def _as_rules(rules: Sequence[Sequence[Any]]) -> Rules:
+  """Lists (as gin writes them) -> a tuple of (name, mesh axis) pairs; checks the form."""
+  out = []
+  for rule in rules:
+    if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)):
+      raise ValueError(f"logical axis rule {rule!r} is not a (logical name, mesh axis or None) "
+                       "pair, e.g. ('mlp', 'model') or ('embed', None).")
+    mesh_axes = tuple(rule[1]) if isinstance(rule[1], list) else rule[1]
+    out.append((rule[0], mesh_axes))
+  return tuple(out)
+
+
+def make_mesh(num_partitions: int | None = None, mesh_shape: Sequence[int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ('data', 'model') mesh over all of `devices` (default `jax.devices()`).
+
+  Give `num_partitions` (the 'model' axis size; 'data' takes the rest, default 1 partition) or
+  `mesh_shape` = (data, model), whose product must be the device count. Raises ValueError if the
+  mesh does not fit the devices.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  count = len(devices)
+  divisors = [d for d in range(1, count + 1) if count % d == 0]
+  if num_partitions is not None and mesh_shape is not None:
+    raise ValueError(f"give num_partitions ({num_partitions}) or mesh_shape ({mesh_shape}), not "
+                     "both: the mesh shape already fixes the number of model partitions.")
+  if mesh_shape is None:
+    partitions = 1 if num_partitions is None else num_partitions
+    if isinstance(partitions, bool) or int(partitions) != partitions or partitions < 1 or (
+        count % partitions):
+      raise ValueError(f"num_partitions={partitions} does not divide the {count} available "
+                       f"device(s): use one of {divisors}.")
+    mesh_shape = (count // int(partitions), int(partitions))
+  shape = tuple(int(s) for s in mesh_shape)
+  if len(shape) != 2 or min(shape) < 1 or math.prod(shape) != count:
+    raise ValueError(f"mesh_shape {tuple(mesh_shape)} does not fit the {count} available "
+                     f"device(s): give (data, model) with data * model = {count}, e.g. "
+                     f"{[(count // d, d) for d in divisors]}.")
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
+
+
+def check_rules(rules: Rules, mesh: Mesh) -> None:
+  """Raises ValueError if a rule names a mesh axis the mesh lacks."""
+  for name, mesh_axes in rules:
+    for axis in (mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)):
+      if axis is not None and axis not in mesh.axis_names:
+        raise ValueError(f"logical axis rule ({name!r}, {mesh_axes!r}) names mesh axis {axis!r}, "
+                         f"but the mesh has axes {mesh.axis_names}.")
+
+
+def logical_to_spec(names: Sequence[str | None], rules: Rules, where: str = "an array"
+                    ) -> PartitionSpec:
+  """Logical axis names -> PartitionSpec by flax's rule semantics (the first rule whose mesh axis
+  is still free wins). Raises ValueError for a name with no rule, where flax would silently
+  replicate."""
+  known = {name for name, _ in rules}
+  for name in names:
+    if name is not None and name not in known:
+      raise ValueError(f"logical axis {name!r} of {where} has no rule in {sorted(known)}: add one, "
+                       f"e.g. ('{name}', None) to replicate it or ('{name}', '{MODEL_AXIS}') to "
+                       "shard it.")
+  return PartitionSpec(*nn.logical_to_mesh_axes(tuple(names), rules))
+
+
+def _sharding(names, shape, mesh: Mesh, rules: Rules, where: str) -> NamedSharding:
+  """One array's NamedSharding; raises ValueError if a sharded dimension does not divide."""
+  spec = logical_to_spec(names, rules, where)
+  for dim, (size, mesh_axes) in enumerate(zip(shape, spec)):
+    axes = () if mesh_axes is None else (mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,))
+    parts = math.prod(mesh.shape[a] for a in axes)
+    if size % parts:
+      raise ValueError(f"{where} has shape {tuple(shape)}: dimension {dim} ({names[dim]}, size "
+                       f"{size}) is not divisible by the {parts} devices of mesh axes {axes}: pick "
+                       "a mesh that divides it or a rule that replicates it.")
+  return NamedSharding(mesh, spec)
+
+
+def _path_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path) or "<root>"
+
+
+def param_shardings(config: network.T5Config, mesh: Mesh, rules: Rules) -> dict:
+  """NamedSharding of every parameter of a T5 with `config` (T5X's tree). Raises ValueError for a
+  logical axis with no rule or a sharded dimension the mesh does not divide."""
+  check_rules(rules, mesh)
+  is_names = lambda x: isinstance(x, tuple) and all(isinstance(n, str) for n in x)  # noqa: E731
+  shapes = jax.tree.leaves(network.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+  axes_with_paths, treedef = jax.tree_util.tree_flatten_with_path(network.param_axes(config),
+                                                                  is_leaf=is_names)
+  shardings = [_sharding(names, shape, mesh, rules, f"parameter {_path_name(path)}")
+               for (path, names), shape in zip(axes_with_paths, shapes)]
+  return jax.tree.unflatten(treedef, shardings)
+
+
+def _state_names(path, leaf) -> tuple[str, ...]:
+  rank = len(np.shape(leaf))
+  if rank not in _STATE_AXES_BY_RANK:
+    raise ValueError(f"decoding state {_path_name(path)} has rank {rank} (shape {np.shape(leaf)}); "
+                     f"only batch-first ranks {sorted(_STATE_AXES_BY_RANK)} have logical names: "
+                     "[B], [B, L], [B, L, H, D].")
+  return _STATE_AXES_BY_RANK[rank]
+
+
+def state_axes(tree: Any) -> Any:
+  """Logical names of batch-first arrays (caches, drafter state, batches) by rank:
+  [B] (batch,), [B, L] (batch, length), [B, L, H, D] (batch, length, heads, kv)."""
+  return jax.tree_util.tree_map_with_path(_state_names, tree)
+
+
+def state_shardings(tree: Any, mesh: Mesh, rules: Rules) -> Any:
+  """NamedSharding of every array of batch-first decoding state or of a batch (see `state_axes`):
+  with the standard rules a cache [B, L, H, D] is split over batch ('data') and heads ('model')."""
+  check_rules(rules, mesh)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: _sharding(_state_names(path, leaf), np.shape(leaf), mesh, rules,
+                                   f"decoding state {_path_name(path)}"), tree)
+
+
+def abstract_params(config: network.T5Config, shardings: Any, dtype: Any) -> Any:
+  """Parameters as `jax.ShapeDtypeStruct`s of `dtype` carrying `shardings` (nothing allocated),
+  for ahead-of-time lowering."""
+  return jax.tree.map(lambda shape, sharding: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding),
+                      network.param_shapes(config), shardings,
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+@gin.configurable(module="partitioning")
+class Partitioner:
+  """A mesh and the logical axis rules of a target and its drafter (T5X's PjitPartitioner).
+
+  Args:
+    num_partitions: size of the 'model' axis; 'data' takes the remaining devices (default 1).
+    mesh_shape: (data, model) instead of num_partitions.
+    logical_axis_rules: the target's rules (default `standard_logical_axis_rules()`).
+    drafter_logical_axis_rules: the drafter's rules (default: the target's).
+    devices: the devices to use (default `jax.devices()`).
+
+  Raises ValueError at construction for a mesh that does not fit the devices or rules naming an
+  axis the mesh lacks; parameter shardings raise for logical axes with no rule.
+  """
+
+  def __init__(self, num_partitions: int | None = None, mesh_shape: Sequence[int] | None = None,
+               logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+               drafter_logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+               devices: Sequence[jax.Device] | None = None):
+    self.mesh = make_mesh(num_partitions, mesh_shape, devices)
+    self.rules = (standard_logical_axis_rules() if logical_axis_rules is None
+                  else _as_rules(logical_axis_rules))
+    self.drafter_rules = (self.rules if drafter_logical_axis_rules is None
+                          else _as_rules(drafter_logical_axis_rules))
+    check_rules(self.rules, self.mesh)
+    check_rules(self.drafter_rules, self.mesh)
+
+  @property
+  def data_sharding(self) -> NamedSharding:
+    """Batch-first arrays split over 'data' on their first axis (batches and decode outputs)."""
+    return NamedSharding(self.mesh, logical_to_spec(("batch",), self.rules, "the batch"))
+
+  @property
+  def replicated(self) -> NamedSharding:
+    return NamedSharding(self.mesh, PartitionSpec())
+
+  def params_shardings(self, model: models.EncoderDecoderModel) -> Any:
+    """Shardings of `model`'s params: the target's tree, or {'target', 'drafter'} for a
+    speculative model (a T5 drafter by the drafter rules, a table drafter replicated)."""
+    target = param_shardings(model.module.config, self.mesh, self.rules)
+    if not isinstance(model, models.SpeculativeEncoderDecoderModel):
+      return target
+    if isinstance(model.drafter, drafters_lib.T5Drafter):
+      drafter = param_shardings(model.drafter.config, self.mesh, self.drafter_rules)
+    else:
+      drafter = self.replicated  # a prefix: every table array on every device.
+    return {"target": target, "drafter": drafter}
+
+  def place_params(self, model: models.EncoderDecoderModel, params: Any) -> Any:
+    """Puts `params` on the mesh with `params_shardings(model)`."""
+    return jax.device_put(params, self.params_shardings(model))
+
+  def place_batch(self, batch: Any) -> Any:
+    """Puts a batch of batch-first arrays on the mesh, split over 'data'."""
+    return jax.device_put(batch, state_shardings(batch, self.mesh, self.rules))
+
+  def partition_predict(self, model: models.EncoderDecoderModel, **jit_predict_kwargs
+                        ) -> Callable:
+    """`model.jit_predict(**kwargs)` compiled for the mesh: `fn(params, batch, rng, temperature)
+    -> (decodes, aux)` with params placed by `params_shardings(model)`, the batch and every output
+    split over 'data' (batch sizes must divide the 'data' axis), rng and temperature replicated.
+    The returned jitted function also lowers ahead of time (`fn.lower(...)` with abstract
+    arguments)."""
+    return jax.jit(model.jit_predict(**jit_predict_kwargs),
+                   in_shardings=(self.params_shardings(model), self.data_sharding,
+                                 self.replicated, self.replicated),
+                   out_shardings=self.data_sharding)

@@ -1,0 +1,176 @@
+"""Partitioning: T5X's rules, meshes, bad input, gin; sharded decoding on 8 simulated devices.
+
+Tests in this process see one CPU device. The sharded tests read the results of
+tests/sharded_check.py, run once in a subprocess with 8 simulated CPU devices: greedy decodes on
+meshes 1x8, 2x4 and 8x1 equal the unsharded decode token for token, with equal statistics;
+sampling gives valid sequences with the statistics' shapes; each device holds 1/N of every
+mlp-sharded kernel (N = the 'model' axis size) and all of every replicated drafter kernel.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import gin
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from speculative_t5x import network, partitioning
+
+HERE = pathlib.Path(__file__).resolve().parent
+MESHES = {"1x8": 8, "2x4": 4, "8x1": 1}  # mesh name -> size of the 'model' axis
+TINY = network.T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64,
+                        num_encoder_layers=1, num_decoder_layers=1,
+                        mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+
+
+@pytest.fixture(scope="module")
+def sharded():
+  """{mesh name: results} from tests/sharded_check.py on 8 simulated CPU devices."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  run = subprocess.run([sys.executable, str(HERE / "sharded_check.py")], capture_output=True,
+                       text=True, env=env, timeout=600, check=False)
+  assert run.returncode == 0, f"sharded_check.py failed:\n{run.stderr[-4000:]}"
+  return json.loads(run.stdout)
+
+
+# --- rules ----------------------------------------------------------------------------------------
+def test_standard_rules_are_t5x_model_parallelism():
+  rules = dict(partitioning.standard_logical_axis_rules())
+  assert rules["batch"] == "data"
+  for name in ("mlp", "heads", "joined_kv", "vocab"):
+    assert rules[name] == "model"
+  for name in ("embed", "kv", "length", "relpos_buckets"):
+    assert rules[name] is None
+
+
+def test_data_parallel_rules_replicate_every_parameter_axis():
+  rules = dict(partitioning.data_parallel_logical_axis_rules())
+  assert rules.pop("batch") == "data"
+  assert set(rules.values()) == {None}
+
+
+def test_every_parameter_axis_has_a_standard_rule():
+  mesh = partitioning.make_mesh()
+  shardings = partitioning.param_shardings(TINY, mesh, partitioning.standard_logical_axis_rules())
+  mlp = shardings["decoder"]["layers_0"]["mlp"]["wi_0"]["kernel"]
+  assert mlp.spec == P(None, "model")
+  assert shardings["token_embedder"]["embedding"].spec == P("model", None)
+  assert shardings["decoder"]["relpos_bias"]["rel_embedding"].spec == P("model", None)
+
+
+def test_logical_to_spec_first_free_rule_wins():
+  rules = (("heads", "model"), ("joined_kv", "model"), ("kv", None))
+  # heads takes 'model'; joined_kv's only rule names a used axis, so it is replicated (flax).
+  assert partitioning.logical_to_spec(("heads", "joined_kv"), rules) == P("model", None)
+
+
+def test_state_axes_by_rank():
+  cache = {"encoder_valid": np.zeros((2, 5), bool),
+           "layers_0": {"self_key": np.zeros((2, 7, 8, 4))}, "length": np.zeros((2,))}
+  assert partitioning.state_axes(cache) == {
+      "encoder_valid": ("batch", "length"),
+      "layers_0": {"self_key": ("batch", "length", "heads", "kv")}, "length": ("batch",)}
+
+
+# --- bad input ------------------------------------------------------------------------------------
+def test_num_partitions_that_does_not_divide_the_devices():
+  with pytest.raises(ValueError, match=r"num_partitions=2 does not divide the 1 available"):
+    partitioning.make_mesh(num_partitions=2)
+
+
+def test_mesh_shape_that_does_not_fit_the_devices():
+  with pytest.raises(ValueError, match=r"mesh_shape \(2, 4\) does not fit the 1 available"):
+    partitioning.Partitioner(mesh_shape=(2, 4))
+
+
+def test_num_partitions_and_mesh_shape_together():
+  with pytest.raises(ValueError, match="not both"):
+    partitioning.make_mesh(num_partitions=1, mesh_shape=(1, 1))
+
+
+def test_logical_axis_with_no_rule():
+  rules = tuple(r for r in partitioning.standard_logical_axis_rules() if r[0] != "mlp")
+  with pytest.raises(ValueError, match=r"logical axis 'mlp' of parameter "
+                     r"decoder/layers_0/mlp/wi_0/kernel has no rule"):
+    partitioning.param_shardings(TINY, partitioning.make_mesh(), rules)
+
+
+def test_rule_naming_a_missing_mesh_axis():
+  with pytest.raises(ValueError, match="names mesh axis 'tensor'"):
+    partitioning.Partitioner(logical_axis_rules=(("batch", "data"), ("mlp", "tensor")))
+
+
+def test_malformed_rule():
+  with pytest.raises(ValueError, match="is not a"):
+    partitioning.standard_logical_axis_rules(additional_rules=[("mlp",)])
+
+
+def test_state_of_unknown_rank():
+  mesh = partitioning.make_mesh()
+  with pytest.raises(ValueError, match="decoding state x has rank 3"):
+    partitioning.state_shardings({"x": np.zeros((2, 3, 4))}, mesh,
+                                 partitioning.standard_logical_axis_rules())
+
+
+def test_dimension_not_divisible_by_the_mesh():
+  devices = jax.devices() * 3  # only counted: the error comes before any placement
+  mesh = jax.sharding.Mesh(np.array(devices[:3]).reshape(1, 3), partitioning.MESH_AXES)
+  with pytest.raises(ValueError, match=r"key/kernel has shape \(16, 32\): dimension 1 "
+                     r"\(joined_kv, size 32\) is not divisible by the 3 devices"):
+    partitioning.param_shardings(TINY, mesh, partitioning.standard_logical_axis_rules())
+
+
+# --- gin ------------------------------------------------------------------------------------------
+def test_partitioning_gin():
+  gin.clear_config()
+  try:
+    gin.parse_config_files_and_bindings([str(HERE.parent / "configs/runs/partitioning.gin")],
+                                        ["NUM_PARTITIONS = 1"])
+    partitioner = partitioning.Partitioner()
+  finally:
+    gin.clear_config()
+  assert dict(partitioner.mesh.shape) == {"data": 1, "model": 1}
+  assert partitioner.rules == partitioning.standard_logical_axis_rules()
+  assert partitioner.drafter_rules == partitioning.data_parallel_logical_axis_rules()
+
+
+# --- 8 simulated devices --------------------------------------------------------------------------
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+def test_sharded_greedy_equals_unsharded(sharded, mesh):
+  assert sharded[mesh]["greedy_equal"]
+  assert sharded[mesh]["stats_equal"]
+  assert sharded[mesh]["output_sharding"] == "P('data',)"
+
+
+def test_sharded_reference_has_ragged_acceptance(sharded):
+  accepted = sharded["unsharded"]["stats"]["accepted_tokens"]
+  assert len(set(accepted)) > 1, f"every row accepted the same number of drafts: {accepted}"
+
+
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+def test_sharded_sampling_is_valid(sharded, mesh):
+  result = sharded[mesh]
+  assert result["sample_valid"]
+  assert result["sample_shape"] == [8, 10]
+  assert result["sample_stats_shapes"] == result["unsharded_sample_stats_shapes"]
+
+
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+def test_mlp_kernels_are_split_over_the_model_axis(sharded, mesh):
+  partitions = MESHES[mesh]
+  fractions = sharded[mesh]["mlp_shard_fractions"]
+  assert len(fractions) == 6 * 8  # wi_0, wi_1, wo of the encoder and decoder layer, 8 devices each
+  assert {f for _, f in fractions} == {1 / partitions}
+  assert {f for _, f in sharded[mesh]["drafter_mlp_shard_fractions"]} == {1.0}
+
+
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+def test_cache_split_over_batch_and_heads(sharded, mesh):
+  data, model = map(int, mesh.split("x"))
+  batch, length, heads, head_dim = sharded[mesh]["self_key_shape"]
+  assert sharded[mesh]["self_key_shard_shape"] == [batch // data, length, heads // model, head_dim]
