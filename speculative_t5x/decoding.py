@@ -21,6 +21,9 @@ from speculative_t5x import speculative
 
 STAT_NAMES = ("target_calls", "drafter_calls", "drafted_tokens", "accepted_tokens", "beta_sum",
               "beta_count")
+# Per-iteration record of speculative_sample(return_trace=True): the drafts [gamma], how many were
+# accepted, the target's correction (or bonus) token, and how many tokens were kept (0 once ended).
+TRACE_NAMES = ("drafts", "accepted", "token", "emitted")
 
 
 @flax.struct.dataclass
@@ -193,6 +196,8 @@ class SpeculativeLoopState:
   rng: jax.Array
   log_prob: jax.Array  # [rows]
   stats: dict  # STAT_NAMES -> [rows]
+  iteration: jax.Array  # scalar int32
+  trace: dict  # TRACE_NAMES -> [rows, L, ...] per iteration, or {} when not traced
 
 
 def validate_speculative(gamma, temperature, topk, topp) -> None:
@@ -210,7 +215,7 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
                        eos_id: int, *, gamma: int, decode_rng: jax.Array | None = None,
                        num_decodes: int = 1, temperature: float | jax.Array = 1.0, topk: int = 0,
                        topp: float = 0.0, max_decode_steps: int | jax.Array | None = None,
-                       rescale_log_probs: bool = True):
+                       rescale_log_probs: bool = True, return_trace: bool = False):
   """Speculative sampling (Algorithm 1) for all rows in one `lax.while_loop`.
 
   Args:
@@ -227,11 +232,14 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
       (topk defaults to 0 here: no cutoff).
     rescale_log_probs: log-probs from the standardized target distribution (True) or from the
       target's raw softmax (False).
+    return_trace: also return what happened at each iteration (for inspection; costs memory).
 
   Returns:
     decodes [B, N, L] int32 (0 after EOS), log_probs [B, N] (sorted ascending, best last), and
     stats: a dict of [B, N] arrays named STAT_NAMES (beta over the verified positions only: the
     accepted drafts and the first rejected one, so beta_sum / beta_count estimates alpha).
+    With return_trace, a fourth output: a dict TRACE_NAMES -> [B, N, L(, gamma)] (iteration i of
+    each row at index i; iterations after all rows ended are zero).
   """
   validate_speculative(gamma, temperature, topk, topp)
   if drafter.vocab_size <= 0:
@@ -284,11 +292,16 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
     stats["beta_sum"] += jnp.sum(jnp.where(verified, beta, 0.0), axis=1)
     stats["beta_count"] += jnp.sum(verified, axis=1).astype(jnp.int32)
 
+    trace = state.trace
+    if return_trace:
+      record = dict(zip(TRACE_NAMES, (drafts, n, token, emitted)))
+      trace = {k: trace[k].at[:, state.iteration].set(record[k]) for k in TRACE_NAMES}
     new_length = state.length + emitted
     ended = state.ended | jnp.any(is_eos & kept, axis=1) | (new_length >= max_len)
     return SpeculativeLoopState(sequences=sequences, length=new_length, ended=ended,
                                 target_cache=target_cache, drafter_state=drafter_state, rng=rng,
-                                log_prob=log_prob, stats=stats)
+                                log_prob=log_prob, stats=stats, iteration=state.iteration + 1,
+                                trace=trace)
 
   stats0 = {name: jnp.zeros((rows,), jnp.float32 if name == "beta_sum" else jnp.int32)
             for name in STAT_NAMES}
@@ -297,12 +310,19 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
       length=jnp.zeros((rows,), jnp.int32), ended=max_len <= 0,
       target_cache=expand_rows(target_cache, num_decodes),
       drafter_state=expand_rows(drafter_state, num_decodes), rng=rng,
-      log_prob=jnp.zeros((rows,), jnp.float32), stats=stats0)
+      log_prob=jnp.zeros((rows,), jnp.float32), stats=stats0, iteration=jnp.int32(0),
+      trace={name: jnp.zeros((rows, length) + ((gamma,) if name == "drafts" else ()), jnp.int32)
+             for name in TRACE_NAMES} if return_trace else {})
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.ended), body, init)
-  stat_values = [final.stats[name] for name in STAT_NAMES]
-  decodes, log_prob, *stat_values = _unflatten_sorted(final.sequences[:, :length], final.log_prob,
-                                                      num_decodes, *stat_values)
-  return decodes, log_prob, dict(zip(STAT_NAMES, stat_values))
+  names = STAT_NAMES + (TRACE_NAMES if return_trace else ())
+  values = [final.stats[k] for k in STAT_NAMES] + [final.trace[k] for k in names[len(STAT_NAMES):]]
+  decodes, log_prob, *values = _unflatten_sorted(final.sequences[:, :length], final.log_prob,
+                                                 num_decodes, *values)
+  outputs = dict(zip(names, values))
+  stats = {k: outputs[k] for k in STAT_NAMES}
+  if return_trace:
+    return decodes, log_prob, stats, {k: outputs[k] for k in TRACE_NAMES}
+  return decodes, log_prob, stats
 
 
 def stats_summary(stats: dict) -> dict:

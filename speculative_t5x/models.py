@@ -242,7 +242,11 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
                              decoder_params: Mapping[str, Any] | None = None,
                              return_all_decodes: bool = False, num_decodes: int = 1,
                              prompt_with_targets: bool = False):
-    """-> (decodes, {'scores': ..., 'speculative_stats': {name: [B] or [B, N]}})."""
+    """-> (decodes, {'scores': ..., 'speculative_stats': {name: [B] or [B, N]}}).
+
+    With decoder_params['return_trace'] = True, aux also has 'speculative_trace' (see
+    decoding.speculative_sample).
+    """
     if prompt_with_targets:
       raise ValueError("prompt_with_targets=True is not supported by speculative decoding: decode "
                        "from BOS (the encoder-decoder default).")
@@ -252,12 +256,14 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     cache_length = decoder_inputs.shape[1] + self.gamma + 1
     target_cache = self._encode_and_cache(params["target"], encoder_tokens, cache_length)
     drafter_state = self.drafter.init_state(params["drafter"], encoder_tokens, cache_length)
-    decodes, scores, stats = decoding.speculative_sample(
+    decodes, scores, stats, *trace = decoding.speculative_sample(
         jnp.zeros_like(decoder_inputs), target_cache,
         functools.partial(self._target_decode, params["target"]), self.drafter,
         params["drafter"], drafter_state, self.eos_id, gamma=self.gamma, num_decodes=num_decodes,
         **settings)
+    aux = {"scores": scores, "speculative_stats": stats}
+    if trace:
+      aux["speculative_trace"] = trace[0]
     if return_all_decodes:
-      return decodes, {"scores": scores, "speculative_stats": stats}
-    return decodes[:, -1], {"scores": scores[:, -1],
-                            "speculative_stats": {k: v[:, -1] for k, v in stats.items()}}
+      return decodes, aux
+    return decodes[:, -1], jax.tree.map(lambda x: x[:, -1], aux)

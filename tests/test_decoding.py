@@ -319,3 +319,25 @@ def _call_with(temperature=1.0, topk=0, topp=0.0):
                                       _batch(_random_inputs(1)),
                                       decoder_params={"temperature": temperature, "topk": topk,
                                                       "topp": topp})
+
+
+def test_trace_replays_the_decoded_sequence():
+  target, drafter = _tiny_params()
+  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY),
+                                                network.Transformer(TINY_DRAFTER), _vocab(61),
+                                                _vocab(61), gamma=3)
+  inputs = _random_inputs(2, seed=4)
+  decodes, aux = jax.jit(lambda p, b, r: model.predict_batch_with_aux(
+      p, b, r, decoder_params={"temperature": 1.0, "return_trace": True}))(
+          {"target": target, "drafter": drafter}, _batch(inputs), jax.random.PRNGKey(2))
+  trace = {k: np.asarray(v) for k, v in aux["speculative_trace"].items()}
+  for row in range(2):
+    replay = []
+    for it in range(GREEDY_L):
+      block = list(trace["drafts"][row, it, :trace["accepted"][row, it]]) + [
+          trace["token"][row, it]]
+      replay += block[:trace["emitted"][row, it]]
+    replay += [0] * (GREEDY_L - len(replay))
+    np.testing.assert_array_equal(replay, np.asarray(decodes)[row])
+    calls = int(aux["speculative_stats"]["target_calls"][row])
+    assert np.count_nonzero(trace["emitted"][row]) == calls
