@@ -1,0 +1,349 @@
+r"""The paper's Table 2 harness: batch-1 wall time of the baseline and of speculative decoding.
+
+For a target, its drafters, an input source and every (temperature, gamma), on identical inputs
+with the same rng, it measures per example:
+  - the wall time of the baseline (`EncoderDecoderModel` + `decoding.temperature_sample`) and of
+    speculative decoding (`SpeculativeEncoderDecoderModel`): compilation excluded, a warm-up call,
+    the median (and IQR) of --repeats calls, each ended by `block_until_ready`;
+  - alpha (mean beta) and tokens per target call, from the run's own statistics;
+and once per drafter, on compiled decode steps at the run's encoder and cache lengths:
+  - c, the drafter's single-token step time over the target's;
+  - the verification cost, the target on gamma + 1 tokens over the target on 1 token.
+Each row reports the measured speedup (total baseline time / total speculative time), Theorem 3.8's
+prediction with the measured alpha and c, the hardware-aware prediction that also uses the measured
+verification cost, and the efficiency = speedup / hardware-aware prediction.
+
+Configuration is gin (configs/runs/benchmark.gin and the files including it; paths relative to the
+repository root or the working directory); the default is configs/runs/benchmark_tiny.gin, a tiny
+random pair that runs in about a minute on 2 CPU cores. With random weights (no CHECKPOINT_PATH /
+DRAFTER_CHECKPOINT_PATH) the drafters are 'independent' (its own random weights) and 'copy' (the
+target's weights: alpha ~ 1, c = 1): their alpha checks the mechanics and says nothing about real
+drafters.
+
+Inputs: random token ids (--num_examples of them, lengths up to the 'inputs' feature length), or
+the lines of --input_file tokenized with --sentencepiece_model.
+
+Writes results.json and results.md into --output_dir.
+
+Usage:
+  python scripts/benchmark.py                                   # tiny random pair
+  python scripts/benchmark.py --gin_file=configs/runs/benchmark_small.gin --output_dir=/tmp/small
+  python scripts/benchmark.py --gin_file=configs/runs/benchmark_small.gin --gammas=4 \
+    --temperatures=0 --gin.TASK_FEATURE_LENGTHS="{'inputs': 128, 'targets': 32}"
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import platform
+import sys
+from typing import Mapping, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+import tqdm
+
+from speculative_t5x import benchmark
+from speculative_t5x import checkpoints
+from speculative_t5x import decoding
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import theory
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
+RANDOM_TASK = "random"
+EOS_ID = 1
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", None, f"Gin run files (default {DEFAULT_GIN_FILE}).")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
+flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/benchmark",
+                    "Directory for results.json and results.md (created if absent).")
+flags.DEFINE_list("gammas", None, "Gammas, e.g. 1,2,4,7 (default: BenchmarkSetup.gammas).")
+flags.DEFINE_list("temperatures", None,
+                  "Temperatures, e.g. 0,1 (default: BenchmarkSetup.temperatures).")
+flags.DEFINE_integer("num_examples", 2, "Examples (batch 1 each); all lines of --input_file if 0.")
+flags.DEFINE_integer("repeats", 3, "Timed decodes per example and setting.")
+flags.DEFINE_integer("warmup", 1, "Untimed decodes after the compiling one.")
+flags.DEFINE_integer("cost_repeats", benchmark.DEFAULT_REPEATS,
+                     "Timed calls per decode-step measurement (c and the verification cost).")
+flags.DEFINE_integer("steps_per_call", benchmark.DEFAULT_STEPS_PER_CALL,
+                     "Decode steps per timed call when measuring c and the verification cost.")
+flags.DEFINE_string("input_file", None, "Text file, one input per line (default: random tokens).")
+flags.DEFINE_string("sentencepiece_model", None, "Sentencepiece model that tokenizes --input_file.")
+
+
+@gin.configurable(module="benchmark_script")
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSetup:
+  """What configs/runs/benchmark*.gin choose.
+
+  target_config, drafter_config: the two T5Configs (a 'copy' drafter uses the target's).
+  checkpoint_path, drafter_checkpoint_path: checkpoints (`checkpoints.restore_params`); None means
+    random weights (for the drafter: one row per kind in `random_drafters`).
+  task_feature_lengths: {'inputs': Le, 'targets': decode length}.
+  gammas, temperatures: the settings swept.
+  random_drafters: kinds from `benchmark.RANDOM_DRAFTER_KINDS`.
+  seed: weights, random inputs and decode rngs.
+  """
+  target_config: network.T5Config
+  drafter_config: network.T5Config
+  task_feature_lengths: Mapping[str, int]
+  gammas: Sequence[int]
+  temperatures: Sequence[float]
+  checkpoint_path: str | None = None
+  drafter_checkpoint_path: str | None = None
+  random_drafters: Sequence[str] = benchmark.RANDOM_DRAFTER_KINDS
+  seed: int = 0
+
+
+def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
+  """--gin.NAME=value -> --gin_bindings=NAME = value (T5X's shorthand)."""
+  rewritten = []
+  for arg in argv:
+    if arg.startswith("--gin."):
+      if "=" not in arg:
+        raise ValueError(f"{arg} has no value: write --gin.NAME=value.")
+      name, value = arg[len("--gin."):].split("=", 1)
+      arg = f"--gin_bindings={name} = {value}"
+    rewritten.append(arg)
+  return rewritten
+
+
+def load_setup() -> BenchmarkSetup:
+  gin.add_config_file_search_path(str(REPO_ROOT))
+  gin.parse_config_files_and_bindings(FLAGS.gin_file or [DEFAULT_GIN_FILE], FLAGS.gin_bindings)
+  setup = BenchmarkSetup()
+  overrides = {}
+  if FLAGS.gammas:
+    overrides["gammas"] = tuple(int(g) for g in FLAGS.gammas)
+  if FLAGS.temperatures:
+    overrides["temperatures"] = tuple(float(t) for t in FLAGS.temperatures)
+  setup = dataclasses.replace(setup, **overrides)
+  for name in ("inputs", "targets"):
+    if int(setup.task_feature_lengths.get(name, 0)) < 1:
+      raise ValueError(f"TASK_FEATURE_LENGTHS {setup.task_feature_lengths} needs a positive "
+                       f"'{name}' length.")
+  if setup.target_config.vocab_size != setup.drafter_config.vocab_size:
+    raise ValueError(f"drafter vocab_size {setup.drafter_config.vocab_size} != target "
+                     f"vocab_size {setup.target_config.vocab_size}: speculative decoding needs one "
+                     "vocabulary.")
+  return setup
+
+
+def load_models(setup: BenchmarkSetup) -> tuple[dict, dict[str, tuple[network.T5Config, dict]]]:
+  """-> target params, {drafter label: (config, params)}."""
+  if setup.checkpoint_path:
+    target_params = checkpoints.restore_params(setup.target_config, setup.checkpoint_path)
+  else:
+    target_params = benchmark.random_params(setup.target_config, setup.seed)
+  if setup.drafter_checkpoint_path:
+    name = pathlib.PurePath(str(setup.drafter_checkpoint_path).rstrip("/")).name
+    drafters = {name: (setup.drafter_config, checkpoints.restore_params(
+        setup.drafter_config, setup.drafter_checkpoint_path))}
+  else:
+    if not setup.random_drafters:
+      raise ValueError("no DRAFTER_CHECKPOINT_PATH and no random_drafters: nothing to benchmark.")
+    labels = {"independent": "random, independent", "copy": "random, copy of target"}
+    drafters = {labels.get(kind, kind): benchmark.random_drafter(
+        kind, setup.target_config, target_params, setup.drafter_config, setup.seed + 1)
+                for kind in setup.random_drafters}
+  return target_params, drafters
+
+
+def load_inputs(setup: BenchmarkSetup) -> tuple[str, seqio.Vocabulary, np.ndarray]:
+  """-> task name, vocabulary, encoder inputs [num_examples, Le] int32 (EOS-ended, 0-padded)."""
+  length = int(setup.task_feature_lengths["inputs"])
+  vocab_size = setup.target_config.vocab_size
+  if FLAGS.input_file:
+    if not FLAGS.sentencepiece_model:
+      raise ValueError("--input_file needs --sentencepiece_model to tokenize it.")
+    vocabulary = seqio.SentencePieceVocabulary(FLAGS.sentencepiece_model)
+    if vocabulary.vocab_size > vocab_size:
+      raise ValueError(f"{FLAGS.sentencepiece_model} has {vocabulary.vocab_size} pieces but the "
+                       f"models' vocab_size is {vocab_size}: use the models' vocabulary.")
+    lines = [line.strip() for line in pathlib.Path(FLAGS.input_file).read_text().splitlines()]
+    lines = [line for line in lines if line]
+    if FLAGS.num_examples:
+      lines = lines[:FLAGS.num_examples]
+    if not lines:
+      raise ValueError(f"{FLAGS.input_file} has no non-empty lines.")
+    sequences = [list(vocabulary.encode(line))[:length - 1] + [vocabulary.eos_id] for line in lines]
+    task = pathlib.Path(FLAGS.input_file).stem
+  else:
+    if FLAGS.num_examples < 1:
+      raise ValueError("random inputs need --num_examples >= 1.")
+    vocabulary = seqio.PassThroughVocabulary(vocab_size, eos_id=EOS_ID)
+    rng = np.random.default_rng(setup.seed)
+    tokens = np.asarray(benchmark.random_tokens(jax.random.PRNGKey(setup.seed), vocab_size,
+                                                (FLAGS.num_examples, length)))
+    lengths = rng.integers(max(1, length // 2), length + 1, FLAGS.num_examples)
+    sequences = [list(row[:n - 1]) + [EOS_ID] for row, n in zip(tokens, lengths)]
+    task = RANDOM_TASK
+  inputs = np.zeros((len(sequences), length), np.int32)
+  for i, sequence in enumerate(sequences):
+    inputs[i, :len(sequence)] = sequence
+  return task, vocabulary, inputs
+
+
+def decoded_length(decodes: np.ndarray, eos_id: int) -> int:
+  """decodes [1, L] -> tokens up to and including the first EOS (L if none)."""
+  eos = np.flatnonzero(np.asarray(decodes)[0] == eos_id)
+  return int(eos[0]) + 1 if eos.size else int(decodes.shape[-1])
+
+
+def time_decode(fn, params, batch, rng, temperature) -> tuple[benchmark.Timing, tuple]:
+  """One decode for its outputs (this call compiles), then the timed ones -> (timing, outputs)."""
+  outputs = jax.device_get(fn(params, batch, rng, temperature))
+  timing = benchmark.time_call(fn, params, batch, rng, temperature, repeats=FLAGS.repeats,
+                               warmup=FLAGS.warmup)
+  return timing, outputs
+
+
+def summarize_times(timings: Sequence[benchmark.Timing]) -> dict:
+  """Per-example timings -> mean of the medians and mean IQR, in ms."""
+  return {"mean_median_ms": float(np.mean([t.median_ms for t in timings])),
+          "mean_iqr_ms": float(np.mean([t.iqr_ms for t in timings])),
+          "per_example": [t.as_dict() for t in timings]}
+
+
+def make_row(task, drafter, temperature, gamma, costs: benchmark.DecodeCosts, baseline, results):
+  """One table row from the baseline's and the speculative run's per-example results."""
+  stats = {name: sum(float(r["stats"][name]) for r in results) for name in decoding.STAT_NAMES}
+  summary = decoding.stats_summary(stats)
+  # beta is a float32 sum of minima; rounding can put it a hair above 1.
+  alpha = min(summary["alpha"], 1.0)
+  c, verify_cost = costs.c, costs.verify_cost(gamma)
+  baseline_ms = [b["timing"].median_ms for b in baseline]
+  speculative_ms = [r["timing"].median_ms for r in results]
+  speedup = sum(baseline_ms) / sum(speculative_ms)
+  predicted_hw = theory.speedup_hardware_aware(alpha, gamma, c, verify_cost)
+  matches = [bool(np.array_equal(b["decodes"], r["decodes"])) for b, r in zip(baseline, results)]
+  return {
+      "task": task, "drafter": drafter, "temperature": temperature, "gamma": gamma,
+      "alpha": alpha, "tokens_per_target_call": summary["tokens_per_target_call"],
+      "acceptance_rate": summary["acceptance_rate"], "c": c, "verify_cost": verify_cost,
+      "speedup": speedup, "predicted": theory.speedup(alpha, gamma, c),
+      "predicted_hw": predicted_hw, "efficiency": speedup / predicted_hw,
+      "baseline_ms": summarize_times([b["timing"] for b in baseline]),
+      "speculative_ms": summarize_times([r["timing"] for r in results]),
+      "baseline_tokens": [b["length"] for b in baseline],
+      "speculative_tokens": [r["length"] for r in results],
+      # At temperature 0 the outputs must be identical; at other temperatures they differ in
+      # general (the same distribution, sampled with different draws).
+      "outputs_match_baseline": float(np.mean(matches)), "stats": summary,
+  }
+
+
+def markdown(rows: list[dict], costs: Mapping[str, benchmark.DecodeCosts], header: str) -> str:
+  """results.md: Table 2's layout plus the timings and predictions, then the step costs."""
+  columns = ["task", "drafter", "temp", "gamma", "alpha", "tokens/call", "c", "verify cost",
+             "baseline ms (IQR)", "speculative ms (IQR)", "speedup", "predicted", "predicted_hw",
+             "efficiency"]
+  lines = [header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  for r in rows:
+    b, s = r["baseline_ms"], r["speculative_ms"]
+    lines.append("| " + " | ".join([
+        r["task"], r["drafter"], f"{r['temperature']:g}", str(r["gamma"]), f"{r['alpha']:.3f}",
+        f"{r['tokens_per_target_call']:.2f}", f"{r['c']:.3f}", f"{r['verify_cost']:.2f}",
+        f"{b['mean_median_ms']:.1f} ({b['mean_iqr_ms']:.1f})",
+        f"{s['mean_median_ms']:.1f} ({s['mean_iqr_ms']:.1f})", f"{r['speedup']:.2f}",
+        f"{r['predicted']:.2f}", f"{r['predicted_hw']:.2f}", f"{r['efficiency']:.2f}"]) + " |")
+  lines += ["", "Decode-step costs (per step, median of the timed calls):", "",
+            "| drafter | target step ms | drafter step ms | c | verify cost by gamma |",
+            "|---|---|---|---|---|"]
+  for name, cost in costs.items():
+    verify = ", ".join(f"{g}: {cost.verify_cost(g):.2f}" for g in sorted(cost.verify))
+    lines.append(f"| {name} | {cost.target_step.median_ms:.3f} | {cost.drafter_step.median_ms:.3f} "
+                 f"| {cost.c:.3f} | {verify} |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  setup = load_setup()
+  target_params, drafters = load_models(setup)
+  task, vocabulary, inputs = load_inputs(setup)
+  gammas, temperatures = sorted(set(setup.gammas)), list(setup.temperatures)
+  decode_length = int(setup.task_feature_lengths["targets"])
+
+  geometry = benchmark.DecodeGeometry.for_decoding(inputs.shape[1], decode_length, max(gammas) + 1,
+                                                   FLAGS.steps_per_call)
+  logging.info("Timing decode steps for c and the verification cost (%s).", geometry)
+  costs = benchmark.measure_costs(setup.target_config, target_params, drafters, gammas, geometry,
+                                  repeats=FLAGS.cost_repeats)
+
+  target = network.Transformer(setup.target_config)
+  baseline_fn = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
+  batches = [{"encoder_input_tokens": jnp.asarray(row[None]),
+              "decoder_input_tokens": jnp.zeros((1, decode_length), jnp.int32)} for row in inputs]
+  rngs = [jax.random.fold_in(jax.random.PRNGKey(setup.seed), i) for i in range(len(batches))]
+  progress = tqdm.tqdm(total=len(temperatures) * len(batches) * (1 + len(drafters) * len(gammas)),
+                       desc="decodes", unit="setting")
+
+  def run(fn, params, temperature, with_stats):
+    results = []
+    for batch, rng in zip(batches, rngs):
+      timing, (decodes, aux) = time_decode(fn, params, batch, rng, jnp.float32(temperature))
+      result = {"timing": timing, "decodes": decodes,
+                "length": decoded_length(decodes, vocabulary.eos_id)}
+      if with_stats:
+        result["stats"] = {k: np.sum(v) for k, v in aux["speculative_stats"].items()}
+      results.append(result)
+      progress.update()
+    return results
+
+  baseline = {t: run(baseline_fn, target_params, t, False) for t in temperatures}
+  speculative_fns = {}  # (drafter config, gamma) -> jitted predict: drafters of one shape share it.
+  rows = []
+  for name, (drafter_config, drafter_params) in drafters.items():
+    params = {"target": target_params, "drafter": drafter_params}
+    for gamma in gammas:
+      if (drafter_config, gamma) not in speculative_fns:
+        model = models.SpeculativeEncoderDecoderModel(target, network.Transformer(drafter_config),
+                                                      vocabulary, vocabulary, gamma=gamma)
+        speculative_fns[drafter_config, gamma] = model.jit_predict()
+      for temperature in temperatures:
+        results = run(speculative_fns[drafter_config, gamma], params, temperature, True)
+        rows.append(make_row(task, name, temperature, gamma, costs[name], baseline[temperature],
+                             results))
+  progress.close()
+
+  header = (f"Batch 1, {len(batches)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "
+            f"each (median per example, then the mean over examples); feature lengths "
+            f"{dict(setup.task_feature_lengths)}; {jax.default_backend()} backend.")
+  if not (setup.checkpoint_path and setup.drafter_checkpoint_path):
+    header += (" Random weights: alpha and speedups check the mechanics only ('copy of target' "
+               "drafts with the target's own weights, so alpha ~ 1 and c = 1).")
+  run_info = {
+      "command": sys.argv, "gin_config": gin.config_str(), "task": task,
+      "num_examples": len(batches), "repeats": FLAGS.repeats, "warmup": FLAGS.warmup,
+      "target_config": dataclasses.asdict(setup.target_config),
+      "drafter_configs": {n: dataclasses.asdict(c) for n, (c, _) in drafters.items()},
+      "checkpoint_path": setup.checkpoint_path,
+      "drafter_checkpoint_path": setup.drafter_checkpoint_path,
+      "task_feature_lengths": dict(setup.task_feature_lengths), "backend": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+      "machine": platform.platform(),
+  }
+  output_dir = pathlib.Path(FLAGS.output_dir)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  (output_dir / "results.json").write_text(json.dumps(
+      {"run": run_info, "costs": {n: c.as_dict() for n, c in costs.items()}, "rows": rows},
+      indent=2))
+  table = markdown(rows, costs, header)
+  (output_dir / "results.md").write_text(table)
+  print(table)
+  logging.info("Wrote %s and %s.", output_dir / "results.json", output_dir / "results.md")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(rewrite_gin_args(argv)))

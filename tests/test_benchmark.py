@@ -1,0 +1,105 @@
+"""The timing harness and scripts/benchmark.py end to end. No timing is asserted: speed is measured
+by the benchmarks, never by tests."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from speculative_t5x import benchmark
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROW_KEYS = {"task", "drafter", "temperature", "gamma", "alpha", "tokens_per_target_call", "c",
+            "verify_cost", "speedup", "predicted", "predicted_hw", "efficiency", "baseline_ms",
+            "speculative_ms", "outputs_match_baseline"}
+
+
+def test_timing_statistics_from_known_times():
+  timing = benchmark.Timing.from_seconds([0.004, 0.001, 0.003, 0.002, 0.005])
+  assert (timing.median_ms, timing.min_ms, timing.max_ms, timing.repeats) == (3.0, 1.0, 5.0, 5)
+  assert timing.iqr_ms == pytest.approx(2.0)  # percentiles 25 and 75 of 1..5 ms: 2 and 4.
+  per_step = timing.per_step(4)
+  assert (per_step.median_ms, per_step.iqr_ms, per_step.repeats) == (0.75, 0.5, 5)
+
+
+def test_time_call_on_a_trivial_jitted_function():
+  calls = []
+
+  def double(x):
+    calls.append(None)  # runs at trace time only: one compilation.
+    return x * 2
+
+  timing = benchmark.time_call(jax.jit(double), jnp.ones((8,)), repeats=5, warmup=2)
+  assert len(calls) == 1
+  assert timing.repeats == 5
+  assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
+  assert 0 <= timing.iqr_ms <= timing.max_ms - timing.min_ms
+  assert set(timing.as_dict()) == {"median_ms", "min_ms", "max_ms", "iqr_ms", "repeats"}
+
+
+@pytest.mark.parametrize("repeats, warmup", [(0, 1), (3, -1)])
+def test_time_call_rejects_bad_counts(repeats, warmup):
+  with pytest.raises(ValueError, match="repeats >= 1 and warmup >= 0"):
+    benchmark.time_call(jax.jit(lambda x: x), 1.0, repeats=repeats, warmup=warmup)
+
+
+def test_decode_geometry_fits_the_timed_blocks():
+  geometry = benchmark.DecodeGeometry.for_decoding(encoder_length=16, decode_length=32, max_k=8,
+                                                   steps_per_call=8)
+  assert (geometry.cache_length, geometry.position) == (40, 16)
+  geometry.check(8)
+  short = benchmark.DecodeGeometry.for_decoding(4, 4, max_k=3, steps_per_call=2)
+  assert short.position + short.steps_per_call - 1 + 3 <= short.cache_length
+  with pytest.raises(ValueError, match="lower steps_per_call"):
+    benchmark.DecodeGeometry.for_decoding(4, 2, max_k=3, steps_per_call=8)
+
+
+def test_random_drafter_kinds():
+  config = object()  # only passed through for 'copy'
+  params = {"w": np.ones(2)}
+  assert benchmark.random_drafter("copy", config, params, None, seed=1) == (config, params)
+  with pytest.raises(ValueError, match="unknown random drafter kind 'twin'"):
+    benchmark.random_drafter("twin", config, params, None, seed=1)
+
+
+def test_random_tokens_avoid_special_ids():
+  tokens = np.asarray(benchmark.random_tokens(jax.random.PRNGKey(0), 6, (4, 50)))
+  assert tokens.dtype == np.int32 and tokens.shape == (4, 50)
+  assert tokens.min() >= 3 and tokens.max() < 6
+
+
+def test_benchmark_script_end_to_end(tmp_path):
+  """The default tiny random pair, 1 example, 1 repeat, gammas 1 and 2, temperatures 0 and 1."""
+  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
+             f"--output_dir={tmp_path}", "--num_examples=1", "--repeats=1", "--warmup=0",
+             "--cost_repeats=1", "--steps_per_call=1", "--gammas=1,2", "--temperatures=0,1",
+             "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+  assert completed.returncode == 0, completed.stderr[-4000:]
+
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert set(results) == {"run", "costs", "rows"}
+  assert results["run"]["task_feature_lengths"] == {"inputs": 8, "targets": 8}
+  rows = results["rows"]
+  settings = {(r["drafter"], r["temperature"], r["gamma"]) for r in rows}
+  assert settings == {(d, t, g) for d in ("random, independent", "random, copy of target")
+                      for t in (0.0, 1.0) for g in (1, 2)}
+  for row in rows:
+    assert ROW_KEYS <= set(row)
+    assert 0.0 <= row["alpha"] <= 1.0 and row["tokens_per_target_call"] >= 1.0
+    assert row["c"] > 0 and row["verify_cost"] > 0
+    if row["temperature"] == 0:  # greedy speculative decoding reproduces the baseline exactly.
+      assert row["outputs_match_baseline"] == 1.0
+  for row in rows:
+    if row["drafter"] == "random, copy of target" and row["temperature"] == 0:
+      assert row["alpha"] > 0.9  # the drafter is the target: its argmax is the target's.
+  assert set(results["costs"]["random, copy of target"]["verify_cost"]) == {"1", "2"}
+  table = (tmp_path / "results.md").read_text()
+  assert "| task | drafter | temp | gamma | alpha |" in table
