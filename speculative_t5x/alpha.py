@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from speculative_t5x import decoding
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -61,3 +62,50 @@ def beta_totals(target_config: network.T5Config, target_params, drafter: drafter
   beta = jnp.sum(jnp.minimum(p, q), axis=-1)
   valid = generated_positions(sequences, eos_id)
   return jnp.sum(jnp.where(valid, beta, 0.0), axis=1), jnp.sum(valid, axis=1)
+
+
+def measure(target_config: network.T5Config, target_params, drafters: dict, encoder_batches,
+            decode_length: int, temperature: float, eos_id: int, num_tokens: int,
+            topk: int = 0, topp: float = 0.0, seed: int = 0) -> dict:
+  """Table 3's alpha of each drafter over about `num_tokens` target-generated tokens.
+
+  Args:
+    drafters: name -> (drafters.Drafter, params).
+    encoder_batches: an iterable of encoder input arrays [B, Le]; consumed until `num_tokens`
+      generated positions are counted (or it runs out).
+  Returns:
+    {name: {'alpha': ..., 'tokens': ...}}.
+  """
+  module = network.Transformer(target_config)
+
+  @jax.jit
+  def generate(params, encoder_tokens, rng):
+    encoded = module.apply({"params": params}, encoder_tokens, method=module.encode)
+    cache = module.apply({"params": params}, encoded, encoder_tokens, decode_length,
+                         method=module.init_decode_cache)
+
+    def tokens_to_logits(state):
+      logits, new_cache = module.apply({"params": params}, state.cur_token, state.cache,
+                                       state.cur_index, method=module.decode)
+      return logits[:, 0], new_cache
+
+    decodes, _ = decoding.temperature_sample(
+        jnp.zeros((encoder_tokens.shape[0], decode_length), jnp.int32), cache, tokens_to_logits,
+        eos_id, decode_rng=rng, temperature=temperature, topk=topk, topp=topp)
+    return decodes[:, -1]
+
+  scorers = {name: jax.jit(lambda tp, dp, enc, seq, d=drafter: beta_totals(
+      target_config, tp, d, dp, enc, seq, eos_id, temperature, topk, topp))
+             for name, (drafter, _) in drafters.items()}
+  totals = {name: [0.0, 0] for name in drafters}
+  rng = jax.random.PRNGKey(seed)
+  for encoder_tokens in encoder_batches:
+    rng, step_rng = jax.random.split(rng)
+    sequences = generate(target_params, jnp.asarray(encoder_tokens, jnp.int32), step_rng)
+    for name, (_, drafter_params) in drafters.items():
+      beta_sum, count = scorers[name](target_params, drafter_params, encoder_tokens, sequences)
+      totals[name][0] += float(jnp.sum(beta_sum))
+      totals[name][1] += int(jnp.sum(count))
+    if max(n for _, n in totals.values()) >= num_tokens:
+      break
+  return {name: {"alpha": s / max(n, 1), "tokens": n} for name, (s, n) in totals.items()}

@@ -45,3 +45,15 @@ def test_greedy_unigram_alpha_counts_matches_of_its_argmax():
   valid = np.asarray(alpha.generated_positions(sequences, EOS))
   np.testing.assert_allclose(beta_sum, ((greedy == 5) & valid).sum(1))
   np.testing.assert_array_equal(count, valid.sum(1))
+
+
+def test_measure_counts_generated_tokens_and_scores_each_drafter():
+  params, enc, _ = _setup()
+  other = network.init_params(CFG, jax.random.PRNGKey(7))
+  result = alpha.measure(CFG, params, {"self": (drafters.T5Drafter(CFG), params),
+                                       "other": (drafters.T5Drafter(CFG), other)},
+                         [enc, enc], decode_length=5, temperature=1.0, eos_id=EOS, num_tokens=6)
+  assert result["self"]["tokens"] == result["other"]["tokens"] >= 6
+  assert result["self"]["tokens"] <= 4 * 5  # stopped after the first batch
+  np.testing.assert_allclose(result["self"]["alpha"], 1.0, rtol=1e-5)
+  assert 0.0 < result["other"]["alpha"] < 1.0
