@@ -1,9 +1,9 @@
-"""Tests of speculative_t5x/tasks.py (seqio tasks, metrics, truncation) and of the demo corpus
-builder scripts/build_demo_corpus.py, on TFDS mock data, seqio's test vocabulary and tiny .mo files
-written here."""
+"""Tests of speculative_t5x/tasks.py (seqio tasks, metrics, truncation), of the demo corpus builder
+speculative_t5x/demo_corpus.py and of its front end scripts/build_demo_corpus.py (run in a
+subprocess, so its absl flags stay out of this process), on TFDS mock data, seqio's test vocabulary
+and tiny .mo files written here."""
 import gettext
 import importlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -17,6 +17,7 @@ import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from speculative_t5x import demo_corpus as corpus
 from speculative_t5x import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -24,17 +25,6 @@ TEST_VOCABULARY_PATH = (pathlib.Path(seqio.__file__).parent / "test_data" / "sen
                         "sentencepiece.model")
 SUFFIX = "_test_vocab"
 EOS_ID = 1
-
-
-def _load_corpus_script():
-  spec = importlib.util.spec_from_file_location(
-      "build_demo_corpus", REPO_ROOT / "scripts" / "build_demo_corpus.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-corpus = _load_corpus_script()
 
 
 @pytest.fixture(scope="module")
