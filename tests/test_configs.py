@@ -1,0 +1,223 @@
+"""Every gin file under configs/ parses and binds; the paper's files match its Table 2.
+
+"Binds" means: with test values for the macros a file leaves %gin.REQUIRED, the config finalizes,
+every macro evaluates (model macros build their T5Configs) and every dataclass the file configures
+without a scope (inference.InferConfig, the scripts' setups) constructs and validates.
+
+Files whose configurables live in a script (scripts/benchmark.py's `benchmark_script`, ...) are
+checked in a subprocess that imports the scripts one at a time, removing each one's absl flags
+before the next: scripts define flags of the same names, which must not meet in the pytest process.
+"""
+import dataclasses
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from speculative_t5x import inference
+from speculative_t5x import network  # noqa: F401  (registers network.T5Config)
+from speculative_t5x import tasks
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+GIN_FILES = sorted(str(path.relative_to(REPO_ROOT))
+                   for path in (REPO_ROOT / "configs").rglob("*.gin"))
+# What a command line would give for the macros run files leave %gin.REQUIRED.
+REQUIRED_VALUES = {
+    "MIXTURE_OR_TASK_NAME": "'wmt_t2t_ende_v003'",
+    "TASK_FEATURE_LENGTHS": "{'inputs': 8, 'targets': 8}",
+    "CHECKPOINT_PATH": "'/checkpoints/target'",
+    "DRAFTER_CHECKPOINT_PATH": "'/checkpoints/drafter'",
+    "INFER_OUTPUT_DIR": "'/tmp/infer'",
+    "TARGET_CONFIG": "@network.T5Config()",
+    "DRAFTER_CONFIG": "@network.T5Config()",
+    "MODEL_CONFIG": "@network.T5Config()",
+}
+T5_CONFIG_DEFAULTS = ["network.T5Config.vocab_size = 32"]
+# (paper file, task, drafter emb_dim, temperature, gamma): Table 2 of the paper, row by row.
+TABLE_2 = [
+    ("ende_small_t0", "wmt_t2t_ende_v003", 512, 0.0, 7),
+    ("ende_base_t0", "wmt_t2t_ende_v003", 768, 0.0, 7),
+    ("ende_large_t0", "wmt_t2t_ende_v003", 1024, 0.0, 7),
+    ("ende_small_t1", "wmt_t2t_ende_v003", 512, 1.0, 7),
+    ("ende_base_t1", "wmt_t2t_ende_v003", 768, 1.0, 5),
+    ("ende_large_t1", "wmt_t2t_ende_v003", 1024, 1.0, 3),
+    ("cnndm_small_t0", "cnn_dailymail_v002", 512, 0.0, 5),
+    ("cnndm_base_t0", "cnn_dailymail_v002", 768, 0.0, 5),
+    ("cnndm_large_t0", "cnn_dailymail_v002", 1024, 0.0, 3),
+    ("cnndm_small_t1", "cnn_dailymail_v002", 512, 1.0, 5),
+    ("cnndm_base_t1", "cnn_dailymail_v002", 768, 1.0, 3),
+    ("cnndm_large_t1", "cnn_dailymail_v002", 1024, 1.0, 3),
+]
+_BINDING = re.compile(r"^([A-Za-z_][\w./]*)\.\w+ = ", re.MULTILINE)
+_MACRO = re.compile(r"^(\w+) = ", re.MULTILINE)
+_INCLUDE = re.compile(r"^include '([^']+)'", re.MULTILINE)
+
+
+@gin.configurable("config_probe")
+def _probe(value):
+  """Returns what gin passes it: `scope/config_probe.value = %MACRO` evaluates MACRO."""
+  return value
+
+
+def check_gin_files(files) -> dict:
+  """Parses `files` with test values for the unset required macros, finalizes, evaluates every
+  macro and constructs every unscoped dataclass configurable; returns {macro or class name:
+  repr(value)}."""
+  gin.clear_config()
+  try:
+    gin.add_config_file_search_path(str(REPO_ROOT))
+    gin.parse_config_files_and_bindings(list(files), [], finalize_config=False)
+    missing = inference.unset_required_macros()
+    unknown = sorted(set(missing) - set(REQUIRED_VALUES))
+    assert not unknown, f"{files} leave {unknown} %gin.REQUIRED: add test values to REQUIRED_VALUES"
+    macros = sorted(set(_MACRO.findall(gin.config_str())))
+    gin.parse_config([f"{name} = {REQUIRED_VALUES[name]}" for name in missing] +
+                     [f"macro_{name}/config_probe.value = %{name}" for name in macros] +
+                     T5_CONFIG_DEFAULTS)
+    gin.finalize()
+    values = {}
+    for name in macros:
+      with gin.config_scope(f"macro_{name}"):
+        values[name] = _probe()
+    for selector in sorted(set(_BINDING.findall(gin.config_str()))):
+      configurable = gin.get_configurable(selector) if "/" not in selector else None
+      if dataclasses.is_dataclass(configurable) and configurable is not network.T5Config:
+        values[configurable.__name__] = configurable()
+    if "MIXTURE_OR_TASK_NAME" in values:
+      tasks.get_task(values["MIXTURE_OR_TASK_NAME"])
+    return {name: repr(value) for name, value in values.items()}
+  finally:
+    gin.clear_config()
+
+
+def _script_modules() -> dict[str, str]:
+  """{gin module name: script path} of the configurables defined in scripts/*.py."""
+  modules = {}
+  for script in sorted((REPO_ROOT / "scripts").glob("*.py")):
+    for module in re.findall(r"@gin\.configurable\(module=\"(\w+)\"\)", script.read_text()):
+      modules[module] = str(script)
+  return modules
+
+
+def _text_with_includes(path: str) -> str:
+  text = (REPO_ROOT / path).read_text()
+  return text + "".join(_text_with_includes(include) for include in _INCLUDE.findall(text))
+
+
+def _needed_script(path: str) -> str | None:
+  text = _text_with_includes(path)
+  scripts = {script for module, script in _script_modules().items()
+             if re.search(rf"\b{module}\.", text)}
+  assert len(scripts) <= 1, f"{path} configures several scripts: {sorted(scripts)}"
+  return scripts.pop() if scripts else None
+
+
+IN_PROCESS = [path for path in GIN_FILES if _needed_script(path) is None]
+BY_SCRIPT = {}
+for _path in GIN_FILES:
+  if _path not in IN_PROCESS:
+    BY_SCRIPT.setdefault(_needed_script(_path), []).append(_path)
+BENCHMARK_SCRIPT = str(REPO_ROOT / "scripts" / "benchmark.py")
+BENCHMARK_GIN = "configs/runs/benchmark.gin"
+# The paper's files, each after benchmark.gin: scripts/benchmark.py times a Table 2 row this way.
+PAPER_WITH_BENCHMARK = [[BENCHMARK_GIN, f"configs/paper/{row[0]}.gin"] for row in TABLE_2]
+
+_SUBPROCESS = """
+import importlib.util, json, sys
+from absl import flags
+sys.path.insert(0, {tests!r})
+import test_configs
+results = {{}}
+for index, (script, combos) in enumerate({runs!r}):
+  spec = importlib.util.spec_from_file_location(f"script_under_test_{{index}}", script)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  spec.loader.exec_module(module)
+  for files in combos:
+    try:
+      results[" + ".join(files)] = test_configs.check_gin_files(files)
+    except Exception as e:
+      results[" + ".join(files)] = f"{{type(e).__name__}}: {{e}}"
+  for flag in flags.FLAGS.get_flags_for_module(spec.name):
+    delattr(flags.FLAGS, flag.name)
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def script_results() -> dict:
+  """{' + '.join(files): {name: repr} or an error string} for the files that need a script."""
+  runs = []
+  for script, paths in BY_SCRIPT.items():
+    combos = [[path] for path in paths]
+    if script == BENCHMARK_SCRIPT:
+      combos += PAPER_WITH_BENCHMARK
+    runs.append((script, combos))
+  code = _SUBPROCESS.format(tests=str(REPO_ROOT / "tests"), runs=runs)
+  run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=300, check=False)
+  lines = [line for line in run.stdout.splitlines() if line.startswith("RESULTS ")]
+  assert run.returncode == 0 and lines, run.stderr
+  return json.loads(lines[-1][len("RESULTS "):])
+
+
+def test_infer_and_paper_files_need_no_script():
+  assert {"configs/runs/infer.gin"} | {f"configs/paper/{row[0]}.gin" for row in TABLE_2} <= set(
+      IN_PROCESS)
+
+
+@pytest.mark.parametrize("path", IN_PROCESS)
+def test_gin_file_parses_and_binds(path):
+  check_gin_files([path])
+
+
+@pytest.mark.parametrize("path", [path for paths in BY_SCRIPT.values() for path in paths])
+def test_script_gin_file_parses_and_binds(path, script_results):
+  assert isinstance(script_results[path], dict), script_results[path]
+
+
+@pytest.mark.parametrize("name, task, drafter_emb_dim, temperature, gamma", TABLE_2)
+def test_paper_file_is_its_table_2_row(name, task, drafter_emb_dim, temperature, gamma):
+  bindings = ["CHECKPOINT_PATH = 'gs://b/xxl'", "DRAFTER_CHECKPOINT_PATH = 'gs://b/drafter'",
+              "INFER_OUTPUT_DIR = '/tmp/out'"]
+  gin.clear_config()
+  try:
+    config = inference.parse_gin([f"configs/paper/{name}.gin"], bindings)
+  finally:
+    gin.clear_config()
+  target = config.target_config
+  assert (target.emb_dim, target.num_heads, target.num_encoder_layers, target.mlp_dim,
+          target.dtype) == (4096, 64, 24, 10240, "bfloat16")
+  assert config.drafter_config.emb_dim == drafter_emb_dim
+  assert (config.mixture_or_task_name, config.temperature, config.gamma) == (
+      task, temperature, gamma)
+  assert (config.decoder, config.drafter_kind, config.restore_dtype, config.split) == (
+      "speculative", "t5", "bfloat16", "test")
+  assert config.checkpoint_path == "gs://b/xxl" and config.random_init_seed is None
+
+
+def test_paper_files_leave_the_checkpoints_required():
+  gin.clear_config()
+  try:
+    with pytest.raises(inference.ConfigError, match="CHECKPOINT_PATH, DRAFTER_CHECKPOINT_PATH, "
+                       "INFER_OUTPUT_DIR are %gin.REQUIRED"):
+      inference.parse_gin(["configs/paper/ende_small_t0.gin"])
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.skipif(not (REPO_ROOT / BENCHMARK_GIN).exists(), reason="no benchmark run file")
+@pytest.mark.parametrize("name, task, drafter_emb_dim, temperature, gamma", TABLE_2)
+def test_paper_file_configures_the_benchmark(name, task, drafter_emb_dim, temperature, gamma,
+                                             script_results):
+  result = script_results[" + ".join([BENCHMARK_GIN, f"configs/paper/{name}.gin"])]
+  assert isinstance(result, dict), result
+  setup = result["BenchmarkSetup"]
+  assert f"gammas=({gamma},)" in setup and f"temperatures=({temperature},)" in setup
+  assert "emb_dim=4096" in setup and f"emb_dim={drafter_emb_dim}" in setup
+  assert result["TASK_FEATURE_LENGTHS"] == repr(
+      {"inputs": 64, "targets": 64} if task.startswith("wmt") else {"inputs": 512, "targets": 128})
