@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import network
+from speculative_t5x import sampling
 
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 1
@@ -151,21 +152,24 @@ class DecodeGeometry:
 
 
 def _feedback_tokens(logits: jax.Array) -> jax.Array:
-  """logits [B, k, V] -> next input tokens [B, k]: a function of every logit, so nothing is dead
-  code or loop-invariant, but a plain sum rather than an argmax, which on XLA:CPU costs as much as
-  a tiny model's whole step."""
+  """logits [B, k, V] -> next input tokens [B, k]: a function of every logit (so nothing is dead
+  code or loop-invariant) that costs next to nothing: the network alone is timed."""
   return jnp.where(jnp.sum(logits, axis=-1) > 0, _FIRST_NON_SPECIAL_ID + 1,
                    _FIRST_NON_SPECIAL_ID).astype(jnp.int32)
 
 
 def decode_step_timing(config: network.T5Config, params: dict, k: int, geometry: DecodeGeometry,
-                       *, batch: int = 1, repeats: int = DEFAULT_REPEATS,
-                       warmup: int = DEFAULT_WARMUP, seed: int = 0) -> Timing:
+                       *, temperature: float | None = None, batch: int = 1,
+                       repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
+                       seed: int = 0) -> Timing:
   """Per-step time of `Transformer.decode` on k tokens [batch, k] against a cache of
   `geometry.cache_length` after an encoder input [batch, geometry.encoder_length].
 
   Step i of each call decodes at cache_index = position + i, writes the cache in place and feeds
   back tokens computed from its logits; the call's time is divided by `geometry.steps_per_call`.
+  With `temperature` None only the network is timed; with a temperature the step is what the
+  decoding loops run per call: the network, the standardized distribution of all k positions
+  (`sampling.Standardizer`) and a draw from each, the drawn tokens being fed back.
   """
   geometry.check(k)
   module = network.Transformer(config)
@@ -179,13 +183,18 @@ def decode_step_timing(config: network.T5Config, params: dict, k: int, geometry:
     return module.apply({"params": params}, encoded, encoder_tokens, geometry.cache_length,
                         method=module.init_decode_cache)
 
+  rng, temp = jax.random.PRNGKey(seed), jnp.float32(temperature or 0.0)
+
   @jax.jit
   def run(params, cache, tokens):
     def step(i, carry):
       cache, tokens = carry
       index = jnp.full((batch,), geometry.position, jnp.int32) + i
       logits, cache = module.apply({"params": params}, tokens, cache, index, method=module.decode)
-      return cache, _feedback_tokens(logits)
+      if temperature is None:
+        return cache, _feedback_tokens(logits)
+      standardize = sampling.Standardizer(temp)
+      return cache, standardize.draw(jax.random.fold_in(rng, i), standardize(logits))
     return jax.lax.fori_loop(0, geometry.steps_per_call, step, (cache, tokens))[1]
 
   cache = prepare(params, encoder_tokens)
@@ -225,10 +234,12 @@ class DecodeCosts:
 
 def measure_costs(target_config: network.T5Config, target_params: dict,
                   drafters: Mapping[str, tuple[network.T5Config, dict]], gammas: Sequence[int],
-                  geometry: DecodeGeometry, *, repeats: int = DEFAULT_REPEATS,
+                  geometry: DecodeGeometry, *, temperature: float | None = None,
+                  repeats: int = DEFAULT_REPEATS,
                   warmup: int = DEFAULT_WARMUP) -> dict[str, DecodeCosts]:
   """Costs of the target against each drafter, all timed in `geometry`
-  (see `DecodeGeometry.for_decoding`).
+  (see `DecodeGeometry.for_decoding`); with a `temperature`, every step includes standardizing
+  and drawing from its logits, as the decoding loops do (see `decode_step_timing`).
 
   The target's single-token step and its steps on gamma + 1 tokens (every gamma) are timed once
   and shared; each drafter's single-token step is timed, except for a drafter that is the target
@@ -242,7 +253,7 @@ def measure_costs(target_config: network.T5Config, target_params: dict,
   if not gammas or min(gammas) < 1:
     raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
   timing = lambda config, params, k: decode_step_timing(  # noqa: E731
-      config, params, k, geometry, repeats=repeats, warmup=warmup)
+      config, params, k, geometry, temperature=temperature, repeats=repeats, warmup=warmup)
   target_step = timing(target_config, target_params, 1)
   verify = {int(g): timing(target_config, target_params, int(g) + 1) for g in sorted(set(gammas))}
   costs = {}
