@@ -53,6 +53,7 @@ import tqdm
 from speculative_t5x import benchmark
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
+from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import theory
@@ -103,19 +104,6 @@ class BenchmarkSetup:
   drafter_checkpoint_path: str | None = None
   random_drafters: Sequence[str] = benchmark.RANDOM_DRAFTER_KINDS
   seed: int = 0
-
-
-def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
-  """--gin.NAME=value -> --gin_bindings=NAME = value (T5X's shorthand)."""
-  rewritten = []
-  for arg in argv:
-    if arg.startswith("--gin."):
-      if "=" not in arg:
-        raise ValueError(f"{arg} has no value: write --gin.NAME=value.")
-      name, value = arg[len("--gin."):].split("=", 1)
-      arg = f"--gin_bindings={name} = {value}"
-    rewritten.append(arg)
-  return rewritten
 
 
 def load_setup() -> BenchmarkSetup:
@@ -355,4 +343,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(rewrite_gin_args(argv)))
+  app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(
+      inference.rewrite_gin_args(argv)))
