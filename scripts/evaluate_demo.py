@@ -1,0 +1,135 @@
+r"""Assembles the demo pair from two training runs and measures what its model card reports.
+
+  python scripts/evaluate_demo.py --target_run=/tmp/demo_target --drafter_run=/tmp/demo_drafter \
+    --pair_dir=demo_models --output_dir=/tmp/demo_eval
+
+With --target_run and --drafter_run (scripts/train.py model dirs), it first writes the pair with
+`checkpoints.save_pair` into --pair_dir (float32 parameters and config.json per member, plus each
+run's train_summary.json) and copies the corpus vocabulary beside it. Then, on the pair in
+--pair_dir, it measures
+  - BLEU of the target's and the drafter's greedy decodes on the demo task's --split, with their
+    teacher-forced loss and accuracy (`training.evaluate`);
+  - whether greedy speculative decoding (every gamma in --gammas) reproduces the baseline's greedy
+    output token for token on the first --check_examples examples, with its alpha and tokens
+    per target call;
+and writes OUTPUT_DIR/evaluation.json, plus OUTPUT_DIR/test_inputs.txt: the first --num_inputs
+source sentences of the split with the task prefix, for the timed batch-1 runs of
+scripts/benchmark.py (configs/demo/benchmark.gin), which measure alpha, c and the speedup.
+"""
+import json
+import os
+import pathlib
+import shutil
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import numpy as np
+
+from speculative_t5x import checkpoints
+from speculative_t5x import decoding
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import tasks
+from speculative_t5x import training
+
+MEMBERS = ("target", "drafter")
+FEATURE_LENGTHS = {"inputs": 48, "targets": 48}  # configs/runs/train.gin's TASK_FEATURE_LENGTHS
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("pair_dir", "demo_models", "Directory of the pair (checkpoints.save_pair).")
+flags.DEFINE_string("target_run", None, "scripts/train.py model dir of the target to export.")
+flags.DEFINE_string("drafter_run", None, "scripts/train.py model dir of the drafter to export.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing pair in --pair_dir when exporting.")
+flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/demo_eval",
+                    "Directory for evaluation.json and test_inputs.txt.")
+flags.DEFINE_string("split", "test", "Split of the demo task to evaluate on.")
+flags.DEFINE_integer("max_examples", None, "Evaluate on the first examples only (default: all).")
+flags.DEFINE_integer("batch_size", 100, "Batch size of the BLEU decodes.")
+flags.DEFINE_list("gammas", [str(g) for g in range(1, 9)], "Gammas of the greedy equality check.")
+flags.DEFINE_integer("check_examples", 100, "Examples of the greedy equality check.")
+flags.DEFINE_integer("num_inputs", 32, "Source sentences written to test_inputs.txt.")
+
+
+def export_pair(pair_dir: pathlib.Path, target_run: str, drafter_run: str) -> None:
+  """save_pair of the two runs' exported models, their summaries, and the task vocabulary."""
+  members = []
+  for run in (target_run, drafter_run):
+    params, config = checkpoints.restore_model(os.path.join(run, training.EXPORT_DIR))
+    members += [params, config]
+  checkpoints.save_pair(pair_dir, *members, overwrite=FLAGS.overwrite)
+  for member, run in zip(MEMBERS, (target_run, drafter_run)):
+    shutil.copy(os.path.join(run, training.SUMMARY_FILE), pair_dir / member)
+  shutil.copy(tasks.demo_data_dir() / tasks.DEMO_VOCABULARY_FILE, pair_dir)
+
+
+def greedy_check(target_config, drafter_config, params, examples: training.EvalSet,
+                 vocabulary, gammas) -> dict:
+  """Greedy speculative decodes vs the baseline's on `examples.batches[0]`, per gamma."""
+  batch, n = examples.batches[0], examples.rows[0]
+  target = network.Transformer(target_config)
+  baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
+  expected = np.asarray(baseline(params["target"], batch, jax.random.PRNGKey(0), 0.0)[0])[:n]
+  results = {}
+  for gamma in gammas:
+    model = models.SpeculativeEncoderDecoderModel(target, network.Transformer(drafter_config),
+                                                  vocabulary, vocabulary, gamma=gamma)
+    decodes, aux = model.jit_predict()(params, batch, jax.random.PRNGKey(0), 0.0)
+    stats = {k: np.asarray(v)[:n] for k, v in aux["speculative_stats"].items()}
+    summary = decoding.stats_summary(stats)
+    results[gamma] = {"identical_rows": int(np.all(np.asarray(decodes)[:n] == expected, axis=1)
+                                            .sum()), "rows": n,
+                      "alpha": summary["alpha"],
+                      "tokens_per_target_call": summary["tokens_per_target_call"]}
+    print(f"gamma {gamma}: {results[gamma]}", file=sys.stderr)
+  return results
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO.
+  pair_dir = pathlib.Path(FLAGS.pair_dir)
+  if bool(FLAGS.target_run) != bool(FLAGS.drafter_run):
+    raise app.UsageError("give both --target_run and --drafter_run (to export a pair) or neither.")
+  if FLAGS.target_run:
+    export_pair(pair_dir, FLAGS.target_run, FLAGS.drafter_run)
+  (target_params, target_config), (drafter_params, drafter_config) = (
+      checkpoints.restore_pair(pair_dir))
+  vocabulary = tasks.get_vocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
+  task = tasks.register_demo_task(vocabulary=vocabulary)
+
+  report = {"pair_dir": str(pair_dir), "split": FLAGS.split}
+  examples = training.eval_set(task, FLAGS.split, FEATURE_LENGTHS, FLAGS.batch_size,
+                               FLAGS.max_examples)
+  for member, params, config in (("target", target_params, target_config),
+                                 ("drafter", drafter_params, drafter_config)):
+    model = models.EncoderDecoderModel(network.Transformer(config), vocabulary, vocabulary)
+    metrics, predictions = training.evaluate(model, params, examples)
+    report[member] = {"parameters": int(sum(np.size(x) for x in jax.tree.leaves(params))),
+                      **metrics, "examples": len(examples.references),
+                      "samples": [{"reference": r, "prediction": p} for r, p in
+                                  zip(examples.references[:5], predictions[:5])]}
+    print(f"{member}: {metrics}", file=sys.stderr)
+
+  check = training.eval_set(task, FLAGS.split, FEATURE_LENGTHS, FLAGS.check_examples,
+                            FLAGS.check_examples)
+  report["greedy_check"] = greedy_check(
+      target_config, drafter_config, {"target": target_params, "drafter": drafter_params}, check,
+      vocabulary, [int(g) for g in FLAGS.gammas])
+
+  output_dir = pathlib.Path(FLAGS.output_dir)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  dataset = tasks.get_task(task).get_dataset(FEATURE_LENGTHS, split=FLAGS.split, shuffle=False,
+                                             use_cached=False).take(FLAGS.num_inputs)
+  lines = [ex["inputs_pretokenized"].decode("utf-8") for ex in dataset.as_numpy_iterator()]
+  (output_dir / "test_inputs.txt").write_text("\n".join(lines) + "\n")
+  (output_dir / "evaluation.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
+  print(json.dumps({m: {k: report[m][k] for k in ("parameters", "bleu", "eval_loss")}
+                    for m in MEMBERS}, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,65 @@
+r"""Trains a T5 1.1 model T5X-style (gin-configured); rerunning with the same --model_dir resumes.
+
+  python scripts/train.py --gin_file=configs/demo/train_target.gin --model_dir=/tmp/demo_target
+  python scripts/train.py --gin_file=configs/runs/train.gin \
+    --gin_file=configs/models/t5_1_1_tiny.gin --gin.MODEL_CONFIG=%T5_1_1_TINY --gin.NUM_STEPS=100 \
+    --model_dir=/tmp/tiny
+
+Distilling a drafter on a trained target's own greedy decodes:
+
+  python scripts/train.py --gin_file=configs/demo/train_drafter.gin --model_dir=/tmp/drafter \
+    --distill_from=/tmp/demo_target/model
+
+Writes orbax checkpoints to MODEL_DIR/checkpoints, the final model (checkpoints.save_model) to
+MODEL_DIR/model, the summary to MODEL_DIR/train_summary.json and the gin config to
+MODEL_DIR/config.gin. See speculative_t5x/training.py for what `train` does.
+"""
+import os
+import pathlib
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import gin
+
+from speculative_t5x import inference
+from speculative_t5x import training
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", None,
+                          "Gin files (relative to the repository root or the working directory).")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
+flags.DEFINE_string("model_dir", None, "Directory for checkpoints, the exported model and logs.")
+flags.DEFINE_string("distill_from", None, "A checkpoints.save_model directory (e.g. a trained "
+                    "target's MODEL_DIR/model): train on its decodes instead of the references.")
+flags.DEFINE_float("distill_temperature", None, "Teacher sampling temperature (0: greedy).")
+flags.mark_flags_as_required(["gin_file", "model_dir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO.
+  gin.add_config_file_search_path(str(REPO_ROOT))
+  bindings = list(FLAGS.gin_bindings)
+  if FLAGS.distill_from:
+    bindings += [f"training.train.distill_from = '{FLAGS.distill_from}'",
+                 "training.train.pack = False"]
+  if FLAGS.distill_temperature is not None:
+    bindings.append(f"training.train.distill_temperature = {FLAGS.distill_temperature}")
+  gin.parse_config_files_and_bindings(FLAGS.gin_file, bindings)
+  os.makedirs(FLAGS.model_dir, exist_ok=True)
+  with open(os.path.join(FLAGS.model_dir, "config.gin"), "w") as f:
+    f.write(gin.config_str())
+  summary = training.train(FLAGS.model_dir)
+  print(f"{summary['steps']} steps in {summary['train_seconds']:.0f} s: train loss "
+        f"{summary['train'].get('loss', float('nan')):.4f}, eval {summary['eval']}; model in "
+        f"{os.path.join(FLAGS.model_dir, training.EXPORT_DIR)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(
+      inference.rewrite_gin_args(argv)))
