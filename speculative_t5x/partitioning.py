@@ -35,7 +35,8 @@ from speculative_t5x import network
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
 MESH_AXES = (DATA_AXIS, MODEL_AXIS)
-Rules = tuple[tuple[str, Any], ...]  # (logical axis name, mesh axis or None) pairs, in priority order
+# (logical axis name, mesh axis, tuple of mesh axes or None) pairs, earlier ones first.
+Rules = tuple[tuple[str, Any], ...]
 
 # Logical names of batch-first decoding state (caches, drafter state) and batch arrays, by rank.
 _STATE_AXES_BY_RANK = {
@@ -110,11 +111,18 @@ def make_mesh(num_partitions: int | None = None, mesh_shape: Sequence[int] | Non
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
 
 
+def _axes_tuple(mesh_axes) -> tuple[str, ...]:
+  """None, 'model' or ('data', 'model') -> a tuple of mesh axis names."""
+  if mesh_axes is None:
+    return ()
+  return mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)
+
+
 def check_rules(rules: Rules, mesh: Mesh) -> None:
   """Raises ValueError if a rule names a mesh axis the mesh lacks."""
   for name, mesh_axes in rules:
-    for axis in (mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)):
-      if axis is not None and axis not in mesh.axis_names:
+    for axis in _axes_tuple(mesh_axes):
+      if axis not in mesh.axis_names:
         raise ValueError(f"logical axis rule ({name!r}, {mesh_axes!r}) names mesh axis {axis!r}, "
                          f"but the mesh has axes {mesh.axis_names}.")
 
@@ -137,7 +145,7 @@ def _sharding(names, shape, mesh: Mesh, rules: Rules, where: str) -> NamedShardi
   """One array's NamedSharding; raises ValueError if a sharded dimension does not divide."""
   spec = logical_to_spec(names, rules, where)
   for dim, (size, mesh_axes) in enumerate(zip(shape, spec)):
-    axes = () if mesh_axes is None else (mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,))
+    axes = _axes_tuple(mesh_axes)
     parts = math.prod(mesh.shape[a] for a in axes)
     if size % parts:
       raise ValueError(f"{where} has shape {tuple(shape)}: dimension {dim} ({names[dim]}, size "

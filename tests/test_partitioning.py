@@ -4,7 +4,8 @@ Tests in this process see one CPU device. The sharded tests read the results of
 tests/sharded_check.py, run once in a subprocess with 8 simulated CPU devices: greedy decodes on
 meshes 1x8, 2x4 and 8x1 equal the unsharded decode token for token, with equal statistics;
 sampling gives valid sequences with the statistics' shapes; each device holds 1/N of every
-mlp-sharded kernel (N = the 'model' axis size) and all of every replicated drafter kernel.
+mlp-sharded kernel (N = the 'model' axis size) and all of every replicated drafter kernel; inside
+the compiled loop the caches are split like the parameters that write them.
 """
 import json
 import os
@@ -14,11 +15,13 @@ import sys
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import seqio
 from jax.sharding import PartitionSpec as P
 
-from speculative_t5x import network, partitioning
+from speculative_t5x import drafters, models, network, partitioning
 
 HERE = pathlib.Path(__file__).resolve().parent
 MESHES = {"1x8": 8, "2x4": 4, "8x1": 1}  # mesh name -> size of the 'model' axis
@@ -139,6 +142,27 @@ def test_partitioning_gin():
   assert partitioner.drafter_rules == partitioning.data_parallel_logical_axis_rules()
 
 
+# --- one device -----------------------------------------------------------------------------------
+def test_partitioned_table_drafter_matches_jit_predict():
+  vocab = seqio.PassThroughVocabulary(TINY.vocab_size, eos_id=1)
+  drafter = drafters.BigramDrafter(vocab_size=TINY.vocab_size)
+  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY), drafter, vocab, vocab,
+                                                gamma=2)
+  tokens = np.random.RandomState(0).randint(2, TINY.vocab_size, size=(2, 5)).astype(np.int32)
+  params = {"target": network.init_params(TINY, jax.random.PRNGKey(0)),
+            "drafter": drafters.BigramDrafter.fit(tokens, TINY.vocab_size, top=4)}
+  batch = {"encoder_input_tokens": tokens, "decoder_input_tokens": jnp.zeros((2, 6), jnp.int32),
+           "decoder_target_tokens": jnp.ones((2, 6), jnp.int32)}
+  partitioner = partitioning.Partitioner()
+  assert partitioner.params_shardings(model)["drafter"] == partitioner.replicated
+  expected = model.jit_predict()(params, batch, jax.random.PRNGKey(1), 0.0)
+  got = partitioner.partition_predict(model)(partitioner.place_params(model, params),
+                                             partitioner.place_batch(batch),
+                                             jax.random.PRNGKey(1), 0.0)
+  np.testing.assert_array_equal(got[0], expected[0])
+  jax.tree.map(np.testing.assert_array_equal, got[1], expected[1])
+
+
 # --- 8 simulated devices --------------------------------------------------------------------------
 @pytest.mark.parametrize("mesh", sorted(MESHES))
 def test_sharded_greedy_equals_unsharded(sharded, mesh):
@@ -174,3 +198,12 @@ def test_cache_split_over_batch_and_heads(sharded, mesh):
   data, model = map(int, mesh.split("x"))
   batch, length, heads, head_dim = sharded[mesh]["self_key_shape"]
   assert sharded[mesh]["self_key_shard_shape"] == [batch // data, length, heads // model, head_dim]
+
+
+def test_caches_in_the_compiled_loop_follow_the_parameters(sharded):
+  """Mesh 2x4, batch 8, cache length 10 + 3 + 1, 8 heads of 4: the target's self-attention cache
+  is split over batch and heads, [4, 14, 2, 4] per device; the replicated drafter's only over the
+  batch, [4, 14, 8, 4]; no device carries a whole [8, 14, 8, 4] cache."""
+  carry = sharded["loop_carry"]
+  assert "f32[4,14,2,4]" in carry and "f32[4,14,8,4]" in carry
+  assert "f32[8,14,8,4]" not in carry

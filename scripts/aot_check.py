@@ -1,0 +1,193 @@
+r"""Ahead-of-time check: speculative decoding of a T5-XXL target on a model-parallel mesh.
+
+Lowers and compiles the whole speculative decode (`Partitioner.partition_predict` of a
+`SpeculativeEncoderDecoderModel`: encoders, caches, the `lax.while_loop`) for --num_devices
+simulated CPU devices, from abstract parameters (`jax.ShapeDtypeStruct`s of the setup's
+param_dtype carrying their shardings: nothing is allocated). The target is split over the 'model'
+axis by T5X's standard rules, the drafter replicated (configs/runs/partitioning.gin). It reports
+XLA's per-device memory analysis against one TPU-v4 chip's HBM (32 GiB), checks that the lowered
+module has no host callbacks and no dynamic shapes, and exits 1 if either check or the memory
+fails.
+
+XLA:CPU's buffer assignment stands in for the TPU's: it fixes argument and output sizes exactly,
+but its temporaries can differ (for instance where the CPU computes bfloat16 matmuls in float32).
+
+Writes aot_check.json and aot_check.md into --output_dir.
+
+Usage:
+  python scripts/aot_check.py                             # T5-XXL + T5-small, 4 devices, 1x4
+  python scripts/aot_check.py --gin_bindings="NUM_PARTITIONS = 8" --num_devices=8
+  python scripts/aot_check.py --gin_bindings="TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 64}"
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+from typing import Any, Mapping
+
+from absl import app
+from absl import flags
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import partitioning
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_GIN_FILE = "configs/runs/aot_xxl.gin"
+GIB = 2**30
+EOS_ID = 1
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", None, f"Gin run files (default {DEFAULT_GIN_FILE}).")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'NUM_PARTITIONS = 8'.")
+flags.DEFINE_integer("num_devices", 4, "Simulated CPU devices (XLA_FLAGS device count).")
+flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/aot_check", "Where results are written.")
+
+
+@gin.configurable(module="aot_script")
+@dataclasses.dataclass(frozen=True)
+class AotSetup:
+  """What is compiled: a target and a drafter config, feature lengths, batch, gamma, the
+  parameter dtype (T5X restores inference checkpoints as bfloat16) and the HBM per device."""
+  target_config: network.T5Config
+  drafter_config: network.T5Config
+  task_feature_lengths: Mapping[str, int]
+  batch_size: int = 1
+  gamma: int = 7
+  param_dtype: str = "bfloat16"
+  hbm_gib: float = 32.0
+
+
+def _abstract_inputs(setup: AotSetup, model: models.SpeculativeEncoderDecoderModel,
+                     partitioner: partitioning.Partitioner) -> tuple:
+  """(params, batch, rng, temperature) as ShapeDtypeStructs with the partitioner's shardings."""
+  shardings = partitioner.params_shardings(model)
+  dtype = jnp.dtype(setup.param_dtype)
+  params = {"target": partitioning.abstract_params(setup.target_config, shardings["target"], dtype),
+            "drafter": partitioning.abstract_params(setup.drafter_config, shardings["drafter"],
+                                                    dtype)}
+  lengths = {"encoder_input_tokens": setup.task_feature_lengths["inputs"],
+             "decoder_input_tokens": setup.task_feature_lengths["targets"],
+             "decoder_target_tokens": setup.task_feature_lengths["targets"]}
+  batch = {name: jax.ShapeDtypeStruct((setup.batch_size, length), jnp.int32,
+                                      sharding=partitioner.data_sharding)
+           for name, length in lengths.items()}
+  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=partitioner.replicated)
+  temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=partitioner.replicated)
+  return params, batch, rng, temperature
+
+
+def _bytes_per_device(tree: Any) -> int:
+  """Bytes of one device's shards of abstract arrays (the first device's share of each)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shard = leaf.sharding.shard_shape(leaf.shape)
+    total += int(np.prod(shard)) * leaf.dtype.itemsize
+  return total
+
+
+def _module_problems(hlo_text: str) -> list[str]:
+  """Host callbacks or dynamic shapes in a lowered StableHLO module (neither runs on a TPU loop
+  without a host round trip or recompilation)."""
+  problems = []
+  if "callback" in hlo_text:
+    problems.append("host callback in the lowered module")
+  if "tensor<?" in hlo_text or "x?x" in hlo_text:
+    problems.append("dynamic shape in the lowered module")
+  return problems
+
+
+def run(setup: AotSetup, partitioner: partitioning.Partitioner) -> dict:
+  """Lowers and compiles the speculative decode for `partitioner`'s mesh -> a report dict."""
+  vocab = seqio.PassThroughVocabulary(setup.target_config.vocab_size, eos_id=EOS_ID)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(setup.target_config), network.Transformer(setup.drafter_config), vocab,
+      vocab, gamma=setup.gamma)
+  args = _abstract_inputs(setup, model, partitioner)
+  start = time.perf_counter()
+  lowered = partitioner.partition_predict(model).lower(*args)
+  lower_seconds = time.perf_counter() - start
+  problems = _module_problems(lowered.as_text())
+  start = time.perf_counter()
+  compiled = lowered.compile()
+  compile_seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  sizes = {name: int(getattr(memory, f"{name}_size_in_bytes"))
+           for name in ("argument", "output", "temp", "alias", "generated_code")}
+  peak = sizes["argument"] + sizes["output"] + sizes["temp"] - sizes["alias"]
+  fits = peak <= setup.hbm_gib * GIB
+  return {
+      "mesh": dict(partitioner.mesh.shape),
+      "devices": [str(d) for d in partitioner.mesh.devices.flat],
+      "target_params_per_device_bytes": _bytes_per_device(args[0]["target"]),
+      "drafter_params_per_device_bytes": _bytes_per_device(args[0]["drafter"]),
+      "memory_analysis_bytes": sizes,
+      "peak_per_device_bytes": peak,
+      "hbm_bytes": int(setup.hbm_gib * GIB),
+      "fits": fits,
+      "module_problems": problems,
+      "lower_seconds": lower_seconds,
+      "compile_seconds": compile_seconds,
+      "ok": fits and not problems,
+  }
+
+
+def _markdown(setup: AotSetup, report: dict, command: str) -> str:
+  gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
+  sizes = report["memory_analysis_bytes"]
+  rows = [("target params (analytic, this device's shards)",
+           report["target_params_per_device_bytes"]),
+          ("drafter params (analytic, replicated)", report["drafter_params_per_device_bytes"]),
+          ("XLA arguments", sizes["argument"]), ("XLA outputs", sizes["output"]),
+          ("XLA temporaries", sizes["temp"]), ("XLA aliased (subtracted)", sizes["alias"]),
+          ("XLA generated code (not counted)", sizes["generated_code"]),
+          ("**peak per device** (arguments + outputs + temporaries - aliased)",
+           report["peak_per_device_bytes"])]
+  lines = [f"Command: `{command}`", "",
+           f"Mesh {report['mesh']}, target {setup.target_config.emb_dim}-d / "
+           f"{setup.target_config.num_decoder_layers} decoder layers, drafter "
+           f"{setup.drafter_config.emb_dim}-d, params {setup.param_dtype}, batch "
+           f"{setup.batch_size}, gamma {setup.gamma}, lengths {dict(setup.task_feature_lengths)}.",
+           "", "| per device | GiB |", "| --- | ---: |"]
+  lines += [f"| {name} | {gib(value)} |" for name, value in rows]
+  verdict = "fits" if report["fits"] else "DOES NOT FIT"
+  module = ", ".join(report["module_problems"]) or "no host callbacks, no dynamic shapes"
+  lines += ["", f"Against {setup.hbm_gib:g} GiB of HBM: {verdict} "
+            f"({100 * report['peak_per_device_bytes'] / report['hbm_bytes']:.1f}%). Module: "
+            f"{module}. Lowering {report['lower_seconds']:.0f} s, compilation "
+            f"{report['compile_seconds']:.0f} s."]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={FLAGS.num_devices}").strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  gin.add_config_file_search_path(str(REPO_ROOT))
+  gin.parse_config_files_and_bindings(FLAGS.gin_file or [DEFAULT_GIN_FILE], FLAGS.gin_bindings)
+  setup = AotSetup()
+  report = run(setup, partitioning.Partitioner())
+  command = " ".join(["python"] + sys.argv)
+  output_dir = pathlib.Path(FLAGS.output_dir)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  (output_dir / "aot_check.json").write_text(json.dumps(
+      {"command": command, "gin_config": gin.config_str(), **report}, indent=2))
+  markdown = _markdown(setup, report, command)
+  (output_dir / "aot_check.md").write_text(markdown)
+  print(markdown)
+  if not report["ok"]:
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)
