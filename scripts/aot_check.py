@@ -16,8 +16,9 @@ Writes aot_check.json and aot_check.md into --output_dir.
 
 Usage:
   python scripts/aot_check.py                             # T5-XXL + T5-small, 4 devices, 1x4
-  python scripts/aot_check.py --gin_bindings="NUM_PARTITIONS = 8" --num_devices=8
-  python scripts/aot_check.py --gin_bindings="TASK_FEATURE_LENGTHS = {'inputs': 64, 'targets': 64}"
+  python scripts/aot_check.py --gin.NUM_PARTITIONS=8 --num_devices=8
+  python scripts/aot_check.py --gin.TASK_FEATURE_LENGTHS="{'inputs': 64, 'targets': 64}"
+  python scripts/aot_check.py --gin.aot_script.AotSetup.param_dtype="'float32'"
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import seqio
 
+from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import partitioning
@@ -48,7 +50,7 @@ EOS_ID = 1
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None, f"Gin run files (default {DEFAULT_GIN_FILE}).")
-flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'NUM_PARTITIONS = 8'.")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
 flags.DEFINE_integer("num_devices", 4, "Simulated CPU devices (XLA_FLAGS device count).")
 flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/aot_check", "Where results are written.")
 
@@ -190,4 +192,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(
+      inference.rewrite_gin_args(argv)))
