@@ -1,0 +1,121 @@
+"""The paper's Figure 1 from a decode's trace: which drafts the target accepted, rejected, corrected.
+
+`speculative_sample(return_trace=True)` (through `predict_batch_with_aux(..., decoder_params=
+{'return_trace': True})`) records, per iteration, the gamma drafts, how many Algorithm 1 accepted,
+the target's own token and how many tokens were kept. `trace_steps` turns one row of it into one
+`Step` per target call; `steps_html` draws them like Figure 1: one line per target call, the text
+so far in the default colour, then the accepted drafts in green, the first rejected draft in red
+(struck through) and the target's token in blue.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from speculative_t5x import decoding
+
+ACCEPTED, REJECTED, CORRECTION = "accepted", "rejected", "correction"
+COLORS = {ACCEPTED: "#1a7f37", REJECTED: "#cf222e", CORRECTION: "#0969da"}
+_LEGEND = {ACCEPTED: "accepted draft", REJECTED: "rejected draft",
+           CORRECTION: "target's token (correction, or bonus after gamma acceptances)"}
+_SENTENCEPIECE_SPACE = "\u2581"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One target call for one row.
+
+  accepted: the drafts kept, in order.
+  rejected: the first draft Algorithm 1 rejected; None when all gamma drafts were accepted, or
+    when the row ended (EOS, length limit) before the target's token was kept.
+  correction: the target's token after the accepted drafts: resampled after a rejection, or the
+    bonus token after gamma acceptances; None when the row ended before it.
+  """
+  accepted: tuple[int, ...]
+  rejected: int | None
+  correction: int | None
+
+  @property
+  def tokens(self) -> tuple[int, ...]:
+    """The tokens this call appended to the output."""
+    return self.accepted + (() if self.correction is None else (self.correction,))
+
+
+def trace_steps(trace: Mapping[str, np.ndarray], row: int) -> list[Step]:
+  """One row of aux['speculative_trace'] (decoding.TRACE_NAMES -> [B, L] or [B, L, gamma] for
+  'drafts') -> its target calls, in order. Concatenating their `tokens` gives the row's decode."""
+  missing = [name for name in decoding.TRACE_NAMES if name not in trace]
+  if missing:
+    raise ValueError(f"trace lacks {missing}: pass aux['speculative_trace'] from a decode with "
+                     "decoder_params={'return_trace': True}.")
+  drafts, accepted, token, emitted = (np.asarray(trace[name]) for name in decoding.TRACE_NAMES)
+  if drafts.ndim != 3 or accepted.shape != drafts.shape[:2]:
+    raise ValueError(f"trace shapes drafts {drafts.shape}, accepted {accepted.shape}: expected "
+                     "[B, L, gamma] and [B, L] (one decode per row, not return_all_decodes).")
+  if not 0 <= row < drafts.shape[0]:
+    raise ValueError(f"row {row} is outside the trace's batch of {drafts.shape[0]}.")
+  gamma = drafts.shape[2]
+  steps = []
+  for drafted, n, target_token, kept in zip(drafts[row], accepted[row], token[row], emitted[row]):
+    n, kept = int(n), int(kept)
+    if kept == 0:  # the row had ended: every later iteration is empty too.
+      break
+    corrected = kept == n + 1
+    steps.append(Step(accepted=tuple(int(t) for t in drafted[:min(n, kept)]),
+                      rejected=int(drafted[n]) if corrected and n < gamma else None,
+                      correction=int(target_token) if corrected else None))
+  return steps
+
+
+def piece_text(vocabulary) -> Callable[[int], str]:
+  """A seqio.SentencePieceVocabulary -> token id -> its piece, with SentencePiece's word marker
+  shown as a space (ids past the SentencePiece model, like T5's extra ids, as '<id N>')."""
+  processor = vocabulary.tokenizer
+  size = processor.get_piece_size()
+
+  def text(token_id: int) -> str:
+    if not 0 <= token_id < size:
+      return f"<id {token_id}>"
+    return processor.id_to_piece(token_id).replace(_SENTENCEPIECE_SPACE, " ")
+  return text
+
+
+def _span(text: str, kind: str | None = None) -> str:
+  if kind is None:
+    return html.escape(text)
+  strike = "text-decoration: line-through; " if kind == REJECTED else ""
+  return (f'<span class="spec-{kind}" style="color: {COLORS[kind]}; font-weight: bold; '
+          f'{strike}">{html.escape(text)}</span>')
+
+
+def legend_html() -> str:
+  """The colour key, as an HTML fragment."""
+  items = " &nbsp; ".join(_span(label, kind) for kind, label in _LEGEND.items())
+  return f'<div class="spec-legend">{items}</div>'
+
+
+def _id_text(token_id: int) -> str:
+  return f" {token_id}"
+
+
+def steps_html(steps: Sequence[Step], token_text: Callable[[int], str] = _id_text,
+               title: str | None = None) -> str:
+  """Figure 1 as an HTML fragment: one line per target call (see the module docstring).
+
+  token_text: token id -> its text, e.g. `piece_text(vocabulary)`; by default the id after a space.
+  """
+  lines, prefix = [], ""
+  for step in steps:
+    new = [_span(token_text(t), ACCEPTED) for t in step.accepted]
+    if step.rejected is not None:
+      new.append(_span(token_text(step.rejected), REJECTED))
+    if step.correction is not None:
+      new.append(_span(token_text(step.correction), CORRECTION))
+    lines.append(f"<div>{prefix}{''.join(new)}</div>")
+    prefix += "".join(html.escape(token_text(t)) for t in step.tokens)
+  heading = "" if title is None else f"<div><b>{html.escape(title)}</b></div>"
+  return (f'<div class="spec-figure1" style="font-family: monospace; white-space: pre-wrap; '
+          f'line-height: 1.5; margin-bottom: 1em">{heading}{"".join(lines)}</div>')

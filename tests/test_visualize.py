@@ -1,0 +1,94 @@
+"""visualize: trace rows -> target calls (hand-made traces and a real decode), and their HTML."""
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+import seqio
+
+from speculative_t5x import models, network, visualize
+from speculative_t5x.visualize import Step
+
+EOS = 1
+TARGET = network.T5Config(vocab_size=37, emb_dim=16, num_heads=2, num_encoder_layers=1,
+                          num_decoder_layers=2, head_dim=8, mlp_dim=32,
+                          mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+DRAFTER = TARGET.replace(emb_dim=8, num_decoder_layers=1, mlp_dim=16)
+SENTENCEPIECE_MODEL = (pathlib.Path(__file__).resolve().parents[1] / "data" / "demo_ende" /
+                       "sentencepiece.model")
+
+
+def _trace(*iterations, length=5):
+  """iterations of (drafts, accepted, token, emitted) -> a one-row trace of `length` iterations."""
+  gamma = len(iterations[0][0])
+  trace = {"drafts": np.zeros((1, length, gamma), np.int32),
+           **{name: np.zeros((1, length), np.int32) for name in ("accepted", "token", "emitted")}}
+  for i, (drafts, accepted, token, emitted) in enumerate(iterations):
+    trace["drafts"][0, i] = drafts
+    trace["accepted"][0, i], trace["token"][0, i], trace["emitted"][0, i] = accepted, token, emitted
+  return trace
+
+
+def test_steps_of_rejection_bonus_and_eos():
+  trace = _trace(([5, 6, 7], 2, 9, 3),     # two accepted, 7 rejected, 9 sampled instead
+                 ([10, 11, 12], 3, 13, 4),  # all accepted, 13 is the bonus token
+                 ([EOS, 20, 21], 2, 4, 1))  # EOS accepted: the rest is dropped
+  assert visualize.trace_steps(trace, 0) == [Step((5, 6), 7, 9), Step((10, 11, 12), None, 13),
+                                             Step((EOS,), None, None)]
+
+
+def test_length_limit_drops_the_correction_and_its_rejection():
+  trace = _trace(([5, 6, 7], 1, 9, 2), ([8, 9, 10], 1, 4, 1))  # only one slot left at the end
+  assert visualize.trace_steps(trace, 0) == [Step((5,), 6, 9), Step((8,), None, None)]
+
+
+def test_steps_replay_a_real_decode():
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TARGET), network.Transformer(DRAFTER),
+      seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS),
+      seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS), gamma=3)
+  params = {"target": network.init_params(TARGET, jax.random.PRNGKey(0)),
+            "drafter": network.init_params(DRAFTER, jax.random.PRNGKey(1))}
+  inputs = np.random.default_rng(0).integers(3, TARGET.vocab_size, (3, 6)).astype(np.int32)
+  batch = {"encoder_input_tokens": inputs, "decoder_input_tokens": np.zeros((3, 12), np.int32)}
+  decodes, aux = jax.jit(lambda p, b, r: model.predict_batch_with_aux(
+      p, b, r, decoder_params={"temperature": 1.0, "return_trace": True}))(
+          params, batch, jax.random.PRNGKey(2))
+  for row in range(3):
+    steps = visualize.trace_steps(aux["speculative_trace"], row)
+    tokens = [t for step in steps for t in step.tokens]
+    np.testing.assert_array_equal(tokens + [0] * (12 - len(tokens)), np.asarray(decodes)[row])
+    assert len(steps) == int(aux["speculative_stats"]["target_calls"][row])
+    accepted = sum(len(step.accepted) for step in steps)
+    assert accepted == int(aux["speculative_stats"]["accepted_tokens"][row])
+
+
+def test_html_colours_every_token_and_escapes_text():
+  steps = [Step((5, 6), 7, 9), Step((10,), None, 11)]
+  text = {5: "a", 6: "<b>", 7: "c", 9: "d", 10: "e", 11: "</s>"}.get
+  page = visualize.steps_html(steps, text, title="x & y")
+  assert page.count('class="spec-accepted"') == 3
+  assert page.count('class="spec-rejected"') == 1
+  assert page.count('class="spec-correction"') == 2
+  assert "&lt;b&gt;" in page and "&lt;/s&gt;" in page and "<b>x &amp; y</b>" in page
+  assert "<b>" not in page.replace("<b>x &amp; y</b>", "")
+  # The second line starts with the first call's output (without the rejected draft) uncoloured.
+  assert "<div>a&lt;b&gt;d<span" in page
+  legend = visualize.legend_html()
+  assert all(f'class="spec-{kind}"' in legend for kind in visualize.COLORS)
+
+
+def test_piece_text_shows_word_marker_as_space():
+  vocabulary = seqio.SentencePieceVocabulary(str(SENTENCEPIECE_MODEL))
+  text = visualize.piece_text(vocabulary)
+  pieces = [text(t) for t in vocabulary.encode("Hello world")]
+  assert "".join(pieces) == " Hello world"
+  assert text(EOS) == "</s>"
+  assert text(vocabulary.tokenizer.get_piece_size()).startswith("<id ")
+
+
+def test_bad_traces_are_named():
+  with pytest.raises(ValueError, match="return_trace"):
+    visualize.trace_steps({"drafts": np.zeros((1, 2, 3))}, 0)
+  with pytest.raises(ValueError, match="outside"):
+    visualize.trace_steps(_trace(([5, 6, 7], 2, 9, 3)), 1)
