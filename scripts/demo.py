@@ -49,9 +49,11 @@ def _demo_pair():
   """-> (target (config, params), drafter (config, params), vocabulary or None, label)."""
   pair_dir = pathlib.Path(_PAIR_DIR.value)
   if (pair_dir / "target").exists():
-    target, drafter = checkpoints.restore_pair(pair_dir)
+    pair = checkpoints.restore_pair(pair_dir)  # ((params, config), (params, config))
+    (target_params, target_cfg), (drafter_params, drafter_cfg) = pair
     vocab = seqio.SentencePieceVocabulary(str(pair_dir / "sentencepiece.model"))
-    return target, drafter, vocab, f"trained demo pair from {pair_dir}"
+    return ((target_cfg, target_params), (drafter_cfg, drafter_params), vocab,
+            f"trained demo pair from {pair_dir}")
   print(f"[demo] {pair_dir} holds no trained pair: using a tiny RANDOM pair instead "
         "(mechanics only; its alpha is not meaningful).")
   target_cfg = network.T5Config(vocab_size=512, emb_dim=64, num_heads=4, num_encoder_layers=2,

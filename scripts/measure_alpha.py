@@ -57,7 +57,7 @@ def _arrays(task, split, feature, length, limit=None):
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  (target_cfg, target_params), (drafter_cfg, drafter_params) = checkpoints.restore_pair(
+  (target_params, target_cfg), (drafter_params, drafter_cfg) = checkpoints.restore_pair(
       _PAIR_DIR.value)
   vocab_file = pathlib.Path(_PAIR_DIR.value) / "sentencepiece.model"
   task_name = _TASK.value
