@@ -80,6 +80,8 @@ flags.DEFINE_integer("steps_per_call", benchmark.DEFAULT_STEPS_PER_CALL,
                      "Decode steps per timed call when measuring c and the verification cost.")
 flags.DEFINE_string("input_file", None, "Text file, one input per line (default: random tokens).")
 flags.DEFINE_string("sentencepiece_model", None, "Sentencepiece model that tokenizes --input_file.")
+flags.DEFINE_bool("costs_only", False, "Only time the decode steps (c and the verification cost, "
+                  "per temperature) and write costs.json / costs.md: no decoding.")
 
 
 @gin.configurable(module="benchmark_script")
@@ -164,7 +166,13 @@ def load_inputs(setup: BenchmarkSetup) -> tuple[str, seqio.Vocabulary, np.ndarra
       lines = lines[:FLAGS.num_examples]
     if not lines:
       raise ValueError(f"{FLAGS.input_file} has no non-empty lines.")
-    sequences = [list(vocabulary.encode(line))[:length - 1] + [vocabulary.eos_id] for line in lines]
+    sequences = [list(vocabulary.encode(line)) + [vocabulary.eos_id] for line in lines]
+    too_long = [i for i, sequence in enumerate(sequences) if len(sequence) > length]
+    if too_long:
+      raise ValueError(f"{len(too_long)} line(s) of {FLAGS.input_file} (first: line "
+                       f"{too_long[0] + 1}, {len(sequences[too_long[0]])} tokens with EOS) exceed "
+                       f"the 'inputs' length {length}: raise TASK_FEATURE_LENGTHS['inputs'] or "
+                       "shorten the lines.")
     task = pathlib.Path(FLAGS.input_file).stem
   else:
     if FLAGS.num_examples < 1:
@@ -248,15 +256,37 @@ def markdown(rows: list[dict], costs_by_temperature: Mapping[float, Mapping[str,
         f"{s['mean_median_ms']:.1f} ({s['mean_iqr_ms']:.1f})", f"{r['speedup']:.2f}",
         f"{r['predicted']:.2f}", f"{r['predicted_hw']:.2f}", f"{r['efficiency']:.2f}"]) + " |")
   lines += ["", "Decode-step costs (per step incl. standardization and draw, median of the timed "
-            "calls):", "",
-            "| temp | drafter | target step ms | drafter step ms | c | verify cost by gamma |",
-            "|---|---|---|---|---|---|"]
+            "calls):", ""] + costs_markdown(costs_by_temperature)
+  return "\n".join(lines) + "\n"
+
+
+def costs_markdown(costs_by_temperature) -> list[str]:
+  """The step-cost table (per temperature and drafter) as Markdown lines."""
+  lines = ["| temp | drafter | target step ms | drafter step ms | c | verify cost by gamma |",
+           "|---|---|---|---|---|---|"]
   for temperature, costs in costs_by_temperature.items():
     for name, cost in costs.items():
       verify = ", ".join(f"{g}: {cost.verify_cost(g):.2f}" for g in sorted(cost.verify))
       lines.append(f"| {temperature:g} | {name} | {cost.target_step.median_ms:.3f} | "
                    f"{cost.drafter_step.median_ms:.3f} | {cost.c:.3f} | {verify} |")
-  return "\n".join(lines) + "\n"
+  return lines
+
+
+def write_costs(costs_by_temperature, setup: BenchmarkSetup) -> None:
+  """--costs_only: costs.json and costs.md in --output_dir."""
+  output_dir = pathlib.Path(FLAGS.output_dir)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  target = setup.target_config
+  header = (f"Target {target.emb_dim}d x {target.num_encoder_layers}+{target.num_decoder_layers} "
+            f"layers ({target.dtype}), feature lengths {dict(setup.task_feature_lengths)}, "
+            f"{jax.default_backend()}; steps include standardization and draw.")
+  (output_dir / "costs.json").write_text(json.dumps(
+      {"command": sys.argv, "target_config": dataclasses.asdict(target),
+       "costs": {f"t={t:g}": {n: c.as_dict() for n, c in costs.items()}
+                 for t, costs in costs_by_temperature.items()}}, indent=2))
+  table = "\n".join([header, ""] + costs_markdown(costs_by_temperature)) + "\n"
+  (output_dir / "costs.md").write_text(table)
+  print(table)
 
 
 def main(argv):
@@ -274,6 +304,9 @@ def main(argv):
   costs_by_temperature = {
       t: benchmark.measure_costs(setup.target_config, target_params, drafters, gammas, geometry,
                                  temperature=t, repeats=FLAGS.cost_repeats) for t in temperatures}
+  if FLAGS.costs_only:
+    write_costs(costs_by_temperature, setup)
+    return
 
   target = network.Transformer(setup.target_config)
   baseline_fn = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
