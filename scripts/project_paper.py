@@ -24,7 +24,6 @@ import numpy as np
 from speculative_t5x import theory
 
 _COSTS_DIRS = flags.DEFINE_list("costs_dirs", None, "size:dir pairs (sizes small, base, large).")
-_TEMPERATURE = flags.DEFINE_string("temperature", "t=1", "Which costs.json entry to use.")
 
 # T5 1.1 parameter counts (millions) with T5X's dimensions, vocab 32128.
 PARAMS_M = {"small": 77.0, "base": 247.6, "large": 783.2, "xxl": 11135.3}
@@ -38,40 +37,47 @@ TABLE_2 = [
     ("CNNDM", "base", 1, 3, 0.55, 2.2), ("CNNDM", "large", 1, 3, 0.56, 1.7)]
 
 
-def _target_costs(directory: str, temperature: str) -> dict:
-  costs = json.loads((pathlib.Path(directory) / "costs.json").read_text())["costs"][temperature]
-  return next(iter(costs.values()))  # the target's numbers are shared by every drafter
+def _target_costs(directory: str) -> dict:
+  """-> {temperature: the target's costs} (shared by every drafter of the run)."""
+  by_temperature = json.loads((pathlib.Path(directory) / "costs.json").read_text())["costs"]
+  return {float(t[2:]): next(iter(costs.values())) for t, costs in by_temperature.items()}
 
 
 def main(argv):
   del argv
   if not _COSTS_DIRS.value:
     raise app.UsageError("--costs_dirs=small:DIR,base:DIR,large:DIR is required.")
-  step_ms, verify = {}, {}
+  step_ms, verify = {}, {}  # [temperature][size]
   for item in _COSTS_DIRS.value:
     size, directory = item.split(":", 1)
-    costs = _target_costs(directory, _TEMPERATURE.value)
-    step_ms[size] = costs["target_step_ms"]["median_ms"]
-    verify[size] = {int(g): v for g, v in costs["verify_cost"].items()}
-  sizes = sorted(step_ms, key=PARAMS_M.get)
-  slope, intercept = np.polyfit([PARAMS_M[s] for s in sizes], [step_ms[s] for s in sizes], 1)
-  xxl_ms = slope * PARAMS_M["xxl"] + intercept
-  largest = sizes[-1]
-  lines = [f"Step times measured ({_TEMPERATURE.value}, float32, batch 1): " +
-           ", ".join(f"T5-{s} {step_ms[s]:.2f} ms" for s in sizes) +
-           f"; T5-XXL extrapolated linearly in parameters: {xxl_ms:.0f} ms. Verification cost "
-           f"from T5-{largest}.", "",
+    for temperature, costs in _target_costs(directory).items():
+      step_ms.setdefault(temperature, {})[size] = costs["target_step_ms"]["median_ms"]
+      verify.setdefault(temperature, {})[size] = {
+          int(g): v for g, v in costs["verify_cost"].items()}
+  xxl_ms = {}
+  lines = []
+  for temperature, steps in sorted(step_ms.items()):
+    sizes = sorted(steps, key=PARAMS_M.get)
+    slope, intercept = np.polyfit([PARAMS_M[s] for s in sizes], [steps[s] for s in sizes], 1)
+    xxl_ms[temperature] = slope * PARAMS_M["xxl"] + intercept
+    lines.append(f"t={temperature:g}: step times measured (float32, batch 1) " +
+                 ", ".join(f"T5-{s} {steps[s]:.2f} ms" for s in sizes) +
+                 f"; T5-XXL extrapolated linearly in parameters: {xxl_ms[temperature]:.0f} ms; "
+                 f"verification cost from T5-{sizes[-1]}.")
+  lines += ["",
            "| task | drafter | temp | gamma | alpha (paper) | c here | verify here | "
            "Thm 3.8 here | hw-aware here | paper measured |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for task, drafter, temperature, gamma, alpha, paper in TABLE_2:
-    if drafter not in step_ms:
+    steps = step_ms.get(temperature)
+    if steps is None or drafter not in steps:
       continue
-    c = step_ms[drafter] / xxl_ms
-    if gamma not in verify[largest]:
+    c = steps[drafter] / xxl_ms[temperature]
+    largest = max(steps, key=PARAMS_M.get)
+    if gamma not in verify[temperature][largest]:
       raise app.UsageError(f"{largest}'s costs have no verification cost at gamma={gamma}: run "
                            "benchmark.py --costs_only with --gammas=3,5,7.")
-    v = verify[largest][gamma]
+    v = verify[temperature][largest][gamma]
     lines.append(f"| {task} | T5-{drafter} | {temperature} | {gamma} | {alpha} | {c:.3f} | "
                  f"{v:.2f} | {theory.speedup(alpha, gamma, c):.2f}x | "
                  f"{theory.speedup_hardware_aware(alpha, gamma, c, v):.2f}x | {paper}x |")

@@ -10,7 +10,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def _costs(directory, step_ms, verify):
   directory.mkdir()
   entry = {"target_step_ms": {"median_ms": step_ms}, "verify_cost": verify}
-  (directory / "costs.json").write_text(json.dumps({"costs": {"t=1": {"any": entry}}}))
+  (directory / "costs.json").write_text(json.dumps({"costs": {"t=0": {"any": entry},
+                                                              "t=1": {"any": entry}}}))
 
 
 def test_projection_uses_extrapolated_xxl_step(tmp_path):
