@@ -463,13 +463,15 @@ def restore_params(config: network.T5Config, path: str | os.PathLike, dtype: Any
 
   Reads only the 'target' of `path` (see `load_t5x_checkpoint`), checks it against
   `network.param_shapes(config)` (one ValueError lists every problem) and casts floating-point
-  parameters to `dtype` if given (e.g. 'bfloat16' for the real sizes).
+  parameters to `dtype` if given (e.g. 'bfloat16' for the real sizes). The result is on the
+  default device (jax arrays): numpy parameters would be copied to the device at every call of
+  a jitted function.
   """
   shapes = network.param_shapes(config)
   template = {"target": _map_leaves(lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes)}
   params = _load(path, step, dtype, template, only_target=True)["target"]
   check_params(params, shapes, source=f"checkpoint {path}")
-  return params
+  return jax.device_put(params)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -99,6 +99,7 @@ def test_tiny_msgpack_checkpoint_has_t5x_param_tree():
 
 def test_tiny_checkpoint_reproduces_t5x_logits():
   params = checkpoints.restore_params(FIXTURE_CONFIG, fixture_path("test_t5_tiny.checkpoint_0"))
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))  # on device, not numpy
   ref = np.load(fixture_path("t5x_tiny_reference.npz"))
   logits = network.Transformer(FIXTURE_CONFIG).apply(
       {"params": params}, ref["encoder_input_tokens"], ref["decoder_input_tokens"],
