@@ -176,8 +176,8 @@ class EncoderDecoderModel:
   @functools.cache
   def jit_predict(self, num_decodes: int = 1, return_all_decodes: bool = False, topk: int = 0,
                   topp: float = 0.0, max_decode_steps: int | None = None) -> Callable:
-    """A jitted `fn(params, batch, rng, temperature) -> (decodes, aux)`; temperature is traced,
-    so changing it does not recompile."""
+    """`fn(params, batch, rng, temperature) -> (decodes, aux)`, jitted with the temperature traced,
+    so changing it does not recompile; a concrete temperature is validated before the call."""
     sampling.validate(None, topk, topp)
 
     def fn(params, batch, rng, temperature):
@@ -186,7 +186,12 @@ class EncoderDecoderModel:
       return self.predict_batch_with_aux(params, batch, rng, decoder_params=decoder_params,
                                          return_all_decodes=return_all_decodes,
                                          num_decodes=num_decodes)
-    return jax.jit(fn)
+    compiled = jax.jit(fn)
+
+    def predict(params, batch, rng, temperature):
+      sampling.validate(temperature)
+      return compiled(params, batch, rng, temperature)
+    return predict
 
 
 @gin.configurable

@@ -304,6 +304,9 @@ def test_greedy_equals_t5x_own_decodes_on_the_fixture():
         _vocab(61)), "drafter eos_id 2 != the output vocabulary's eos_id 1"),
     (lambda: _call_with(temperature=-1.0), "temperature must be >= 0"),
     (lambda: _call_with(topk=5, topp=0.9), "at most one of top-k and top-p"),
+    (lambda: _speculative(2)({"target": _tiny_params()[0], "drafter": _tiny_params()[1]},
+                             _batch(_random_inputs(1)), jax.random.PRNGKey(0), -0.5),
+     "temperature must be >= 0"),
 ])
 def test_bad_input_raises_before_tracing(make, message):
   with pytest.raises(ValueError, match=message):
