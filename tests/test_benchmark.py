@@ -104,3 +104,33 @@ def test_benchmark_script_end_to_end(tmp_path):
   assert set(results["costs"]["t=1"]["random, copy of target"]["verify_cost"]) == {"1", "2"}
   table = (tmp_path / "results.md").read_text()
   assert "| task | drafter | temp | gamma | alpha |" in table
+
+
+def test_benchmark_costs_only(tmp_path):
+  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"), "--costs_only",
+             f"--output_dir={tmp_path}", "--cost_repeats=1", "--steps_per_call=1", "--gammas=2",
+             "--temperatures=0,1", "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+  assert completed.returncode == 0, completed.stderr[-4000:]
+  costs = json.loads((tmp_path / "costs.json").read_text())["costs"]
+  assert set(costs) == {"t=0", "t=1"}
+  for by_drafter in costs.values():
+    for cost in by_drafter.values():
+      assert cost["c"] > 0 and set(cost["verify_cost"]) == {"2"}
+  assert not (tmp_path / "results.json").exists()  # no decoding in --costs_only
+
+
+def test_benchmark_rejects_over_long_input_lines(tmp_path):
+  spm = REPO_ROOT / "demo_models" / "sentencepiece.model"
+  lines = tmp_path / "inputs.txt"
+  lines.write_text("short\n" + "a much longer line than eight tokens can hold, surely\n")
+  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
+             f"--output_dir={tmp_path}", f"--input_file={lines}", f"--sentencepiece_model={spm}",
+             "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+  assert completed.returncode != 0
+  assert "exceed the 'inputs' length 8" in completed.stderr
