@@ -56,6 +56,7 @@ from speculative_t5x import decoding
 from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import tasks
 from speculative_t5x import theory
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -79,6 +80,9 @@ flags.DEFINE_integer("cost_repeats", benchmark.DEFAULT_REPEATS,
 flags.DEFINE_integer("steps_per_call", benchmark.DEFAULT_STEPS_PER_CALL,
                      "Decode steps per timed call when measuring c and the verification cost.")
 flags.DEFINE_string("input_file", None, "Text file, one input per line (default: random tokens).")
+flags.DEFINE_string("task", None, "seqio task whose split provides the inputs (e.g. demo_ende), "
+                    "tokenized at TASK_FEATURE_LENGTHS with the task's vocabulary.")
+flags.DEFINE_string("split", "test", "The --task split.")
 flags.DEFINE_string("sentencepiece_model", None, "Sentencepiece model that tokenizes --input_file.")
 flags.DEFINE_bool("costs_only", False, "Only time the decode steps (c and the verification cost, "
                   "per temperature) and write costs.json / costs.md: no decoding.")
@@ -153,6 +157,17 @@ def load_inputs(setup: BenchmarkSetup) -> tuple[str, seqio.Vocabulary, np.ndarra
   """-> task name, vocabulary, encoder inputs [num_examples, Le] int32 (EOS-ended, 0-padded)."""
   length = int(setup.task_feature_lengths["inputs"])
   vocab_size = setup.target_config.vocab_size
+  if FLAGS.task:
+    if FLAGS.input_file:
+      raise ValueError("give --task or --input_file, not both.")
+    task = tasks.get_task(FLAGS.task)
+    vocabulary = task.output_features["targets"].vocabulary
+    if vocabulary.vocab_size > vocab_size:
+      raise ValueError(f"task {FLAGS.task} has {vocabulary.vocab_size} pieces but the models' "
+                       f"vocab_size is {vocab_size}: use the models' vocabulary.")
+    inputs = tasks.feature_arrays(task, FLAGS.split, "inputs", setup.task_feature_lengths,
+                                  FLAGS.num_examples or None)
+    return f"{FLAGS.task}:{FLAGS.split}", vocabulary, inputs
   if FLAGS.input_file:
     if not FLAGS.sentencepiece_model:
       raise ValueError("--input_file needs --sentencepiece_model to tokenize it.")

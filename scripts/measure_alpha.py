@@ -20,7 +20,6 @@ from absl import logging
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
 import seqio  # noqa: E402
 import tqdm  # noqa: E402
 
@@ -41,19 +40,6 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Examples per generation ba
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/alpha", "Results directory.")
 
 
-def _arrays(task, split, feature, length, limit=None):
-  """The `feature` token arrays of a split, padded to `length` -> [N, length] int32."""
-  ds = task.get_dataset({"inputs": length, "targets": length}, split=split, shuffle=False,
-                        use_cached=False, try_in_mem_cache=False)
-  rows = []
-  for example in ds.as_numpy_iterator():
-    tokens = example[feature][:length]
-    rows.append(np.pad(tokens, (0, length - len(tokens))))
-    if limit and len(rows) >= limit:
-      break
-  return np.stack(rows).astype(np.int32)
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -66,9 +52,10 @@ def main(argv):
   task = tasks.get_task(task_name)
   eos_id = task.output_features["targets"].vocabulary.eos_id
   input_length, target_length = (int(x) for x in _FEATURE_LENGTHS.value)
-  inputs = _arrays(task, _SPLIT.value, "inputs", input_length)
-  train_targets = _arrays(task, _TRAIN_SPLIT.value, "targets", target_length,
-                          _NGRAM_EXAMPLES.value)
+  lengths = {"inputs": input_length, "targets": target_length}
+  inputs = tasks.feature_arrays(task, _SPLIT.value, "inputs", lengths)
+  train_targets = tasks.feature_arrays(task, _TRAIN_SPLIT.value, "targets", lengths,
+                                       _NGRAM_EXAMPLES.value)
   vocab_size = target_cfg.vocab_size
   candidates = {
       f"T5 drafter ({drafter_cfg.emb_dim}d x {drafter_cfg.num_decoder_layers})":

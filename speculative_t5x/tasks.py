@@ -264,3 +264,22 @@ def count_truncated(task: Union[str, seqio.Task], split: str, feature_lengths: M
 
 register_tasks(get_vocabulary())
 register_demo_task()
+
+
+def feature_arrays(task: Union[str, seqio.Task], split: str, feature: str,
+                   feature_lengths: Mapping[str, int], limit: Optional[int] = None) -> np.ndarray:
+  """The tokenized `feature` of a split's first `limit` examples (all if None), in order, through
+  the task's pipeline at `feature_lengths` (so truncated as in T5X, see the module docstring),
+  zero-padded -> [N, feature_lengths[feature]] int32."""
+  task = get_task(task) if isinstance(task, str) else task
+  length = int(feature_lengths[feature])
+  ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, use_cached=False,
+                        try_in_mem_cache=False)
+  rows = []
+  for example in ds.as_numpy_iterator():
+    rows.append(np.pad(example[feature], (0, length - len(example[feature]))))
+    if limit and len(rows) >= limit:
+      break
+  if not rows:
+    raise ValueError(f"split {split!r} of task {task.name!r} has no examples.")
+  return np.stack(rows).astype(np.int32)

@@ -134,3 +134,19 @@ def test_benchmark_rejects_over_long_input_lines(tmp_path):
                              timeout=300)
   assert completed.returncode != 0
   assert "exceed the 'inputs' length 8" in completed.stderr
+
+
+def test_benchmark_inputs_from_a_task_split(tmp_path):
+  """The demo pair on two sentences of the demo task's test split."""
+  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
+             "--gin_file=configs/demo/benchmark.gin", "--task=demo_ende", "--split=test",
+             f"--output_dir={tmp_path}", "--num_examples=2", "--repeats=1", "--warmup=0",
+             "--cost_repeats=1", "--steps_per_call=1", "--gammas=2", "--temperatures=0"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                             timeout=300)
+  assert completed.returncode == 0, completed.stderr[-4000:]
+  results = json.loads((tmp_path / "results.json").read_text())
+  assert results["run"]["task"] == "demo_ende:test" and results["run"]["num_examples"] == 2
+  (row,) = results["rows"]
+  assert row["outputs_match_baseline"] == 1.0 and 0.0 < row["alpha"] < 1.0
