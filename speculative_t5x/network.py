@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import gin
@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 Array = jax.Array
-Cache = Mapping[str, Any]
 
 # Attention-mask value used by T5X (`layers.combine_biases` path): masked logits get -1e10.
 MASK_VALUE = -1e10

@@ -8,7 +8,6 @@ import functools
 import itertools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import seqio
