@@ -11,6 +11,13 @@ import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
+from speculative_t5x import network  # noqa: E402
+
+# The dimensions of T5X's test_t5_tiny.checkpoint_0 (fixtures/t5x/README.md).
+FIXTURE_CONFIG = network.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
+                                  num_decoder_layers=2, head_dim=3, mlp_dim=16,
+                                  mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "t5x"
 

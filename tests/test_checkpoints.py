@@ -13,14 +13,11 @@ import pytest
 import tensorstore as ts
 from flax import traverse_util
 
-from conftest import REPO_ROOT, fixture_path
+from conftest import FIXTURE_CONFIG, REPO_ROOT, fixture_path
 from speculative_t5x import checkpoints
 from speculative_t5x import hf_weights
 from speculative_t5x import network
 
-FIXTURE_CONFIG = network.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
-                                  num_decoder_layers=2, head_dim=3, mlp_dim=16,
-                                  mlp_activations=("gelu", "linear"), dropout_rate=0.0)
 SMALL = network.T5Config(vocab_size=40, emb_dim=8, num_heads=2, num_encoder_layers=1,
                          num_decoder_layers=2, head_dim=4, mlp_dim=12,
                          mlp_activations=("gelu", "linear"), dropout_rate=0.0)

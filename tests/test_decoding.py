@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import seqio
 
-from conftest import chisquare_pvalue, fixture_path
+from conftest import FIXTURE_CONFIG, chisquare_pvalue, fixture_path
 from speculative_t5x import drafters, models, network, sampling
 from speculative_t5x.decoding import STAT_NAMES
 
@@ -271,9 +271,7 @@ def test_greedy_equals_t5x_own_decodes_on_the_fixture():
   from flax import serialization  # pylint: disable=g-import-not-at-top
   raw = serialization.msgpack_restore(fixture_path("test_t5_tiny.checkpoint_0").read_bytes())
   ref = np.load(fixture_path("t5x_tiny_reference.npz"))
-  cfg = network.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
-                         num_decoder_layers=2, head_dim=3, mlp_dim=16,
-                         mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+  cfg = FIXTURE_CONFIG
   drafter_cfg = cfg.replace(num_encoder_layers=1, num_decoder_layers=1)
   vocab = _vocab(32128)
   spec = models.SpeculativeEncoderDecoderModel(network.Transformer(cfg),

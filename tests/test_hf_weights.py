@@ -10,7 +10,7 @@ import torch
 import transformers
 from flax import traverse_util
 
-from conftest import fixture_path
+from conftest import FIXTURE_CONFIG, fixture_path
 from speculative_t5x import checkpoints
 from speculative_t5x import hf_weights
 from speculative_t5x import network
@@ -20,9 +20,6 @@ T5_1_1 = network.T5Config(vocab_size=48, emb_dim=16, num_heads=2, num_encoder_la
                           mlp_activations=("gelu", "linear"), dropout_rate=0.0)
 # T5 1.0-style: one relu `wi` and the head tied to the embedding (rescaled by emb_dim**-0.5).
 T5_1_0 = T5_1_1.replace(mlp_activations=("relu",), logits_via_embedding=True)
-FIXTURE_CONFIG = network.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
-                                  num_decoder_layers=2, head_dim=3, mlp_dim=16,
-                                  mlp_activations=("gelu", "linear"), dropout_rate=0.0)
 
 
 def _params(config, seed=0):

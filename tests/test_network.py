@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from conftest import fixture_path
+from conftest import FIXTURE_CONFIG, fixture_path
 from speculative_t5x import network
 
 # T5X's minimal T5 1.1 tree (reference/t5x.md section 3), written out by hand.
@@ -26,9 +26,6 @@ TINY = network.T5Config(vocab_size=61, emb_dim=16, num_heads=2, num_encoder_laye
                         num_decoder_layers=2, head_dim=8, mlp_dim=32,
                         mlp_activations=("gelu", "linear"), dropout_rate=0.0)
 
-FIXTURE_CONFIG = network.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
-                                  num_decoder_layers=2, head_dim=3, mlp_dim=16,
-                                  mlp_activations=("gelu", "linear"), dropout_rate=0.0)
 
 
 def _paths(tree, prefix=""):
