@@ -6,9 +6,10 @@ configs/models/t5_1_1_<size>.gin; its activation dtype is overridden by --dtype 
 float32: bfloat16 matmuls are emulated, and several times slower, on CPUs; pass --dtype=config to
 keep the gin file's bfloat16).
 
-Per-step times follow `speculative_t5x.benchmark.decode_step_timing`: --steps_per_call steps in one
-jitted fori_loop (cache carried in place, as in the decoding loop), compilation excluded, one
-warm-up call, the median (and IQR) of --repeats calls, divided by --steps_per_call.
+Per-step times follow `speculative_t5x.benchmark.decode_step_timing`: jitted fori_loops of
+--steps_per_call and of twice as many steps (cache carried in place, as in the decoding loop),
+compilation excluded, one warm-up call, the median (and IQR) over --repeats rounds of their
+difference divided by --steps_per_call.
 
 Writes bench_network.json and bench_network.md into --output_dir and prints the Markdown table.
 

@@ -1,17 +1,22 @@
 r"""The paper's Table 2 harness: batch-1 wall time of the baseline and of speculative decoding.
 
 For a target, its drafters, an input source and every (temperature, gamma), on identical inputs
-with the same rng, it measures per example:
+with the same rng, it measures per example, all settings of one example timed side by side in the
+same rounds (`benchmark.time_calls`):
   - the wall time of the baseline (`EncoderDecoderModel` + `decoding.temperature_sample`) and of
     speculative decoding (`SpeculativeEncoderDecoderModel`): compilation excluded, a warm-up call,
     the median (and IQR) of --repeats calls, each ended by `block_until_ready`;
+  - the wall time of each one's prefill (`model.prefill`: encoders and caches, the work before
+    the decoding loop);
   - alpha (mean beta) and tokens per target call, from the run's own statistics;
 and once per drafter, on compiled decode steps at the run's encoder and cache lengths:
   - c, the drafter's single-token step time over the target's;
   - the verification cost, the target on gamma + 1 tokens over the target on 1 token.
-Each row reports the measured speedup (total baseline time / total speculative time), Theorem 3.8's
-prediction with the measured alpha and c, the hardware-aware prediction that also uses the measured
-verification cost, and the efficiency = speedup / hardware-aware prediction.
+Each row reports the measured speedup (baseline time per decoded token over speculative time per
+decoded token: sampled decodes differ in length), the loop speedup (the same with each call's
+prefill taken off: the decoding loop, which Theorem 3.8 models), Theorem 3.8's prediction with the
+measured alpha and c, the hardware-aware prediction that also uses the measured verification cost,
+and the efficiency = loop speedup / hardware-aware prediction.
 
 Configuration is gin (configs/runs/benchmark.gin and the files including it; paths relative to the
 repository root or the working directory); the default is configs/runs/benchmark_tiny.gin, a tiny
@@ -211,12 +216,39 @@ def decoded_length(decodes: np.ndarray, eos_id: int) -> int:
   return int(eos[0]) + 1 if eos.size else int(decodes.shape[-1])
 
 
-def time_decode(fn, params, batch, rng, temperature) -> tuple[benchmark.Timing, tuple]:
-  """One decode for its outputs (this call compiles), then the timed ones -> (timing, outputs)."""
-  outputs = jax.device_get(fn(params, batch, rng, temperature))
-  timing = benchmark.time_call(fn, params, batch, rng, temperature, repeats=FLAGS.repeats,
-                               warmup=FLAGS.warmup)
-  return timing, outputs
+def time_example(settings: Mapping, batch: dict, rng, temperature: float, eos_id: int) -> dict:
+  """Times every setting's decode of one example, and its prefill (the encoders and caches, the
+  part before the decoding loop), side by side (`benchmark.time_calls`).
+
+  Args:
+    settings: key -> (jitted predict fn, jitted prefill fn, params); 'baseline' is the T5X loop,
+      the others speculative (their aux output holds the speculative stats).
+  Returns:
+    key -> {'timing', 'prefill', 'decodes', 'length'(, 'stats')}.
+  """
+  temperature = jnp.float32(temperature)
+  calls = {}
+  for key, (predict, prefill, params) in settings.items():
+    calls["decode", key] = (predict, (params, batch, rng, temperature))
+    calls["prefill", key] = (prefill, (params, batch))
+  timings = benchmark.time_calls(calls, repeats=FLAGS.repeats, warmup=FLAGS.warmup)
+  results = {}
+  for key in settings:
+    fn, args = calls["decode", key]
+    decodes, aux = jax.device_get(fn(*args))
+    results[key] = {"timing": timings["decode", key], "prefill": timings["prefill", key],
+                    "decodes": decodes, "length": decoded_length(decodes, eos_id)}
+    if key != "baseline":
+      results[key]["stats"] = {k: np.sum(v) for k, v in aux["speculative_stats"].items()}
+  return results
+
+
+def per_token_ms(results: Sequence[dict], loop_only: bool = False) -> float:
+  """Total time over total decoded tokens (EOS included) across examples, in ms; with loop_only,
+  each example's prefill time (median) is taken off its decode time (median) first."""
+  ms = sum(r["timing"].median_ms - (r["prefill"].median_ms if loop_only else 0.0)
+           for r in results)
+  return ms / sum(r["length"] for r in results)
 
 
 def summarize_times(timings: Sequence[benchmark.Timing]) -> dict:
@@ -233,19 +265,27 @@ def make_row(task, drafter, temperature, gamma, costs: benchmark.DecodeCosts, ba
   # beta is a float32 sum of minima; rounding can put it a hair above 1.
   alpha = min(summary["alpha"], 1.0)
   c, verify_cost = costs.c, costs.verify_cost(gamma)
-  baseline_ms = [b["timing"].median_ms for b in baseline]
-  speculative_ms = [r["timing"].median_ms for r in results]
-  speedup = sum(baseline_ms) / sum(speculative_ms)
+  # Per token: sampled decodes of the two differ in length (the same law, different draws).
+  speedup = per_token_ms(baseline) / per_token_ms(results)
+  loop_speedup = per_token_ms(baseline, loop_only=True) / per_token_ms(results, loop_only=True)
   predicted_hw = theory.speedup_hardware_aware(alpha, gamma, c, verify_cost)
+  # The same with the iteration's network work timed together (cache interference included).
+  predicted_in_situ = theory.expected_tokens(alpha, gamma) / costs.iteration_cost(gamma)
   matches = [bool(np.array_equal(b["decodes"], r["decodes"])) for b, r in zip(baseline, results)]
   return {
       "task": task, "drafter": drafter, "temperature": temperature, "gamma": gamma,
       "alpha": alpha, "tokens_per_target_call": summary["tokens_per_target_call"],
       "acceptance_rate": summary["acceptance_rate"], "c": c, "verify_cost": verify_cost,
-      "speedup": speedup, "predicted": theory.speedup(alpha, gamma, c),
-      "predicted_hw": predicted_hw, "efficiency": speedup / predicted_hw,
+      "speedup": speedup, "loop_speedup": loop_speedup,
+      "predicted": theory.speedup(alpha, gamma, c), "predicted_hw": predicted_hw,
+      "efficiency": loop_speedup / predicted_hw,
+      "iteration_cost": costs.iteration_cost(gamma),
+      "interference_ms": costs.interference_ms(gamma), "predicted_in_situ": predicted_in_situ,
+      "efficiency_in_situ": loop_speedup / predicted_in_situ,
       "baseline_ms": summarize_times([b["timing"] for b in baseline]),
       "speculative_ms": summarize_times([r["timing"] for r in results]),
+      "baseline_prefill_ms": summarize_times([b["prefill"] for b in baseline]),
+      "speculative_prefill_ms": summarize_times([r["prefill"] for r in results]),
       "baseline_tokens": [b["length"] for b in baseline],
       "speculative_tokens": [r["length"] for r in results],
       # At temperature 0 the outputs must be identical; at other temperatures they differ in
@@ -259,8 +299,9 @@ def markdown(rows: list[dict], costs_by_temperature: Mapping[float, Mapping[str,
              header: str) -> str:
   """results.md: Table 2's layout plus the timings and predictions, then the step costs."""
   columns = ["task", "drafter", "temp", "gamma", "alpha", "tokens/call", "c", "verify cost",
-             "baseline ms (IQR)", "speculative ms (IQR)", "speedup", "predicted", "predicted_hw",
-             "efficiency"]
+             "baseline ms (IQR)", "speculative ms (IQR)", "prefill ms (base / spec)", "speedup",
+             "loop speedup", "predicted", "predicted_hw", "efficiency", "iteration cost",
+             "efficiency in situ"]
   lines = [header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   for r in rows:
     b, s = r["baseline_ms"], r["speculative_ms"]
@@ -268,22 +309,36 @@ def markdown(rows: list[dict], costs_by_temperature: Mapping[float, Mapping[str,
         r["task"], r["drafter"], f"{r['temperature']:g}", str(r["gamma"]), f"{r['alpha']:.3f}",
         f"{r['tokens_per_target_call']:.2f}", f"{r['c']:.3f}", f"{r['verify_cost']:.2f}",
         f"{b['mean_median_ms']:.1f} ({b['mean_iqr_ms']:.1f})",
-        f"{s['mean_median_ms']:.1f} ({s['mean_iqr_ms']:.1f})", f"{r['speedup']:.2f}",
-        f"{r['predicted']:.2f}", f"{r['predicted_hw']:.2f}", f"{r['efficiency']:.2f}"]) + " |")
-  lines += ["", "Decode-step costs (per step incl. standardization and draw, median of the timed "
-            "calls):", ""] + costs_markdown(costs_by_temperature)
+        f"{s['mean_median_ms']:.1f} ({s['mean_iqr_ms']:.1f})",
+        f"{r['baseline_prefill_ms']['mean_median_ms']:.1f} / "
+        f"{r['speculative_prefill_ms']['mean_median_ms']:.1f}", f"{r['speedup']:.2f}",
+        f"{r['loop_speedup']:.2f}", f"{r['predicted']:.2f}", f"{r['predicted_hw']:.2f}",
+        f"{r['efficiency']:.2f}", f"{r['iteration_cost']:.2f}",
+        f"{r['efficiency_in_situ']:.2f}"]) + " |")
+  lines += ["", "speedup: baseline over speculative time per decoded token (whole calls); loop "
+            "speedup: the same with each call's prefill (encoders and caches, timed alongside) "
+            "taken off, the part Theorem 3.8 models; efficiency: loop speedup / predicted_hw. "
+            "iteration cost: gamma drafter steps and the verification timed together in one "
+            "loop, over the target's step (apart they cost gamma * c + verify cost); efficiency "
+            "in situ: loop speedup / (expected tokens per iteration / iteration cost), the "
+            "speculative loop's own overhead (acceptance, writes, bookkeeping) alone.",
+            "", "Decode-step costs (marginal time per step incl. standardization and draw, median "
+            "over the timed rounds):", ""] + costs_markdown(costs_by_temperature)
   return "\n".join(lines) + "\n"
 
 
 def costs_markdown(costs_by_temperature) -> list[str]:
   """The step-cost table (per temperature and drafter) as Markdown lines."""
-  lines = ["| temp | drafter | target step ms | drafter step ms | c | verify cost by gamma |",
-           "|---|---|---|---|---|---|"]
+  lines = ["| temp | drafter | target step ms | drafter step ms | c | verify cost by gamma | "
+           "iteration cost by gamma | interference ms by gamma |", "|---|---|---|---|---|---|---|---|"]
   for temperature, costs in costs_by_temperature.items():
     for name, cost in costs.items():
-      verify = ", ".join(f"{g}: {cost.verify_cost(g):.2f}" for g in sorted(cost.verify))
+      by_gamma = lambda f, digits: ", ".join(  # noqa: E731
+          f"{g}: {f(g):.{digits}f}" for g in sorted(cost.verify))
       lines.append(f"| {temperature:g} | {name} | {cost.target_step.median_ms:.3f} | "
-                   f"{cost.drafter_step.median_ms:.3f} | {cost.c:.3f} | {verify} |")
+                   f"{cost.drafter_step.median_ms:.3f} | {cost.c:.3f} | "
+                   f"{by_gamma(cost.verify_cost, 2)} | {by_gamma(cost.iteration_cost, 2)} | "
+                   f"{by_gamma(cost.interference_ms, 3)} |")
   return lines
 
 
@@ -324,40 +379,34 @@ def main(argv):
     return
 
   target = network.Transformer(setup.target_config)
-  baseline_fn = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
+  baseline_model = models.EncoderDecoderModel(target, vocabulary, vocabulary)
   batches = [{"encoder_input_tokens": jnp.asarray(row[None]),
               "decoder_input_tokens": jnp.zeros((1, decode_length), jnp.int32)} for row in inputs]
   rngs = [jax.random.fold_in(jax.random.PRNGKey(setup.seed), i) for i in range(len(batches))]
-  progress = tqdm.tqdm(total=len(temperatures) * len(batches) * (1 + len(drafters) * len(gammas)),
-                       desc="decodes", unit="setting")
-
-  def run(fn, params, temperature, with_stats):
-    results = []
-    for batch, rng in zip(batches, rngs):
-      timing, (decodes, aux) = time_decode(fn, params, batch, rng, jnp.float32(temperature))
-      result = {"timing": timing, "decodes": decodes,
-                "length": decoded_length(decodes, vocabulary.eos_id)}
-      if with_stats:
-        result["stats"] = {k: np.sum(v) for k, v in aux["speculative_stats"].items()}
-      results.append(result)
-      progress.update()
-    return results
-
-  baseline = {t: run(baseline_fn, target_params, t, False) for t in temperatures}
-  speculative_fns = {}  # (drafter config, gamma) -> jitted predict: drafters of one shape share it.
-  rows = []
+  # setting -> (jitted predict, jitted prefill, params); drafters of one shape share functions.
+  settings = {"baseline": (baseline_model.jit_predict(), jax.jit(baseline_model.prefill),
+                           target_params)}
+  functions = {}
   for name, (drafter_config, drafter_params) in drafters.items():
-    params = {"target": target_params, "drafter": drafter_params}
     for gamma in gammas:
-      if (drafter_config, gamma) not in speculative_fns:
+      if (drafter_config, gamma) not in functions:
         model = models.SpeculativeEncoderDecoderModel(target, network.Transformer(drafter_config),
                                                       vocabulary, vocabulary, gamma=gamma)
-        speculative_fns[drafter_config, gamma] = model.jit_predict()
-      for temperature in temperatures:
-        results = run(speculative_fns[drafter_config, gamma], params, temperature, True)
-        rows.append(make_row(task, name, temperature, gamma,
-                             costs_by_temperature[temperature][name], baseline[temperature],
-                             results))
+        functions[drafter_config, gamma] = (model.jit_predict(), jax.jit(model.prefill))
+      settings[name, gamma] = (*functions[drafter_config, gamma],
+                               {"target": target_params, "drafter": drafter_params})
+  # results[temperature][setting]: one result per example.
+  results = {t: {key: [] for key in settings} for t in temperatures}
+  progress = tqdm.tqdm(total=len(temperatures) * len(batches), desc="examples", unit="example")
+  for temperature in temperatures:
+    for batch, rng in zip(batches, rngs):
+      for key, result in time_example(settings, batch, rng, temperature,
+                                             vocabulary.eos_id).items():
+        results[temperature][key].append(result)
+      progress.update()
+  rows = [make_row(task, name, t, gamma, costs_by_temperature[t][name], results[t]["baseline"],
+                   results[t][name, gamma])
+          for name in drafters for gamma in gammas for t in temperatures]
   progress.close()
 
   header = (f"Batch 1, {len(batches)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "

@@ -1,15 +1,16 @@
 """Timing harness shared by the scripts: wall time of jitted calls, and the cost ratios of Thm 3.8.
 
 Every measurement follows DESIGN.md's standards of evidence: the first call (compilation) is
-excluded, then `warmup` untimed calls, then `repeats` timed calls, each ended by
-`jax.block_until_ready`; results are the median, minimum, maximum and interquartile range.
+excluded, then `warmup` untimed calls, then `repeats` timed rounds, each call ended by
+`jax.block_until_ready`; calls that are compared are timed in the same rounds (`time_calls`);
+results are the median, minimum, maximum and interquartile range.
 
-Decode steps are timed the way the decoding loops run them: `steps_per_call` cached decode steps
-inside one jitted `lax.fori_loop`, the cache carried (and written in place) from step to step, each
-step's logits feeding the next step's input tokens, at advancing positions of a cache of realistic
-length, after an encoder of realistic length. The per-step time is the call time over
-`steps_per_call`, so the per-call dispatch overhead, which the `lax.while_loop` of a real decode
-never pays, is spread thin; `steps_per_call=1` times literally one compiled call.
+Decode steps are timed the way the decoding loops run them: cached decode steps inside one jitted
+`lax.fori_loop`, the cache carried (and written in place) from step to step, each step's logits
+feeding the next step's input tokens, at advancing positions of a cache of realistic length, after
+an encoder of realistic length. A step's time is marginal: a call of many steps minus a call of
+fewer, over the difference (see `time_decode_steps`), so what a call pays once (dispatch, copying
+the cache in), which the `lax.while_loop` of a real decode does not pay per step, cancels.
 
 From these come the paper's cost coefficient c (Definition 3.7: one drafter step over one target
 step, both on a single token) and the verification cost (the target on gamma + 1 tokens over the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ from speculative_t5x import sampling
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 1
 DEFAULT_STEPS_PER_CALL = 8
+EXTRA_PASSES = 4  # step times: calls of 1 + EXTRA_PASSES passes minus calls of 1 pass.
 # Random drafters for random-weight runs. 'independent': its own random weights (alpha is whatever
 # two unrelated random models share); 'copy': the target's own weights (alpha ~ 1, c ~ 1). Both
 # exercise the mechanics only: the alpha of random models says nothing about real drafters.
@@ -73,16 +75,50 @@ def time_call(fn: Callable[..., Any], *args, repeats: int = DEFAULT_REPEATS,
   Calls fn once and blocks (compilation), `warmup` more times untimed, then `repeats` timed calls,
   each ended by `jax.block_until_ready` on the whole output pytree.
   """
+  return time_calls({"call": (fn, args)}, repeats=repeats, warmup=warmup)["call"]
+
+
+def time_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]], *,
+               repeats: int = DEFAULT_REPEATS,
+               warmup: int = DEFAULT_WARMUP) -> dict[Hashable, Timing]:
+  """Wall times of several jitted calls measured side by side, compilation excluded.
+
+  Each call runs once (compilation) and `warmup` more times untimed; then come `repeats` rounds,
+  each timing every call once, in an order rotated from round to round. Calls compared with each
+  other (a baseline and its speculative decode, a target step and a drafter step) so share the
+  same minutes of the machine: a slow spell (another process, frequency scaling) lands on all of
+  them alike instead of on whichever was timed during it.
+
+  Args:
+    calls: name -> (jitted fn, args); each timed as `jax.block_until_ready(fn(*args))`.
+  Returns:
+    name -> Timing.
+  """
+  return {name: Timing.from_seconds(seconds)
+          for name, seconds in time_rounds(calls, repeats=repeats, warmup=warmup).items()}
+
+
+def time_rounds(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]], *,
+                repeats: int = DEFAULT_REPEATS,
+                warmup: int = DEFAULT_WARMUP) -> dict[Hashable, np.ndarray]:
+  """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r."""
   if int(repeats) < 1 or int(warmup) < 0:
     raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
-  for _ in range(1 + int(warmup)):
-    jax.block_until_ready(fn(*args))
-  seconds = []
-  for _ in range(int(repeats)):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    seconds.append(time.perf_counter() - start)
-  return Timing.from_seconds(seconds)
+  if not calls:
+    raise ValueError("no calls to time.")
+  names = list(calls)
+  for name in names:
+    fn, args = calls[name]
+    for _ in range(1 + int(warmup)):
+      jax.block_until_ready(fn(*args))
+  seconds = {name: np.zeros(int(repeats)) for name in names}
+  for r in range(int(repeats)):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      fn, args = calls[name]
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      seconds[name][r] = time.perf_counter() - start
+  return seconds
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,60 +194,133 @@ def _feedback_tokens(logits: jax.Array) -> jax.Array:
                    _FIRST_NON_SPECIAL_ID).astype(jnp.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """`repeats` cached decode steps of one network on k tokens, at consecutive positions."""
+  config: network.T5Config
+  params: dict
+  k: int = 1
+  repeats: int = 1
+
+
+def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
+                     temperature: float | None = None, batch: int = 1, passes: int = 1,
+                     seed: int = 0) -> tuple[Callable[..., Any], tuple]:
+  """A jitted call of `passes` x `geometry.steps_per_call` loop steps, each running the stages in
+  order, against caches of `geometry.cache_length` after encoder inputs
+  [batch, geometry.encoder_length] -> (fn, args) for `time_calls`.
+
+  Loop step i runs each stage's decode steps at cache_index = position + i (+ r for its r-th
+  repeat), on the first k of the tokens the previous decode step produced from its logits, writing
+  the caches in place. With `temperature` None only the networks are timed; with a temperature
+  every decode step is what the decoding loops run per call: the network, the standardized
+  distribution of all k positions (`sampling.Standardizer`) and a draw from each (at a greedy
+  temperature: the argmax of the logits, as the greedy loops do). One stage [Stage(target, k)] is a
+  step of the baseline (k = 1) or a verification (k = gamma + 1); [Stage(drafter, 1, gamma),
+  Stage(target, gamma + 1)] is the network work of one speculative iteration.
+  """
+  width = max(stage.k for stage in stages)
+  for stage in stages:
+    geometry.check(stage.k + stage.repeats - 1)
+  modules = [network.Transformer(stage.config) for stage in stages]
+  rng_encoder, rng_tokens = jax.random.split(jax.random.PRNGKey(seed))
+  vocab = stages[0].config.vocab_size
+  if any(stage.config.vocab_size != vocab for stage in stages):
+    raise ValueError("the stages' networks must share one vocabulary (they feed each other "
+                     f"tokens), got sizes {[stage.config.vocab_size for stage in stages]}.")
+  encoder_tokens = random_tokens(rng_encoder, vocab, (batch, geometry.encoder_length))
+  tokens = random_tokens(rng_tokens, vocab, (batch, width))
+
+  @jax.jit
+  def prepare(params):
+    caches = []
+    for module, p in zip(modules, params):
+      encoded = module.apply({"params": p}, encoder_tokens, method=module.encode)
+      caches.append(module.apply({"params": p}, encoded, encoder_tokens, geometry.cache_length,
+                                 method=module.init_decode_cache))
+    return caches
+
+  steps = geometry.steps_per_call
+  u = sampling.uniforms(jax.random.PRNGKey(seed), (passes * steps, batch, width))
+  # As in the loops: a greedy temperature is static (argmax only), any other one is traced.
+  greedy = temperature is not None and sampling.is_greedy(temperature)
+
+  @jax.jit
+  def run(params, caches, tokens, u, temp):
+    standardize = sampling.Standardizer(0.0 if greedy else temp)
+
+    def step(i, carry):
+      caches, tokens = list(carry[0]), carry[1]
+      for s, (stage, module) in enumerate(zip(stages, modules)):
+        for r in range(stage.repeats):
+          index = jnp.full((batch,), geometry.position + r, jnp.int32) + i % steps
+          logits, caches[s] = module.apply({"params": params[s]}, tokens[:, :stage.k], caches[s],
+                                           index, method=module.decode)
+          if temperature is None:
+            drawn = _feedback_tokens(logits)
+          else:
+            drawn = standardize.draw_from_logits(u[i, :, :stage.k], logits)[0]
+          tokens = tokens.at[:, :stage.k].set(drawn)
+      return caches, tokens
+    return jax.lax.fori_loop(0, passes * steps, step, (caches, tokens))[1]
+
+  params = [stage.params for stage in stages]
+  return run, (params, prepare(params), tokens, u, jnp.float32(temperature or 0.0))
+
+
+def time_decode_steps(steps: Mapping[Hashable, Sequence[Stage]],
+                      geometry: DecodeGeometry, *, temperature: float | None = None,
+                      batch: int = 1, repeats: int = DEFAULT_REPEATS,
+                      warmup: int = DEFAULT_WARMUP) -> dict[Hashable, Timing]:
+  """Per-loop-step times of `name -> stages` (see `decode_step_call`), all timed side by side
+  (`time_rounds`).
+
+  A step's time is the marginal one, as a decoding loop pays it: in each round, the time of a call
+  running 1 + EXTRA_PASSES passes over the geometry's `steps_per_call` positions minus that of a
+  call running one pass, divided by the EXTRA_PASSES x `steps_per_call` extra steps. What a call
+  pays once (dispatch, the copy of the cache into the loop, the encoder) cancels.
+  Raises ValueError if the extra steps took no measurable time (noise larger than the steps).
+  """
+  calls = {}
+  for name, stages in steps.items():
+    for passes in (1, 1 + EXTRA_PASSES):
+      calls[name, passes] = decode_step_call(stages, geometry, temperature=temperature,
+                                             batch=batch, passes=passes)
+  seconds = time_rounds(calls, repeats=repeats, warmup=warmup)
+  extra_steps = EXTRA_PASSES * geometry.steps_per_call
+  timings = {name: Timing.from_seconds((seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1])
+                                       / extra_steps) for name in steps}
+  for name, timing in timings.items():
+    if timing.median_ms <= 0:
+      raise ValueError(f"could not resolve the step time of {name}: {extra_steps} extra steps took "
+                       f"a median of {timing.median_ms * extra_steps:.4f} ms, within the noise; "
+                       "raise the repeats or steps_per_call.")
+  return timings
+
+
 def decode_step_timing(config: network.T5Config, params: dict, k: int, geometry: DecodeGeometry,
                        *, temperature: float | None = None, batch: int = 1,
-                       repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
-                       seed: int = 0) -> Timing:
-  """Per-step time of `Transformer.decode` on k tokens [batch, k] against a cache of
-  `geometry.cache_length` after an encoder input [batch, geometry.encoder_length].
-
-  Step i of each call decodes at cache_index = position + i, writes the cache in place and feeds
-  back tokens computed from its logits; the call's time is divided by `geometry.steps_per_call`.
-  With `temperature` None only the network is timed; with a temperature the step is what the
-  decoding loops run per call: the network, the standardized distribution of all k positions
-  (`sampling.Standardizer`) and a draw from each, the drawn tokens being fed back.
-  """
-  geometry.check(k)
-  module = network.Transformer(config)
-  rng_encoder, rng_tokens = jax.random.split(jax.random.PRNGKey(seed))
-  encoder_tokens = random_tokens(rng_encoder, config.vocab_size, (batch, geometry.encoder_length))
-  tokens = random_tokens(rng_tokens, config.vocab_size, (batch, k))
-
-  @jax.jit
-  def prepare(params, encoder_tokens):
-    encoded = module.apply({"params": params}, encoder_tokens, method=module.encode)
-    return module.apply({"params": params}, encoded, encoder_tokens, geometry.cache_length,
-                        method=module.init_decode_cache)
-
-  rng, temp = jax.random.PRNGKey(seed), jnp.float32(temperature or 0.0)
-
-  @jax.jit
-  def run(params, cache, tokens):
-    def step(i, carry):
-      cache, tokens = carry
-      index = jnp.full((batch,), geometry.position, jnp.int32) + i
-      logits, cache = module.apply({"params": params}, tokens, cache, index, method=module.decode)
-      if temperature is None:
-        return cache, _feedback_tokens(logits)
-      standardize = sampling.Standardizer(temp)
-      return cache, standardize.draw(jax.random.fold_in(rng, i), standardize(logits))
-    return jax.lax.fori_loop(0, geometry.steps_per_call, step, (cache, tokens))[1]
-
-  cache = prepare(params, encoder_tokens)
-  timing = time_call(run, params, cache, tokens, repeats=repeats, warmup=warmup)
-  return timing.per_step(geometry.steps_per_call)
+                       repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP) -> Timing:
+  """Per-step time of `Transformer.decode` on k tokens [batch, k] (see `time_decode_steps`)."""
+  return time_decode_steps({"step": [Stage(config, params, k)]}, geometry,
+                           temperature=temperature, batch=batch, repeats=repeats,
+                           warmup=warmup)["step"]
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeCosts:
   """Single-step timings of a (target, drafter) pair and the ratios Theorem 3.8 needs.
 
-  target_step, drafter_step: one token each; verify: gamma -> the target on gamma + 1 tokens.
+  target_step, drafter_step: one token each; verify: gamma -> the target on gamma + 1 tokens;
+  iteration: gamma -> gamma drafter steps then the target on gamma + 1 tokens, timed together in
+  one loop: the network work of one speculative iteration as the loop pays it, where the two
+  networks evict each other's weights from the processor's caches.
   """
   geometry: DecodeGeometry
   target_step: Timing
   drafter_step: Timing
   verify: dict[int, Timing]
+  iteration: dict[int, Timing]
 
   @property
   def c(self) -> float:
@@ -220,16 +329,34 @@ class DecodeCosts:
 
   def verify_cost(self, gamma: int) -> float:
     """Target time on gamma + 1 tokens over target time on 1 token (Theorem 3.8 assumes 1)."""
-    if gamma not in self.verify:
-      raise ValueError(f"no verification timing for gamma={gamma}: measured {sorted(self.verify)}.")
-    return self.verify[gamma].median_ms / self.target_step.median_ms
+    return self._get(self.verify, gamma).median_ms / self.target_step.median_ms
+
+  def iteration_cost(self, gamma: int) -> float:
+    """The network work of one iteration timed together, over the target's step: what
+    gamma * c + verify_cost would be if the two networks did not slow each other down."""
+    return self._get(self.iteration, gamma).median_ms / self.target_step.median_ms
+
+  def interference_ms(self, gamma: int) -> float:
+    """How much longer the iteration's network work takes together than its parts apart."""
+    apart = gamma * self.drafter_step.median_ms + self._get(self.verify, gamma).median_ms
+    return self._get(self.iteration, gamma).median_ms - apart
+
+  @staticmethod
+  def _get(timings: dict[int, Timing], gamma: int) -> Timing:
+    if gamma not in timings:
+      raise ValueError(f"no timing for gamma={gamma}: measured {sorted(timings)}.")
+    return timings[gamma]
 
   def as_dict(self) -> dict:
+    gammas = sorted(self.verify)
     return {"geometry": dataclasses.asdict(self.geometry), "c": self.c,
-            "verify_cost": {str(g): self.verify_cost(g) for g in sorted(self.verify)},
+            "verify_cost": {str(g): self.verify_cost(g) for g in gammas},
+            "iteration_cost": {str(g): self.iteration_cost(g) for g in gammas},
+            "interference_ms": {str(g): self.interference_ms(g) for g in gammas},
             "target_step_ms": self.target_step.as_dict(),
             "drafter_step_ms": self.drafter_step.as_dict(),
-            "verify_ms": {str(g): t.as_dict() for g, t in sorted(self.verify.items())}}
+            "verify_ms": {str(g): t.as_dict() for g, t in sorted(self.verify.items())},
+            "iteration_ms": {str(g): t.as_dict() for g, t in sorted(self.iteration.items())}}
 
 
 def measure_costs(target_config: network.T5Config, target_params: dict,
@@ -243,7 +370,8 @@ def measure_costs(target_config: network.T5Config, target_params: dict,
 
   The target's single-token step and its steps on gamma + 1 tokens (every gamma) are timed once
   and shared; each drafter's single-token step is timed, except for a drafter that is the target
-  itself (same config, same parameter objects), whose step is the target's (c = 1).
+  itself (same config, same parameter objects), whose step is the target's (c = 1); and for each
+  drafter and gamma, one iteration's network work together (`DecodeCosts.iteration`).
 
   Args:
     drafters: name -> (config, params).
@@ -252,13 +380,23 @@ def measure_costs(target_config: network.T5Config, target_params: dict,
   """
   if not gammas or min(gammas) < 1:
     raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
-  timing = lambda config, params, k: decode_step_timing(  # noqa: E731
-      config, params, k, geometry, temperature=temperature, repeats=repeats, warmup=warmup)
-  target_step = timing(target_config, target_params, 1)
-  verify = {int(g): timing(target_config, target_params, int(g) + 1) for g in sorted(set(gammas))}
-  costs = {}
+  gammas = sorted({int(g) for g in gammas})
+  steps = {("target", 1): [Stage(target_config, target_params, 1)]}
+  steps.update({("target", g + 1): [Stage(target_config, target_params, g + 1)] for g in gammas})
   for name, (config, params) in drafters.items():
-    is_target = config == target_config and params is target_params
-    drafter_step = target_step if is_target else timing(config, params, 1)
-    costs[name] = DecodeCosts(geometry, target_step, drafter_step, verify)
+    if not (config == target_config and params is target_params):
+      steps[("drafter", name)] = [Stage(config, params, 1)]
+    for g in gammas:
+      steps[("iteration", name, g)] = [Stage(config, params, 1, g),
+                                       Stage(target_config, target_params, g + 1)]
+  # All steps timed side by side: their ratios are what Theorem 3.8 needs.
+  timings = time_decode_steps(steps, geometry, temperature=temperature, repeats=repeats,
+                              warmup=warmup)
+  target_step = timings["target", 1]
+  verify = {g: timings["target", g + 1] for g in gammas}
+  costs = {}
+  for name in drafters:
+    drafter_step = timings.get(("drafter", name), target_step)
+    costs[name] = DecodeCosts(geometry, target_step, drafter_step, verify,
+                              {g: timings["iteration", name, g] for g in gammas})
   return costs

@@ -41,14 +41,14 @@ class DecodingState:
 
 @flax.struct.dataclass
 class SamplingLoopState:
-  """The baseline's loop carry (T5X's fields)."""
+  """The baseline's loop carry: T5X's fields but `rng` (the uniforms are drawn before the loop,
+  see `sampling.uniforms`)."""
   step: jax.Array
   cur_index: jax.Array
   sequences: jax.Array  # [B*N, L+2]: a BOS slot, L decoded slots, a spare slot.
   cache: Any
   cur_token: jax.Array  # [B*N, 1]
   ended: jax.Array  # [B*N, 1] bool
-  rng: jax.Array
   log_prob: jax.Array  # [B*N]
 
 
@@ -92,6 +92,17 @@ def _write_rows(buffer: jax.Array, block: jax.Array, start: jax.Array) -> jax.Ar
   return jax.vmap(lambda b, x, i: jax.lax.dynamic_update_slice(b, x, (i,)))(buffer, block, start)
 
 
+def _log_probs(logits: jax.Array, probs: jax.Array | None, tokens: jax.Array,
+               rescale: bool) -> jax.Array:
+  """log-probabilities of tokens [...] under the standardized distribution probs [..., V] (rescale)
+  or under softmax(logits) -> [...]; probs None means greedy, where the kept tokens are the
+  argmaxes of one-hot distributions: log 1 = 0."""
+  if rescale and probs is None:
+    return jnp.zeros(tokens.shape, jnp.float32)
+  token_probs = probs if rescale else jax.nn.softmax(logits.astype(jnp.float32))
+  return jnp.log(jnp.take_along_axis(token_probs, tokens[..., None], axis=-1)[..., 0])
+
+
 def temperature_sample(inputs: jax.Array, cache: Any,
                        tokens_to_logits: Callable[[DecodingState], tuple[jax.Array, Any]],
                        eos_id: int, decode_rng: jax.Array | None = None, num_decodes: int = 1,
@@ -109,7 +120,8 @@ def temperature_sample(inputs: jax.Array, cache: Any,
     cache: the cache pytree at batch B (batch on axis `cache_offset`).
     tokens_to_logits: DecodingState -> (logits [B*N, V], new cache).
     eos_id: a row ends when it produces an EOS beyond those in its prompt.
-    decode_rng: PRNG key (default PRNGKey(0)).
+    decode_rng: PRNG key (default PRNGKey(0)); step i draws with the uniforms [B*N] at row i of
+      `sampling.uniforms(decode_rng, (L, B*N))`.
     num_decodes: N independent samples per item.
     temperature: scalar or [B]; at or below 1e-4 greedy (argmax).
     topk: T5X's default 1 is greedy; 0 means no cutoff.
@@ -130,9 +142,10 @@ def temperature_sample(inputs: jax.Array, cache: Any,
   rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   inputs = expand_rows(inputs, num_decodes)
   cache = expand_rows(cache, num_decodes, axis=cache_offset)
-  temperature = jnp.asarray(temperature, jnp.float32)
-  if temperature.ndim == 1:
-    temperature = jnp.repeat(temperature, num_decodes)
+  if not sampling.is_greedy(temperature):  # a greedy temperature stays static (see sampling).
+    temperature = jnp.asarray(temperature, jnp.float32)
+    if temperature.ndim == 1:
+      temperature = jnp.repeat(temperature, num_decodes)
   if initial_index is not None:
     initial_index = expand_rows(jnp.asarray(initial_index, jnp.int32), num_decodes)
   rows = batch * num_decodes
@@ -148,36 +161,34 @@ def temperature_sample(inputs: jax.Array, cache: Any,
   def cond(state: SamplingLoopState):
     return ~jnp.all(state.ended)
 
+  u = sampling.uniforms(rng, (length, rows))  # every step reads its row; steps < length.
+
   def body(state: SamplingLoopState):
     if state_callback_fn is not None:
       state = state_callback_fn(state)
-    rng, rng_next = jax.random.split(state.rng)
     decoding_state = DecodingState(cur_index=state.cur_index, sequences=state.sequences[:, :-2],
                                    cur_token=state.cur_token, cache=state.cache)
     logits, new_cache = tokens_to_logits(decoding_state)
     if logit_callback_fn is not None:
       logits = logit_callback_fn(logits, state)
-    probs = standardize(logits)
-    sampled = standardize.draw(rng, probs)
+    sampled, probs = standardize.draw_from_logits(u[jnp.minimum(state.step, length - 1)], logits)
     i = jnp.minimum(state.cur_index, length)
     forced_token = jnp.take_along_axis(state.sequences, (i + 1)[:, None], axis=1)[:, 0]
     forced = forced_token != 0
     token = jnp.where(forced, forced_token, sampled)
     ended = state.ended[:, 0]
-    token_probs = probs if rescale_log_probs else jax.nn.softmax(logits.astype(jnp.float32))
-    token_log_prob = jnp.log(jnp.take_along_axis(token_probs, token[:, None], axis=1)[:, 0])
+    token_log_prob = _log_probs(logits, probs, token, rescale_log_probs)
     log_prob = state.log_prob + jnp.where(forced | ended, 0.0, token_log_prob)
     token = jnp.where(ended, 0, token)
     sequences = _write_rows(state.sequences, token[:, None], i + 1)
     ended = ended | ((token == eos_id) & ~forced) | (i >= max_len - 1)
     return SamplingLoopState(step=state.step + 1, cur_index=i + 1, sequences=sequences,
                              cache=new_cache, cur_token=token[:, None], ended=ended[:, None],
-                             rng=rng_next, log_prob=log_prob)
+                             log_prob=log_prob)
 
   init = SamplingLoopState(step=jnp.int32(0), cur_index=index0, sequences=sequences0, cache=cache,
                            cur_token=token0.astype(jnp.int32),
-                           ended=jnp.zeros((rows, 1), bool), rng=rng,
-                           log_prob=jnp.zeros((rows,), jnp.float32))
+                           ended=jnp.zeros((rows, 1), bool), log_prob=jnp.zeros((rows,), jnp.float32))
   final = jax.lax.while_loop(cond, body, init)
   if state_callback_fn is not None:
     final = state_callback_fn(final)
@@ -193,7 +204,6 @@ class SpeculativeLoopState:
   ended: jax.Array  # [rows] bool
   target_cache: Any
   drafter_state: Any
-  rng: jax.Array
   log_prob: jax.Array  # [rows]
   stats: dict  # STAT_NAMES -> [rows]
   iteration: jax.Array  # scalar int32
@@ -229,7 +239,9 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
     eos_id: end-of-sequence id; tokens accepted after it are dropped.
     gamma: drafts per target call (static).
     decode_rng, num_decodes, temperature, topk, topp, max_decode_steps: as in temperature_sample
-      (topk defaults to 0 here: no cutoff).
+      (topk defaults to 0 here: no cutoff). Iteration i uses the uniforms [B*N, 2 gamma + 1] at
+      row i of `sampling.uniforms(decode_rng, (L, B*N, 2 gamma + 1))`: gamma for the drafts, gamma
+      for the acceptance tests, one for the correction token.
     rescale_log_probs: log-probs from the standardized target distribution (True) or from the
       target's raw softmax (False).
     return_trace: also return what happened at each iteration (for inspection; costs memory).
@@ -247,25 +259,33 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
   batch, length = inputs.shape
   rows = batch * num_decodes
   rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
-  temperature = jnp.asarray(temperature, jnp.float32)
-  if temperature.ndim == 1:
-    temperature = jnp.repeat(temperature, num_decodes)[:, None]  # [rows, 1] against [rows, k, V]
+  if not sampling.is_greedy(temperature):  # a greedy temperature stays static (see sampling).
+    temperature = jnp.asarray(temperature, jnp.float32)
+    if temperature.ndim == 1:
+      temperature = jnp.repeat(temperature, num_decodes)[:, None]  # [rows, 1] vs [rows, k, V]
 
   standardize = sampling.Standardizer(temperature, topk, topp)
 
   max_len = _max_lengths(max_decode_steps, jnp.zeros((rows,), jnp.int32), length)
   block = jnp.arange(gamma + 1)[None]  # [1, gamma+1]
 
+  # Every active row emits at least one token per iteration: at most L iterations.
+  uniforms = sampling.uniforms(rng, (length, rows, 2 * gamma + 1))
+
   def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
-    rng, rng_draft, rng_accept = jax.random.split(state.rng, 3)
+    u = uniforms[jnp.minimum(state.iteration, length - 1)]
     drafts, q, drafter_state = drafter.propose(drafter_params, state.drafter_state,
-                                               state.sequences, state.length, gamma, rng_draft,
+                                               state.sequences, state.length, gamma, u[:, :gamma],
                                                standardize)
     pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
     logits, target_cache = target_logits_fn(jnp.concatenate([pending, drafts], axis=1),
                                             state.target_cache, state.length)
-    p = standardize(logits)
-    n, token, beta = speculative.accept(p, q, drafts, rng_accept, standardize.draw)
+    if standardize.greedy:
+      p = None
+      n, token, beta = speculative.accept_greedy(sampling.argmax(logits), drafts)
+    else:
+      p = standardize(logits)
+      n, token, beta = speculative.accept(p, q, drafts, u[:, gamma:], standardize.draw)
 
     # New tokens: the n accepted drafts, then the correction (or bonus) token.
     out = jnp.where(block < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), token[:, None])
@@ -278,8 +298,7 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
     out = jnp.where(kept, out, 0)
     sequences = _write_rows(state.sequences, out, state.length)
 
-    token_probs = p if rescale_log_probs else jax.nn.softmax(logits)
-    out_log_prob = jnp.log(jnp.take_along_axis(token_probs, out[..., None], axis=-1)[..., 0])
+    out_log_prob = _log_probs(logits, p, out, rescale_log_probs)
     log_prob = state.log_prob + jnp.sum(jnp.where(kept, out_log_prob, 0.0), axis=1)
 
     active = (~state.ended).astype(jnp.int32)
@@ -299,7 +318,7 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
     new_length = state.length + emitted
     ended = state.ended | jnp.any(is_eos & kept, axis=1) | (new_length >= max_len)
     return SpeculativeLoopState(sequences=sequences, length=new_length, ended=ended,
-                                target_cache=target_cache, drafter_state=drafter_state, rng=rng,
+                                target_cache=target_cache, drafter_state=drafter_state,
                                 log_prob=log_prob, stats=stats, iteration=state.iteration + 1,
                                 trace=trace)
 
@@ -309,7 +328,7 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
       sequences=jnp.zeros((rows, length + gamma + 1), jnp.int32),
       length=jnp.zeros((rows,), jnp.int32), ended=max_len <= 0,
       target_cache=expand_rows(target_cache, num_decodes),
-      drafter_state=expand_rows(drafter_state, num_decodes), rng=rng,
+      drafter_state=expand_rows(drafter_state, num_decodes),
       log_prob=jnp.zeros((rows,), jnp.float32), stats=stats0, iteration=jnp.int32(0),
       trace={name: jnp.zeros((rows, length) + ((gamma,) if name == "drafts" else ()), jnp.int32)
              for name in TRACE_NAMES} if return_trace else {})

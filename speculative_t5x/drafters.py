@@ -30,6 +30,13 @@ def decoder_inputs(sequences: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.where(positions > 0, previous, 0).astype(jnp.int32)
 
 
+def _draw(standardize: sampling.Standardizer, u: jax.Array, logits: jax.Array):
+  """One draft per row: logits [B, 1, V], u [B] -> (draft [B], q [B, V] or None when greedy).
+  The block axis stays while standardizing: a per-row temperature is [B, 1]."""
+  draft, q = standardize.draw_from_logits(u[:, None], logits)
+  return draft[:, 0], None if q is None else q[:, 0]
+
+
 class Drafter(abc.ABC):
   """A source of drafts. Its state is a pytree carried through the decoding loop."""
   vocab_size: int
@@ -42,8 +49,10 @@ class Drafter(abc.ABC):
 
   @abc.abstractmethod
   def propose(self, params: Any, state: Any, sequences: jax.Array, length: jax.Array, gamma: int,
-              rng: jax.Array, standardize: sampling.Standardizer) -> tuple[jax.Array, jax.Array, Any]:
-    """-> drafts [B, gamma] int32, q [B, gamma, V] float32 (drafts[:, i] ~ q[:, i]), new state."""
+              u: jax.Array, standardize: sampling.Standardizer) -> tuple[jax.Array, jax.Array, Any]:
+    """u [B, gamma]: U[0, 1) draws, u[:, i] for draft i (`Standardizer.draw`)
+    -> drafts [B, gamma] int32, q [B, gamma, V] float32 (drafts[:, i] ~ q[:, i]), new state.
+    When `standardize.greedy`, q may be None: the drafts are then argmaxes and q their one-hot."""
 
   @property
   def steps_per_draft(self) -> int:
@@ -77,29 +86,28 @@ class T5Drafter(Drafter):
     return module.apply({"params": params}, encoded, encoder_input_tokens, cache_length,
                         method=module.init_decode_cache)
 
-  def propose(self, params, state, sequences, length, gamma, rng, standardize):
+  def propose(self, params, state, sequences, length, gamma, u, standardize):
     module = self.module
     decode = lambda tokens, cache, index: module.apply(  # noqa: E731
         {"params": params}, tokens, cache, index, method=module.decode)
-    rngs = jax.random.split(rng, gamma)
     start = jnp.maximum(length - 1, 0)
     block = decoder_inputs(sequences, start[:, None] + jnp.arange(2)[None])
     logits, cache = decode(block, state, start)
     logits = jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1)
-    q_first = standardize(logits)[:, 0]
-    first = standardize.draw(rngs[0], q_first)
+    first, q_first = _draw(standardize, u[:, 0], logits)
 
-    def step(carry, rng_i):
+    def step(carry, u_i):
       cache, token, position = carry
       logits, cache = decode(token[:, None], cache, position)
-      q_i = standardize(logits)[:, 0]
-      draft = standardize.draw(rng_i, q_i)
+      draft, q_i = _draw(standardize, u_i, logits)
       return (cache, draft, position + 1), (draft, q_i)
 
-    (cache, _, _), (drafts, qs) = jax.lax.scan(step, (cache, first, length + 1), rngs[1:])
+    (cache, _, _), (drafts, qs) = jax.lax.scan(step, (cache, first, length + 1),
+                                               jnp.moveaxis(u[:, 1:], 1, 0))
     drafts = jnp.concatenate([first[:, None], jnp.moveaxis(drafts, 0, 1)], axis=1)
-    q = jnp.concatenate([q_first[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-    return drafts, q, cache
+    if q_first is None:  # greedy
+      return drafts, None, cache
+    return drafts, jnp.concatenate([q_first[:, None], jnp.moveaxis(qs, 0, 1)], axis=1), cache
 
 
 def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
@@ -122,16 +130,15 @@ class _TableDrafter(Drafter):
   def next_logits(self, params, previous: jax.Array) -> jax.Array:
     """previous tokens [B] -> logits [B, V]."""
 
-  def propose(self, params, state, sequences, length, gamma, rng, standardize):
+  def propose(self, params, state, sequences, length, gamma, u, standardize):
     previous = decoder_inputs(sequences, length[:, None])[:, 0]
 
-    def step(token, rng_i):
-      q_i = standardize(self.next_logits(params, token)[:, None])[:, 0]
-      draft = standardize.draw(rng_i, q_i)
+    def step(token, u_i):
+      draft, q_i = _draw(standardize, u_i, self.next_logits(params, token)[:, None])
       return draft, (draft, q_i)
 
-    _, (drafts, q) = jax.lax.scan(step, previous, jax.random.split(rng, gamma))
-    return jnp.moveaxis(drafts, 0, 1), jnp.moveaxis(q, 0, 1), state
+    _, (drafts, q) = jax.lax.scan(step, previous, jnp.moveaxis(u, 1, 0))
+    return jnp.moveaxis(drafts, 0, 1), None if q is None else jnp.moveaxis(q, 0, 1), state
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -220,7 +227,7 @@ class PromptLookupDrafter(Drafter):
   def init_state(self, params, encoder_input_tokens, cache_length):
     return jnp.asarray(encoder_input_tokens, jnp.int32)
 
-  def propose(self, params, state, sequences, length, gamma, rng, standardize):
+  def propose(self, params, state, sequences, length, gamma, u, standardize):
     n = self.ngram
     # Search space per row: the input tokens, then x_0..x_length (BOS and the decoded tokens).
     positions = jnp.arange(sequences.shape[1] + 1)[None]

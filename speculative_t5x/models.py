@@ -145,19 +145,24 @@ class EncoderDecoderModel:
   def _target_decode(self, params, tokens, cache, index):
     return self.module.apply({"params": params}, tokens, cache, index, method=self.module.decode)
 
+  def prefill(self, params, batch: Batch) -> Any:
+    """What prediction does before its decoding loop: the encoder and the decoder cache at the
+    decode length (cross-attention keys and values computed) -> the cache pytree."""
+    return self._encode_and_cache(params, batch["encoder_input_tokens"],
+                                  batch["decoder_input_tokens"].shape[1])
+
   def predict_batch_with_aux(self, params, batch: Batch, rng: jax.Array | None = None,
                              decoder_params: Mapping[str, Any] | None = None,
                              return_all_decodes: bool = False, num_decodes: int = 1,
                              prompt_with_targets: bool = False):
     """-> (decodes [B, L] or [B, N, L], {'scores': [B] or [B, N]})."""
     settings = self._settings(decoder_params, rng)
-    encoder_tokens = batch["encoder_input_tokens"]
     decoder_inputs = batch["decoder_input_tokens"]
     if prompt_with_targets:
       inputs = jnp.where(decoder_inputs == self.eos_id, 0, decoder_inputs)
     else:
       inputs = jnp.zeros_like(decoder_inputs)
-    cache = self._encode_and_cache(params, encoder_tokens, decoder_inputs.shape[1])
+    cache = self.prefill(params, batch)
 
     def tokens_to_logits(state: decoding.DecodingState):
       logits, cache = self._target_decode(params, state.cur_token, state.cache, state.cur_index)
@@ -177,7 +182,12 @@ class EncoderDecoderModel:
   def jit_predict(self, num_decodes: int = 1, return_all_decodes: bool = False, topk: int = 0,
                   topp: float = 0.0, max_decode_steps: int | None = None) -> Callable:
     """`fn(params, batch, rng, temperature) -> (decodes, aux)`, jitted with the temperature traced,
-    so changing it does not recompile; a concrete temperature is validated before the call."""
+    so changing it does not recompile; a concrete temperature is validated before the call.
+
+    A concrete greedy temperature (at or below `sampling.MIN_TEMPERATURE`) runs a second compiled
+    function, the greedy specialization of the loop (argmaxes of the logits, no distributions;
+    compiled on first use), whose outputs are those of the traced one at that temperature.
+    """
     sampling.validate(None, topk, topp)
 
     def fn(params, batch, rng, temperature):
@@ -187,9 +197,12 @@ class EncoderDecoderModel:
                                          return_all_decodes=return_all_decodes,
                                          num_decodes=num_decodes)
     compiled = jax.jit(fn)
+    compiled_greedy = jax.jit(lambda params, batch, rng: fn(params, batch, rng, 0.0))
 
     def predict(params, batch, rng, temperature):
       sampling.validate(temperature)
+      if sampling.is_greedy(temperature) and np.ndim(temperature) == 0:
+        return compiled_greedy(params, batch, rng)
       return compiled(params, batch, rng, temperature)
     return predict
 
@@ -243,6 +256,14 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   def _compute_logits(self, params, batch, dropout_rng=None):
     return super()._compute_logits(params["target"], batch, dropout_rng)
 
+  def prefill(self, params, batch: Batch) -> tuple[Any, Any]:
+    """Both encoders and both caches, at the decode length + gamma + 1 (room for a block)
+    -> (target cache, drafter state)."""
+    encoder_tokens = batch["encoder_input_tokens"]
+    cache_length = batch["decoder_input_tokens"].shape[1] + self.gamma + 1
+    return (self._encode_and_cache(params["target"], encoder_tokens, cache_length),
+            self.drafter.init_state(params["drafter"], encoder_tokens, cache_length))
+
   def predict_batch_with_aux(self, params, batch: Batch, rng: jax.Array | None = None,
                              decoder_params: Mapping[str, Any] | None = None,
                              return_all_decodes: bool = False, num_decodes: int = 1,
@@ -256,11 +277,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       raise ValueError("prompt_with_targets=True is not supported by speculative decoding: decode "
                        "from BOS (the encoder-decoder default).")
     settings = self._settings(decoder_params, rng)
-    encoder_tokens = batch["encoder_input_tokens"]
     decoder_inputs = batch["decoder_input_tokens"]
-    cache_length = decoder_inputs.shape[1] + self.gamma + 1
-    target_cache = self._encode_and_cache(params["target"], encoder_tokens, cache_length)
-    drafter_state = self.drafter.init_state(params["drafter"], encoder_tokens, cache_length)
+    target_cache, drafter_state = self.prefill(params, batch)
     decodes, scores, stats, *trace = decoding.speculative_sample(
         jnp.zeros_like(decoder_inputs), target_cache,
         functools.partial(self._target_decode, params["target"]), self.drafter,

@@ -5,7 +5,9 @@ function turns the drafter's and the target's logits into q and p, so the q in t
 is exactly the distribution the draft was sampled from (DESIGN.md contract 3).
 
 Temperature may be a traced scalar or a `[batch]` array (no recompilation when it changes);
-`topk` and `topp` are static Python numbers because they change the computation.
+`topk` and `topp` are static Python numbers because they change the computation. A temperature
+known at trace time to be greedy (`is_greedy`) selects a greedy specialization: every distribution
+is then a one-hot argmax, so the loops take argmaxes of the logits and never build distributions.
 """
 from __future__ import annotations
 
@@ -32,6 +34,14 @@ def validate(temperature=None, topk: int = 0, topp: float = 0.0) -> None:
   if temperature is not None and not isinstance(temperature, jax.core.Tracer):
     if np.any(np.asarray(temperature) < 0) or np.any(np.isnan(np.asarray(temperature))):
       raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}.")
+
+
+def is_greedy(temperature) -> bool:
+  """True when `temperature` is known at trace time (a Python or NumPy number, or a concrete
+  array, not a tracer) and every value of it is at or below MIN_TEMPERATURE."""
+  if isinstance(temperature, jax.core.Tracer):
+    return False
+  return bool(np.all(np.asarray(temperature) <= MIN_TEMPERATURE))
 
 
 def distribution(logits: jax.Array, temperature, topk: int = 0, topp: float = 0.0) -> jax.Array:
@@ -76,16 +86,28 @@ def argmax(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
 
 
-def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
-  """Draws one token id per row from (possibly unnormalized) probabilities [..., vocab] -> [...].
+def uniforms(rng: jax.Array, shape) -> jax.Array:
+  """U[0, 1) float32 draws of `shape`, for `sample`.
 
-  Inverse-CDF sampling: one uniform per row against the cumulative sum, instead of a Gumbel draw
-  per vocabulary entry. Token i is drawn when cdf[i-1] <= u < cdf[i], so a probability-0 token is
-  never drawn; if rounding puts u at the total, the last token of positive probability is taken.
+  The decoding loops draw all the uniforms a decode can use in one call, before their
+  `lax.while_loop`, and read them by step inside it: on XLA:CPU every threefry call lowers to a
+  rolled loop of its own, dozens of tiny kernels, which per-step `split` / `uniform` calls would pay
+  at every step.
+  """
+  return jax.random.uniform(rng, tuple(shape), jnp.float32)
+
+
+def sample(u: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one token id per row from (possibly unnormalized) probabilities [..., vocab] -> [...],
+  given one uniform per row, u [...] in [0, 1) (see `uniforms`).
+
+  Inverse-CDF sampling: the uniform against the cumulative sum, instead of a Gumbel draw per
+  vocabulary entry. Token i is drawn when cdf[i-1] <= u * total < cdf[i], so a probability-0 token
+  is never drawn; if rounding puts u at the total, the last token of positive probability is taken.
   """
   cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)
-  u = jax.random.uniform(rng, probs.shape[:-1] + (1,), jnp.float32) * cdf[..., -1:]
-  index = jnp.sum(cdf <= u, axis=-1)
+  threshold = jnp.asarray(u, jnp.float32)[..., None] * cdf[..., -1:]
+  index = jnp.sum(cdf <= threshold, axis=-1)
   last_positive = jnp.sum(cdf < cdf[..., -1:], axis=-1)  # the cdf is flat after it
   return jnp.minimum(index, last_positive).astype(jnp.int32)
 
@@ -101,14 +123,29 @@ class Standardizer:
   topk: int = 0
   topp: float = 0.0
 
+  @property
+  def greedy(self) -> bool:
+    """Static: the temperature is known to be greedy (see `is_greedy`)."""
+    return is_greedy(self.temperature)
+
   def __call__(self, logits: jax.Array) -> jax.Array:
     """logits [..., vocab] -> probabilities [..., vocab] (see `distribution`)."""
     return distribution(logits, self.temperature, self.topk, self.topp)
 
-  def draw(self, rng: jax.Array, probs: jax.Array) -> jax.Array:
-    """A token from probabilities [..., vocab] -> [...]; with one scalar temperature at or below
-    MIN_TEMPERATURE the distributions are one-hot, and the argmax is taken without sampling."""
+  def draw(self, u: jax.Array, probs: jax.Array) -> jax.Array:
+    """A token from probabilities [..., vocab] and uniforms u [...] -> [...] (see `sample`); with
+    one scalar temperature at or below MIN_TEMPERATURE the distributions are one-hot, and the
+    argmax is taken without sampling."""
     if jnp.ndim(self.temperature) == 0:
       return jax.lax.cond(jnp.asarray(self.temperature) <= MIN_TEMPERATURE,
-                          lambda: argmax(probs), lambda: sample(rng, probs))
-    return sample(rng, probs)
+                          lambda: argmax(probs), lambda: sample(u, probs))
+    return sample(u, probs)
+
+  def draw_from_logits(self, u: jax.Array, logits: jax.Array) -> tuple[jax.Array, Any]:
+    """Standardizes logits [..., vocab] and draws with uniforms u [...] -> (tokens [...],
+    probabilities [..., vocab]); when `greedy`, (argmax of the logits, None): the one-hot
+    distributions are implied and never built."""
+    if self.greedy:
+      return argmax(logits), None
+    probs = self(logits)
+    return self.draw(u, probs), probs

@@ -44,7 +44,7 @@ def adjusted_distribution(p: jax.Array, q: jax.Array, n: jax.Array) -> jax.Array
   return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
 
 
-def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array,
+def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, u: jax.Array,
            draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample
            ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """One speculative step per row.
@@ -53,9 +53,10 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array,
     p: target probabilities [batch, gamma+1, vocab] (float32, standardized).
     q: drafter probabilities [batch, gamma, vocab], the distributions the drafts were sampled from.
     drafts: [batch, gamma] int32, x_i ~ q_i.
-    rng: PRNG key.
-    draw: (rng, probabilities [batch, vocab]) -> tokens [batch]; a faster exact draw may be given
-      (e.g. `Standardizer.draw`, an argmax when every distribution is one-hot).
+    u: [batch, gamma+1] independent U[0, 1) draws: r_1..r_gamma, then the uniform of the draw of t.
+    draw: (uniforms [batch], probabilities [batch, vocab]) -> tokens [batch] (`sampling.sample`);
+      a faster exact draw may be given (e.g. `Standardizer.draw`, an argmax when every distribution
+      is one-hot).
 
   Returns:
     n: [batch] int32, the number of accepted drafts.
@@ -63,10 +64,33 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array,
     beta: [batch, gamma] float32, sum_x min(p_i, q_i).
   """
   batch, gamma = drafts.shape
-  rng_accept, rng_token = jax.random.split(rng)
-  r = jax.random.uniform(rng_accept, (batch, gamma), jnp.float32)
-  accepted = r < acceptance_probability(p, q, drafts)
+  if u.shape != (batch, gamma + 1):
+    raise ValueError(f"need uniforms of shape {(batch, gamma + 1)} (r_1..r_gamma and one for the "
+                     f"token), got {u.shape}.")
+  accepted = u[:, :gamma] < acceptance_probability(p, q, drafts)
   n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
-  token = draw(rng_token, adjusted_distribution(p, q, n))
+  token = draw(u[:, gamma], adjusted_distribution(p, q, n))
   beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
   return n, token, beta
+
+
+def accept_greedy(target_tokens: jax.Array, drafts: jax.Array
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`accept` at temperature 0, where every p_i and q_i is one-hot, without building them.
+
+  p_i(x_i) / q_i(x_i) is 1 when x_i is the target's argmax and 0 otherwise, so draft i is accepted
+  (whatever r_i) exactly when it matches; after a rejection max(0, p_{n+1} - q_{n+1}) is the
+  one-hot of the target's argmax, which is also p_{gamma+1} after gamma acceptances; and
+  beta_i = sum_x min(p_i, q_i) is 1 on a match, else 0.
+
+  Args:
+    target_tokens: [batch, gamma+1] int32, the argmax of p_1..p_{gamma+1}.
+    drafts: [batch, gamma] int32, the argmax of q_1..q_gamma.
+  Returns:
+    n [batch], token [batch], beta [batch, gamma] as `accept`.
+  """
+  gamma = drafts.shape[1]
+  matches = drafts == target_tokens[:, :gamma]
+  n = jnp.sum(jnp.cumprod(matches.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+  token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
+  return n, token, matches.astype(jnp.float32)

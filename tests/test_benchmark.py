@@ -77,7 +77,7 @@ def test_benchmark_script_end_to_end(tmp_path):
   """The default tiny random pair, 1 example, 1 repeat, gammas 1 and 2, temperatures 0 and 1."""
   command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
              f"--output_dir={tmp_path}", "--num_examples=1", "--repeats=1", "--warmup=0",
-             "--cost_repeats=1", "--steps_per_call=1", "--gammas=1,2", "--temperatures=0,1",
+             "--cost_repeats=3", "--steps_per_call=4", "--gammas=1,2", "--temperatures=0,1",
              "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -108,7 +108,7 @@ def test_benchmark_script_end_to_end(tmp_path):
 
 def test_benchmark_costs_only(tmp_path):
   command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"), "--costs_only",
-             f"--output_dir={tmp_path}", "--cost_repeats=1", "--steps_per_call=1", "--gammas=2",
+             f"--output_dir={tmp_path}", "--cost_repeats=3", "--steps_per_call=4", "--gammas=2",
              "--temperatures=0,1", "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -141,7 +141,7 @@ def test_benchmark_inputs_from_a_task_split(tmp_path):
   command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
              "--gin_file=configs/demo/benchmark.gin", "--task=demo_ende", "--split=test",
              f"--output_dir={tmp_path}", "--num_examples=2", "--repeats=1", "--warmup=0",
-             "--cost_repeats=1", "--steps_per_call=1", "--gammas=2", "--temperatures=0"]
+             "--cost_repeats=3", "--steps_per_call=4", "--gammas=2", "--temperatures=0"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                              timeout=300)

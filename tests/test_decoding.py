@@ -124,10 +124,10 @@ def test_table_and_lookup_drafters_sample_the_exact_target_distribution(kind):
 class _MismatchedQ(drafters.UnigramDrafter):
   """Hugging Face's bug #32867: drafts are greedy, but q reported is the sampling distribution."""
 
-  def propose(self, params, state, sequences, length, gamma, rng, standardize):
-    drafts, _, state = super().propose(params, state, sequences, length, gamma, rng,
+  def propose(self, params, state, sequences, length, gamma, u, standardize):
+    drafts, _, state = super().propose(params, state, sequences, length, gamma, u,
                                        sampling.Standardizer(0.0))
-    _, q, _ = super().propose(params, state, sequences, length, gamma, rng, standardize)
+    _, q, _ = super().propose(params, state, sequences, length, gamma, u, standardize)
     return drafts, q, state
 
 
@@ -252,6 +252,31 @@ def test_prompt_lookup_and_ngram_drafters_are_greedy_exact():
                                     jax.random.PRNGKey(0), 0.0)
     np.testing.assert_array_equal(spec, base, err_msg=type(drafter).__name__)
     assert np.all(np.asarray(aux["speculative_stats"]["drafter_calls"]) == 0)
+
+
+@pytest.mark.parametrize("rescale_log_probs", [True, False])
+def test_greedy_specialization_equals_the_traced_temperature_zero(rescale_log_probs):
+  """A static greedy temperature compiles argmax-only loops; a traced 0 runs the general loops
+  (distributions, conds): decodes, scores and statistics must be identical."""
+  target, drafter = _tiny_params()
+  inputs = _batch(_random_inputs(6, seed=21))
+  baseline = models.EncoderDecoderModel(network.Transformer(TINY), _vocab(61), _vocab(61))
+  speculative = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY), network.Transformer(TINY_DRAFTER), _vocab(61), _vocab(61),
+      gamma=4)
+  cases = [(baseline, target), (speculative, {"target": target, "drafter": drafter})]
+  for model, params in cases:
+    def predict(params, temperature, model=model):
+      return model.predict_batch_with_aux(
+          params, inputs, jax.random.PRNGKey(0),
+          decoder_params={"temperature": temperature, "rescale_log_probs": rescale_log_probs})
+    traced = jax.jit(predict)(params, np.float32(0.0))
+    static = jax.jit(lambda params, model=model, predict=predict: predict(params, 0.0))(params)
+    assert sampling.is_greedy(0.0)
+    jax.tree.map(np.testing.assert_array_equal, static, traced)
+    # jit_predict dispatches a concrete 0 to the static specialization.
+    np.testing.assert_array_equal(model.jit_predict()(params, inputs, jax.random.PRNGKey(0), 0.0)[0],
+                                  traced[0])
 
 
 def test_same_rng_same_output_and_rng_matters():

@@ -53,15 +53,51 @@ def test_argmax_is_jnp_argmax_with_first_index_on_ties():
 
 def test_sample_never_draws_probability_zero_tokens():
   probs = jnp.broadcast_to(jnp.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0]), (50000, 6))
-  draws = np.asarray(sampling.sample(jax.random.PRNGKey(3), probs))
+  draws = np.asarray(sampling.sample(sampling.uniforms(jax.random.PRNGKey(3), (50000,)), probs))
   assert set(np.unique(draws)) == {1, 3}
   one_hot = jnp.broadcast_to(jnp.array([0.0, 0.0, 1.0, 0.0]), (1000, 4))
-  assert np.all(np.asarray(sampling.sample(jax.random.PRNGKey(4), one_hot)) == 2)
+  u = sampling.uniforms(jax.random.PRNGKey(4), (1000,))
+  assert np.all(np.asarray(sampling.sample(u, one_hot)) == 2)
+  # The extremes of [0, 1) and past it (rounding) still land on positive-probability tokens.
+  edges = jnp.array([0.0, np.nextafter(np.float32(1), np.float32(0)), 1.0], jnp.float32)
+  np.testing.assert_array_equal(sampling.sample(edges, probs[:3]), [1, 3, 3])
+
+
+def test_is_greedy_only_for_known_temperatures_at_or_below_the_minimum():
+  assert sampling.is_greedy(0.0) and sampling.is_greedy(np.float32(1e-5))
+  assert sampling.is_greedy(np.zeros(3)) and sampling.is_greedy(jnp.float32(0))
+  assert not sampling.is_greedy(0.5) and not sampling.is_greedy(np.array([0.0, 1.0]))
+  seen = []
+  jax.jit(lambda t: seen.append(sampling.is_greedy(t)) or t)(0.0)  # traced: unknown
+  assert seen == [False]
+
+
+def test_draw_from_logits_greedy_takes_the_argmax_and_builds_no_distribution():
+  logits = jnp.array([[0.5, 2.0, -1.0, 2.0], [3.0, 0.0, 0.0, 1.0]])
+  tokens, probs = sampling.Standardizer(0.0).draw_from_logits(jnp.array([0.3, 0.9]), logits)
+  assert probs is None
+  np.testing.assert_array_equal(tokens, [1, 0])
+  standardize = sampling.Standardizer(jnp.float32(0.8))
+  u = jnp.array([0.3, 0.9])
+  tokens, probs = standardize.draw_from_logits(u, logits)
+  np.testing.assert_allclose(probs, standardize(logits))
+  np.testing.assert_array_equal(tokens, sampling.sample(u, probs))
+
+
+def test_sample_is_the_inverse_cdf_of_its_uniform():
+  probs = jnp.array([0.1, 0.6, 0.0, 0.3])  # cdf 0.1, 0.7, 0.7, 1.0
+  u = jnp.array([0.0, 0.05, 0.1, 0.4, 0.69, 0.71, 0.95])
+  np.testing.assert_array_equal(sampling.sample(u, jnp.broadcast_to(probs, (7, 4))),
+                                [0, 0, 1, 1, 1, 3, 3])
+  # Unnormalized probabilities are scaled by their total.
+  np.testing.assert_array_equal(sampling.sample(u, jnp.broadcast_to(probs * 5, (7, 4))),
+                                [0, 0, 1, 1, 1, 3, 3])
 
 
 def test_sample_follows_distribution():
   probs = jnp.array([0.1, 0.6, 0.0, 0.3])
-  draws = sampling.sample(jax.random.PRNGKey(0), jnp.broadcast_to(probs, (20000, 4)))
+  draws = sampling.sample(sampling.uniforms(jax.random.PRNGKey(0), (20000,)),
+                          jnp.broadcast_to(probs, (20000, 4)))
   counts = np.bincount(np.asarray(draws), minlength=4) / 20000
   assert counts[2] == 0
   np.testing.assert_allclose(counts, probs, atol=0.015)  # > 4 standard errors

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import chisquare_pvalue
+from speculative_t5x import sampling
 from speculative_t5x import speculative
 
 SIGNIFICANCE = 1e-3  # goodness-of-fit tests reject at this level; seeds are fixed.
@@ -82,8 +83,14 @@ def test_closed_form_pieces():
                              [1.0, 0.0, 0.0], atol=1e-6)  # norm(max(0, p - q)) = [0.3, 0, 0] / 0.3
   np.testing.assert_allclose(speculative.adjusted_distribution(pj, qj, jnp.array([1]))[0],
                              p[1], rtol=1e-6)  # all accepted: the bonus token comes from p_2
-  _, _, beta = speculative.accept(pj, qj, jnp.array([[1]]), jax.random.PRNGKey(0))
+  _, _, beta = speculative.accept(pj, qj, jnp.array([[1]]), jnp.array([[0.3, 0.5]]))
   np.testing.assert_allclose(beta, [[0.2 + 0.3 + 0.2]], rtol=1e-6)
+
+
+def test_accept_needs_one_uniform_per_test_and_one_for_the_token():
+  p, q = jnp.full((1, 3, 4), 0.25), jnp.full((1, 2, 4), 0.25)
+  with pytest.raises(ValueError, match=r"uniforms of shape \(1, 3\)"):
+    speculative.accept(p, q, jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2)))
 
 
 def _sample_blocks(p, q, rows, seed):
@@ -93,7 +100,8 @@ def _sample_blocks(p, q, rows, seed):
   q_rows = jnp.broadcast_to(jnp.asarray(q, jnp.float32), (rows, gamma, vocab))
   drafts = jax.random.categorical(key_drafts, jnp.log(q_rows), axis=-1).astype(jnp.int32)
   p_rows = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (rows, gamma + 1, vocab))
-  n, token, beta = jax.jit(speculative.accept)(p_rows, q_rows, drafts, key_accept)
+  u = sampling.uniforms(key_accept, (rows, gamma + 1))
+  n, token, beta = jax.jit(speculative.accept)(p_rows, q_rows, drafts, u)
   assert not np.any(np.isnan(np.asarray(beta)))
   return np.asarray(n), np.asarray(token), np.asarray(drafts)
 
@@ -134,9 +142,25 @@ def test_greedy_accepts_matches_and_corrects_with_target_argmax():
   for drafts, n_expected, token_expected in (([2, 4, 1], 3, 3), ([2, 0, 1], 1, 4),
                                              ([0, 4, 1], 0, 2)):
     d = jnp.array([drafts])
-    n, token, beta = speculative.accept(p, jax.nn.one_hot(d, vocab), d, jax.random.PRNGKey(0))
+    n, token, beta = speculative.accept(p, jax.nn.one_hot(d, vocab), d, jnp.full((1, 4), 0.5))
     assert int(n[0]) == n_expected and int(token[0]) == token_expected
     np.testing.assert_array_equal(beta[0], (np.array(drafts) == np.array(target[0, :3])))
+
+
+def test_accept_greedy_is_accept_on_one_hot_distributions():
+  rng = np.random.default_rng(4)
+  vocab, gamma, rows = 4, 3, 200
+  target = rng.integers(0, vocab, (rows, gamma + 1)).astype(np.int32)
+  # Drafts agreeing with the target often, so every n in 0..gamma occurs.
+  drafts = np.where(rng.random((rows, gamma)) < 0.7, target[:, :gamma],
+                    rng.integers(0, vocab, (rows, gamma))).astype(np.int32)
+  u = sampling.uniforms(jax.random.PRNGKey(2), (rows, gamma + 1))
+  general = speculative.accept(jax.nn.one_hot(target, vocab), jax.nn.one_hot(drafts, vocab),
+                               jnp.asarray(drafts), u)
+  greedy = speculative.accept_greedy(jnp.asarray(target), jnp.asarray(drafts))
+  assert set(np.asarray(greedy[0])) == set(range(gamma + 1))
+  for g, a in zip(greedy, general):
+    np.testing.assert_array_equal(g, a)
 
 
 def test_no_nan_when_p_equals_q_or_the_residual_underflows():
@@ -148,7 +172,7 @@ def test_no_nan_when_p_equals_q_or_the_residual_underflows():
   for q_case in (q, q_close):
     drafts = jnp.asarray(rng.integers(0, vocab, (64, 3)), jnp.int32)
     n, token, beta = speculative.accept(jnp.asarray(p), jnp.asarray(q_case), drafts,
-                                        jax.random.PRNGKey(1))
+                                        sampling.uniforms(jax.random.PRNGKey(1), (64, 4)))
     assert np.all((np.asarray(token) >= 0) & (np.asarray(token) < vocab))
     assert np.all(np.isfinite(np.asarray(beta)))
     for k in range(4):
