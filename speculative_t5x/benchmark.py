@@ -187,6 +187,18 @@ class DecodeGeometry:
                        "steps_per_call or lengthen the decode.")
 
 
+def _verification_tokens(standardize: sampling.Standardizer, u: jax.Array,
+                         logits: jax.Array) -> jax.Array:
+  """What a sampling verification computes from the target's logits [B, k, V]: every position's
+  distribution, each read at one token (the acceptance test), and one draw (the correction token)
+  -> next input tokens [B, k]."""
+  probs = standardize(logits)
+  token = standardize.draw(u, probs[:, -1])
+  read = jnp.take_along_axis(probs, jnp.broadcast_to(token[:, None, None], probs.shape[:2] + (1,)),
+                             axis=-1)[..., 0]
+  return jnp.where(read > 1.0, 0, token[:, None]).astype(jnp.int32)  # read <= 1: token everywhere
+
+
 def _feedback_tokens(logits: jax.Array) -> jax.Array:
   """logits [B, k, V] -> next input tokens [B, k]: a function of every logit (so nothing is dead
   code or loop-invariant) that costs next to nothing: the network alone is timed."""
@@ -214,8 +226,9 @@ def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
   repeat), on the first k of the tokens the previous decode step produced from its logits, writing
   the caches in place. With `temperature` None only the networks are timed; with a temperature
   every decode step is what the decoding loops run per call: the network, the standardized
-  distribution of all k positions (`sampling.Standardizer`) and a draw from each (at a greedy
-  temperature: the argmax of the logits, as the greedy loops do). One stage [Stage(target, k)] is a
+  distribution of all k positions (`sampling.Standardizer`) and a draw (k = 1: the next token), or
+  every position read at one token and one draw (k > 1: a verification); at a greedy temperature
+  the argmax of the logits at every position, as the greedy loops do. One stage [Stage(target, k)] is a
   step of the baseline (k = 1) or a verification (k = gamma + 1); [Stage(drafter, 1, gamma),
   Stage(target, gamma + 1)] is the network work of one speculative iteration.
   """
@@ -258,8 +271,10 @@ def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
                                            index, method=module.decode)
           if temperature is None:
             drawn = _feedback_tokens(logits)
-          else:
+          elif stage.k == 1 or greedy:
             drawn = standardize.draw_from_logits(u[i, :, :stage.k], logits)[0]
+          else:
+            drawn = _verification_tokens(standardize, u[i, :, 0], logits)
           tokens = tokens.at[:, :stage.k].set(drawn)
       return caches, tokens
     return jax.lax.fori_loop(0, passes * steps, step, (caches, tokens))[1]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from speculative_t5x import benchmark
+from speculative_t5x import network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROW_KEYS = {"task", "drafter", "temperature", "gamma", "alpha", "tokens_per_target_call", "c",
@@ -40,6 +41,41 @@ def test_time_call_on_a_trivial_jitted_function():
   assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
   assert 0 <= timing.iqr_ms <= timing.max_ms - timing.min_ms
   assert set(timing.as_dict()) == {"median_ms", "min_ms", "max_ms", "iqr_ms", "repeats"}
+
+
+def test_time_calls_times_every_call_in_every_round():
+  runs = {"a": 0, "b": 0}
+
+  def counting(name):
+    def fn(x):
+      runs[name] += 1
+      return x
+    return fn
+
+  timings = benchmark.time_calls({"a": (counting("a"), (jnp.ones(2),)),
+                                  "b": (counting("b"), (jnp.ones(2),))}, repeats=4, warmup=1)
+  assert runs == {"a": 6, "b": 6}  # compile call + 1 warm-up + 4 rounds, each
+  assert {name: t.repeats for name, t in timings.items()} == {"a": 4, "b": 4}
+
+
+def test_decode_costs_ratios_from_known_timings():
+  ms = lambda value: benchmark.Timing(value, value, value, 0.0, 1)  # noqa: E731
+  geometry = benchmark.DecodeGeometry(4, 8, 0, 1)
+  costs = benchmark.DecodeCosts(geometry, target_step=ms(2.0), drafter_step=ms(0.5),
+                                verify={3: ms(3.0)}, iteration={3: ms(5.0)})
+  assert costs.c == 0.25 and costs.verify_cost(3) == 1.5
+  assert costs.iteration_cost(3) == 2.5  # apart: 3 * 0.25 + 1.5 = 2.25
+  assert costs.interference_ms(3) == pytest.approx(0.5)
+  with pytest.raises(ValueError, match="no timing for gamma=4"):
+    costs.iteration_cost(4)
+
+
+def test_decode_step_stages_must_share_a_vocabulary():
+  small = network.T5Config(vocab_size=8, emb_dim=4, num_heads=1, num_encoder_layers=1,
+                           num_decoder_layers=1, head_dim=4, mlp_dim=4)
+  stages = [benchmark.Stage(small, {}, 1), benchmark.Stage(small.replace(vocab_size=9), {}, 2)]
+  with pytest.raises(ValueError, match="share one vocabulary"):
+    benchmark.decode_step_call(stages, benchmark.DecodeGeometry(4, 8, 0, 1))
 
 
 @pytest.mark.parametrize("repeats, warmup", [(0, 1), (3, -1)])
