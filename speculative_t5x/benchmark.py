@@ -286,7 +286,7 @@ def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
 def time_decode_steps(steps: Mapping[Hashable, Sequence[Stage]],
                       geometry: DecodeGeometry, *, temperature: float | None = None,
                       batch: int = 1, repeats: int = DEFAULT_REPEATS,
-                      warmup: int = DEFAULT_WARMUP) -> dict[Hashable, Timing]:
+                      warmup: int = DEFAULT_WARMUP, seed: int = 0) -> dict[Hashable, Timing]:
   """Per-loop-step times of `name -> stages` (see `decode_step_call`), all timed side by side
   (`time_rounds`).
 
@@ -300,7 +300,7 @@ def time_decode_steps(steps: Mapping[Hashable, Sequence[Stage]],
   for name, stages in steps.items():
     for passes in (1, 1 + EXTRA_PASSES):
       calls[name, passes] = decode_step_call(stages, geometry, temperature=temperature,
-                                             batch=batch, passes=passes)
+                                             batch=batch, passes=passes, seed=seed)
   seconds = time_rounds(calls, repeats=repeats, warmup=warmup)
   extra_steps = EXTRA_PASSES * geometry.steps_per_call
   timings = {name: Timing.from_seconds((seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1])
@@ -315,11 +315,12 @@ def time_decode_steps(steps: Mapping[Hashable, Sequence[Stage]],
 
 def decode_step_timing(config: network.T5Config, params: dict, k: int, geometry: DecodeGeometry,
                        *, temperature: float | None = None, batch: int = 1,
-                       repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP) -> Timing:
+                       repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
+                       seed: int = 0) -> Timing:
   """Per-step time of `Transformer.decode` on k tokens [batch, k] (see `time_decode_steps`)."""
   return time_decode_steps({"step": [Stage(config, params, k)]}, geometry,
                            temperature=temperature, batch=batch, repeats=repeats,
-                           warmup=warmup)["step"]
+                           warmup=warmup, seed=seed)["step"]
 
 
 @dataclasses.dataclass(frozen=True)

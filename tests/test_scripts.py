@@ -1,4 +1,4 @@
-"""The README's main command and the Table 3 script, end to end on the shipped demo pair."""
+"""The README's main command, the Table 3 script and the network benchmark, end to end."""
 import json
 import os
 import pathlib
@@ -40,3 +40,12 @@ def test_measure_alpha_writes_table_3(tmp_path):
   for value in results.values():
     assert 0.0 < value["alpha"] < 1.0 and value["tokens"] >= 100
   assert "| unigram |" in (tmp_path / "alpha.md").read_text()
+
+
+def test_bench_network_times_k_token_decodes(tmp_path):
+  out = _run("bench_network.py", f"--output_dir={tmp_path}", "--sizes=tiny", "--ks=1,3",
+             "--repeats=3", "--steps_per_call=4", "--decode_length=16", "--encoder_length=8")
+  (row,) = json.loads((tmp_path / "bench_network.json").read_text())["rows"]
+  assert row["size"] == "tiny" and set(row["ms"]) == {"1", "3"}
+  assert row["ratio_to_k1"]["1"] == 1.0 and row["ms"]["3"]["median_ms"] > 0
+  assert "| tiny |" in out
