@@ -68,16 +68,6 @@ class Timing:
     return dataclasses.asdict(self)
 
 
-def time_call(fn: Callable[..., Any], *args, repeats: int = DEFAULT_REPEATS,
-              warmup: int = DEFAULT_WARMUP) -> Timing:
-  """Wall time of `fn(*args)` (a jitted callable), compilation excluded.
-
-  Calls fn once and blocks (compilation), `warmup` more times untimed, then `repeats` timed calls,
-  each ended by `jax.block_until_ready` on the whole output pytree.
-  """
-  return time_calls({"call": (fn, args)}, repeats=repeats, warmup=warmup)["call"]
-
-
 def time_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]], *,
                repeats: int = DEFAULT_REPEATS,
                warmup: int = DEFAULT_WARMUP) -> dict[Hashable, Timing]:

@@ -28,14 +28,15 @@ def test_timing_statistics_from_known_times():
   assert (per_step.median_ms, per_step.iqr_ms, per_step.repeats) == (0.75, 0.5, 5)
 
 
-def test_time_call_on_a_trivial_jitted_function():
+def test_time_calls_on_a_trivial_jitted_function():
   calls = []
 
   def double(x):
     calls.append(None)  # runs at trace time only: one compilation.
     return x * 2
 
-  timing = benchmark.time_call(jax.jit(double), jnp.ones((8,)), repeats=5, warmup=2)
+  timing = benchmark.time_calls({"double": (jax.jit(double), (jnp.ones((8,)),))}, repeats=5,
+                                warmup=2)["double"]
   assert len(calls) == 1
   assert timing.repeats == 5
   assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
@@ -79,9 +80,9 @@ def test_decode_step_stages_must_share_a_vocabulary():
 
 
 @pytest.mark.parametrize("repeats, warmup", [(0, 1), (3, -1)])
-def test_time_call_rejects_bad_counts(repeats, warmup):
+def test_time_calls_rejects_bad_counts(repeats, warmup):
   with pytest.raises(ValueError, match="repeats >= 1 and warmup >= 0"):
-    benchmark.time_call(jax.jit(lambda x: x), 1.0, repeats=repeats, warmup=warmup)
+    benchmark.time_calls({"id": (jax.jit(lambda x: x), (1.0,))}, repeats=repeats, warmup=warmup)
 
 
 def test_decode_geometry_fits_the_timed_blocks():
