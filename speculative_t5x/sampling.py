@@ -20,6 +20,8 @@ import numpy as np
 
 # T5X's decoding.MIN_TEMPERATURE: at or below it, sampling is greedy (a one-hot argmax).
 MIN_TEMPERATURE = 1e-4
+# `sample` finds the block of this many tokens first, then the token inside it.
+SAMPLE_BLOCK = 128
 
 
 def validate(temperature=None, topk: int = 0, topp: float = 0.0) -> None:
@@ -101,15 +103,37 @@ def sample(u: jax.Array, probs: jax.Array) -> jax.Array:
   """Draws one token id per row from (possibly unnormalized) probabilities [..., vocab] -> [...],
   given one uniform per row, u [...] in [0, 1) (see `uniforms`).
 
-  Inverse-CDF sampling: the uniform against the cumulative sum, instead of a Gumbel draw per
-  vocabulary entry. Token i is drawn when cdf[i-1] <= u * total < cdf[i], so a probability-0 token
-  is never drawn; if rounding puts u at the total, the last token of positive probability is taken.
+  Inverse-CDF sampling (one uniform per row instead of a Gumbel draw per vocabulary entry): token
+  i is drawn when cdf[i-1] <= u * total < cdf[i]. The cumulative sum is taken in two levels, as a
+  cumulative sum over a vocabulary-long axis is slow on XLA:CPU: over the masses of blocks of
+  SAMPLE_BLOCK tokens to find the block, then inside that block. A probability-0 token (or block)
+  is never drawn, even where rounding puts the threshold on a boundary or at the total.
   """
-  cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)
-  threshold = jnp.asarray(u, jnp.float32)[..., None] * cdf[..., -1:]
+  probs = probs.astype(jnp.float32)
+  vocab = probs.shape[-1]
+  num_blocks = -(-vocab // SAMPLE_BLOCK)
+  padding = [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * SAMPLE_BLOCK - vocab)]
+  blocks = jnp.pad(probs, padding).reshape(probs.shape[:-1] + (num_blocks, SAMPLE_BLOCK))
+  mass = jnp.sum(blocks, axis=-1)  # [..., num_blocks]
+  block_cdf = jnp.cumsum(mass, axis=-1)
+  total = block_cdf[..., -1:]
+  threshold = jnp.asarray(u, jnp.float32)[..., None] * total
+  block = _first_above(block_cdf, threshold)
+  inside = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]
+  before = jnp.take_along_axis(block_cdf - mass, block[..., None], axis=-1)
+  return (block * SAMPLE_BLOCK + _first_above(jnp.cumsum(inside, axis=-1),
+                                              threshold - before)).astype(jnp.int32)
+
+
+def _first_above(cdf: jax.Array, threshold: jax.Array) -> jax.Array:
+  """The first index whose cdf [..., n] exceeds threshold [..., 1], kept among the entries of
+  positive mass: between the first one (threshold below 0) and the last one (threshold at or
+  past the total) -> [...] int32. The cdf is a cumulative sum of non-negative numbers with a
+  positive total."""
   index = jnp.sum(cdf <= threshold, axis=-1)
+  first_positive = jnp.sum(cdf <= 0, axis=-1)
   last_positive = jnp.sum(cdf < cdf[..., -1:], axis=-1)  # the cdf is flat after it
-  return jnp.minimum(index, last_positive).astype(jnp.int32)
+  return jnp.clip(index, first_positive, last_positive).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)

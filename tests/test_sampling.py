@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import chisquare_pvalue
 
 from speculative_t5x import sampling
 
@@ -92,6 +93,43 @@ def test_sample_is_the_inverse_cdf_of_its_uniform():
   # Unnormalized probabilities are scaled by their total.
   np.testing.assert_array_equal(sampling.sample(u, jnp.broadcast_to(probs * 5, (7, 4))),
                                 [0, 0, 1, 1, 1, 3, 3])
+
+
+def _spread_distribution(vocab=1000, seed=0):
+  """Probabilities over several SAMPLE_BLOCK blocks: whole blocks of zeros, zeros at block edges,
+  a few large and many small masses."""
+  rng = np.random.default_rng(seed)
+  probs = np.zeros(vocab)
+  positive = rng.choice(vocab, 60, replace=False)
+  probs[positive] = rng.gamma(0.5, size=60)
+  probs[sampling.SAMPLE_BLOCK * 2:sampling.SAMPLE_BLOCK * 3] = 0.0  # an empty block
+  probs[sampling.SAMPLE_BLOCK - 1] = probs[sampling.SAMPLE_BLOCK] = 0.0
+  probs[[5, 700]] = 3.0
+  return probs / probs.sum()
+
+
+def test_two_level_sample_is_the_flat_inverse_cdf_away_from_rounding():
+  probs = _spread_distribution()
+  cdf = np.cumsum(probs)
+  u = np.asarray(sampling.uniforms(jax.random.PRNGKey(7), (5000,)), np.float64)
+  clear = np.min(np.abs(u[:, None] - cdf[None]), axis=1) > 1e-5  # not within rounding of an edge
+  expected = np.sum(cdf[None] <= u[:, None], axis=1)
+  drawn = np.asarray(sampling.sample(jnp.asarray(u, jnp.float32),
+                                     jnp.broadcast_to(jnp.asarray(probs, jnp.float32),
+                                                      (5000, len(probs)))))
+  assert clear.mean() > 0.95
+  np.testing.assert_array_equal(drawn[clear], expected[clear])
+
+
+def test_two_level_sample_follows_a_spread_distribution():
+  probs = _spread_distribution(seed=1)
+  draws = np.asarray(sampling.sample(sampling.uniforms(jax.random.PRNGKey(8), (100000,)),
+                                     jnp.broadcast_to(jnp.asarray(probs, jnp.float32),
+                                                      (100000, len(probs)))))
+  assert np.all(probs[draws] > 0)
+  support = probs > 0
+  observed = np.bincount(draws, minlength=len(probs))[support]
+  assert chisquare_pvalue(observed, probs[support]) > 1e-3
 
 
 def test_sample_follows_distribution():
