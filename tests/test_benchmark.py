@@ -13,6 +13,7 @@ import pytest
 
 from speculative_t5x import benchmark
 from speculative_t5x import network
+from speculative_t5x import theory
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROW_KEYS = {"task", "drafter", "temperature", "gamma", "alpha", "tokens_per_target_call", "c",
@@ -69,6 +70,18 @@ def test_decode_costs_ratios_from_known_timings():
   assert costs.interference_ms(3) == pytest.approx(0.5)
   with pytest.raises(ValueError, match="no timing for gamma=4"):
     costs.iteration_cost(4)
+
+
+def test_unresolvable_step_times_are_an_error(monkeypatch):
+  """Extra steps that take no measurable time (noise larger than the steps) raise, naming it."""
+  monkeypatch.setattr(benchmark, "time_rounds",
+                      lambda calls, **kwargs: {name: np.full(3, 0.002) for name in calls})
+  config = network.T5Config(vocab_size=8, emb_dim=4, num_heads=1, num_encoder_layers=1,
+                            num_decoder_layers=1, head_dim=4, mlp_dim=4)
+  params = network.init_params(config, jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match="could not resolve the step time of step"):
+    benchmark.time_decode_steps({"step": [benchmark.Stage(config, params, 1)]},
+                                benchmark.DecodeGeometry(4, 8, 0, 2), repeats=3)
 
 
 def test_decode_step_stages_must_share_a_vocabulary():
@@ -134,6 +147,14 @@ def test_benchmark_script_end_to_end(tmp_path):
     assert row["c"] > 0 and row["verify_cost"] > 0
     if row["temperature"] == 0:  # greedy speculative decoding reproduces the baseline exactly.
       assert row["outputs_match_baseline"] == 1.0
+    assert row["iteration_cost"] > 0 and row["loop_speedup"] > 0
+    predicted_in_situ = theory.expected_tokens(row["alpha"], row["gamma"]) / row["iteration_cost"]
+    assert row["efficiency_in_situ"] == pytest.approx(row["loop_speedup"] / predicted_in_situ)
+    # Speedups are per decoded token: baseline ms per token over speculative ms per token.
+    base = [t["median_ms"] for t in row["baseline_ms"]["per_example"]]
+    spec = [t["median_ms"] for t in row["speculative_ms"]["per_example"]]
+    assert row["speedup"] == pytest.approx((sum(base) / sum(row["baseline_tokens"]))
+                                           / (sum(spec) / sum(row["speculative_tokens"])))
   for row in rows:
     if row["drafter"] == "random, copy of target" and row["temperature"] == 0:
       assert row["alpha"] > 0.9  # the drafter is the target: its argmax is the target's.
