@@ -8,7 +8,8 @@ keeps speculative sampling exact.
 The decoding loop tells a drafter where each row stands with `sequences` [B, S] (the tokens decoded
 so far, y_0 y_1 ..., zero beyond) and `length` [B] (how many are decoded). The decoder input at
 position t is x_t = 0 (BOS) for t = 0 and y_{t-1} after, so the token to continue from is
-x_length. Drafters keep no index of their own: rolling back is the loop setting `length` back.
+x_length. Rolling back is the loop setting `length` back; a drafter's state may remember how far it
+has read (`T5DrafterState.written`), never where the decode stands.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import abc
 import dataclasses
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,14 +62,24 @@ class Drafter(abc.ABC):
     return 1
 
 
+@flax.struct.dataclass
+class T5DrafterState:
+  """cache: the drafter's decoder cache; written [B] int32: one past the last cache slot written.
+  Slots below length - 1 always hold the right inputs; slot length - 1 does iff written >= length
+  (a rejection leaves the accepted drafts in place, gamma acceptances leave the last one unfed)."""
+  cache: Any
+  written: jax.Array
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class T5Drafter(Drafter):
   """A smaller T5 1.1 with its own encoder (run once per sequence) and its own cache.
 
-  Each proposal first feeds the block [x_{s}, x_{s+1}] at s = max(length-1, 0) and reads the
-  logits of x_length: after all gamma drafts were accepted, the drafter has not yet seen its last
-  draft x_{length-1}, and this puts it in the cache (re-writing an existing slot is harmless).
-  Then gamma-1 single-token steps feed its own drafts.
+  A proposal feeds x_length at position length and reads its logits, then gamma-1 single-token
+  steps feed its own drafts. Only after all gamma drafts were accepted has the drafter not seen its
+  last draft x_{length-1}; then (and for the whole batch if any row needs it, under a `lax.cond`)
+  the first step feeds the block [x_{length-1}, x_length] instead. Each draft thus costs one
+  single-token step, as Theorem 3.8 counts it, except after a full acceptance.
   """
   config: network.T5Config
   eos_id: int = 1
@@ -83,17 +95,24 @@ class T5Drafter(Drafter):
   def init_state(self, params, encoder_input_tokens, cache_length):
     module = self.module
     encoded = module.apply({"params": params}, encoder_input_tokens, method=module.encode)
-    return module.apply({"params": params}, encoded, encoder_input_tokens, cache_length,
-                        method=module.init_decode_cache)
+    cache = module.apply({"params": params}, encoded, encoder_input_tokens, cache_length,
+                         method=module.init_decode_cache)
+    return T5DrafterState(cache, jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32))
 
   def propose(self, params, state, sequences, length, gamma, u, standardize):
     module = self.module
     decode = lambda tokens, cache, index: module.apply(  # noqa: E731
         {"params": params}, tokens, cache, index, method=module.decode)
-    start = jnp.maximum(length - 1, 0)
-    block = decoder_inputs(sequences, start[:, None] + jnp.arange(2)[None])
-    logits, cache = decode(block, state, start)
-    logits = jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1)
+
+    def first_logits(width):
+      """Feeds x_{length-width+1..length} -> logits of x_length [B, 1, V], cache."""
+      start = jnp.maximum(length - width + 1, 0)
+      block = decoder_inputs(sequences, start[:, None] + jnp.arange(width)[None])
+      logits, cache = decode(block, state.cache, start)
+      return jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1), cache
+
+    logits, cache = jax.lax.cond(jnp.all(state.written >= length), lambda: first_logits(1),
+                                 lambda: first_logits(2))
     first, q_first = _draw(standardize, u[:, 0], logits)
 
     def step(carry, u_i):
@@ -105,9 +124,10 @@ class T5Drafter(Drafter):
     (cache, _, _), (drafts, qs) = jax.lax.scan(step, (cache, first, length + 1),
                                                jnp.moveaxis(u[:, 1:], 1, 0))
     drafts = jnp.concatenate([first[:, None], jnp.moveaxis(drafts, 0, 1)], axis=1)
+    state = T5DrafterState(cache, length + gamma)
     if q_first is None:  # greedy
-      return drafts, None, cache
-    return drafts, jnp.concatenate([q_first[:, None], jnp.moveaxis(qs, 0, 1)], axis=1), cache
+      return drafts, None, state
+    return drafts, jnp.concatenate([q_first[:, None], jnp.moveaxis(qs, 0, 1)], axis=1), state
 
 
 def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
