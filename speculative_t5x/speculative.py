@@ -32,13 +32,15 @@ def acceptance_probability(p: jax.Array, q: jax.Array, drafts: jax.Array) -> jax
 def adjusted_distribution(p: jax.Array, q: jax.Array, n: jax.Array) -> jax.Array:
   """p' = norm(max(0, p_{n+1} - q_{n+1})) for n < gamma, p_{gamma+1} for n = gamma -> [batch, V].
 
-  q_{gamma+1} := 0 makes one formula cover both cases. The residual has zero mass only when
-  p_{n+1} <= q_{n+1} everywhere, i.e. p == q up to rounding, where a rejection has probability 0;
-  p_{n+1} itself is then returned.
+  q_{gamma+1} := 0 makes one formula cover both cases (taken as a row of q zeroed, so q is not
+  copied into a padded array). The residual has zero mass only when p_{n+1} <= q_{n+1}
+  everywhere, i.e. p == q up to rounding, where a rejection has probability 0; p_{n+1} itself is
+  then returned.
   """
-  q_padded = jnp.pad(q, ((0, 0), (0, 1), (0, 0)))
+  gamma = q.shape[1]
   p_next = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
-  q_next = jnp.take_along_axis(q_padded, n[:, None, None], axis=1)[:, 0]
+  q_next = jnp.take_along_axis(q, jnp.minimum(n, gamma - 1)[:, None, None], axis=1)[:, 0]
+  q_next = jnp.where((n < gamma)[:, None], q_next, 0.0)
   residual = jnp.maximum(p_next - q_next, 0.0)
   mass = jnp.sum(residual, axis=-1, keepdims=True)
   return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
