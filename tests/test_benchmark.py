@@ -150,6 +150,8 @@ def test_benchmark_script_end_to_end(tmp_path):
     assert row["iteration_cost"] > 0 and row["loop_speedup"] > 0
     predicted_in_situ = theory.expected_tokens(row["alpha"], row["gamma"]) / row["iteration_cost"]
     assert row["efficiency_in_situ"] == pytest.approx(row["loop_speedup"] / predicted_in_situ)
+    realized = row["tokens_per_target_call"] / (row["gamma"] * row["c"] + row["verify_cost"])
+    assert row["efficiency_realized"] == pytest.approx(row["loop_speedup"] / realized)
     # Speedups are per decoded token: baseline ms per token over speculative ms per token.
     base = [t["median_ms"] for t in row["baseline_ms"]["per_example"]]
     spec = [t["median_ms"] for t in row["speculative_ms"]["per_example"]]
