@@ -9,7 +9,9 @@ same rounds (`benchmark.time_calls`):
   - the wall time of each one's prefill (`model.prefill`: encoders and caches, the work before
     the decoding loop);
   - alpha (mean beta) and tokens per target call, from the run's own statistics;
-and once per drafter, on compiled decode steps at the run's encoder and cache lengths:
+and per drafter and temperature, on compiled decode steps at the run's encoder and cache lengths,
+timed between the examples (ceil(--cost_repeats / examples) rounds after each example's decodes,
+so the costs and the decodes sample the same minutes of the machine):
   - c, the drafter's single-token step time over the target's;
   - the verification cost, the target on gamma + 1 tokens over the target on 1 token.
 Each row reports the measured speedup (baseline time per decoded token over speculative time per
@@ -83,7 +85,8 @@ flags.DEFINE_integer("num_examples", 2, "Examples (batch 1 each); all lines of -
 flags.DEFINE_integer("repeats", 3, "Timed decodes per example and setting.")
 flags.DEFINE_integer("warmup", 1, "Untimed decodes after the compiling one.")
 flags.DEFINE_integer("cost_repeats", benchmark.DEFAULT_REPEATS,
-                     "Timed calls per decode-step measurement (c and the verification cost).")
+                     "Timed rounds per decode-step measurement (c and the verification cost), "
+                     "spread over the examples (at least one round after each).")
 flags.DEFINE_integer("steps_per_call", benchmark.DEFAULT_STEPS_PER_CALL,
                      "Decode steps per timed call when measuring c and the verification cost.")
 flags.DEFINE_string("input_file", None, "Text file, one input per line (default: random tokens).")
@@ -377,14 +380,14 @@ def main(argv):
 
   geometry = benchmark.DecodeGeometry.for_decoding(inputs.shape[1], decode_length, max(gammas) + 1,
                                                    FLAGS.steps_per_call)
-  logging.info("Timing decode steps for c and the verification cost (%s).", geometry)
-  # Steps timed as the loops run them (network, standardization, draw), per temperature.
-  costs_by_temperature = {
-      t: benchmark.measure_costs(setup.target_config, target_params, drafters, gammas, geometry,
-                                 temperature=t, repeats=FLAGS.cost_repeats) for t in temperatures}
   if FLAGS.costs_only:
-    write_costs(costs_by_temperature, setup)
+    logging.info("Timing decode steps for c and the verification cost (%s).", geometry)
+    # Steps timed as the loops run them (network, standardization, draw), per temperature.
+    write_costs({t: benchmark.measure_costs(setup.target_config, target_params, drafters, gammas,
+                                            geometry, temperature=t, repeats=FLAGS.cost_repeats)
+                 for t in temperatures}, setup)
     return
+  cost_steps = benchmark.cost_steps(setup.target_config, target_params, drafters, gammas)
 
   target = network.Transformer(setup.target_config)
   baseline_model = models.EncoderDecoderModel(target, vocabulary, vocabulary)
@@ -403,15 +406,28 @@ def main(argv):
         functions[drafter_config, gamma] = (model.jit_predict(), jax.jit(model.prefill))
       settings[name, gamma] = (*functions[drafter_config, gamma],
                                {"target": target_params, "drafter": drafter_params})
-  # results[temperature][setting]: one result per example.
+  # results[temperature][setting]: one result per example. The decode steps behind c and the
+  # verification cost are timed between the examples, in the same minutes as the decodes.
   results = {t: {key: [] for key in settings} for t in temperatures}
+  costs_by_temperature = {}
+  cost_rounds = max(1, -(-FLAGS.cost_repeats // len(batches)))
   progress = tqdm.tqdm(total=len(temperatures) * len(batches), desc="examples", unit="example")
   for temperature in temperatures:
-    for batch, rng in zip(batches, rngs):
+    cost_calls = benchmark.decode_step_calls(cost_steps, geometry, temperature=temperature)
+    cost_seconds = {key: [] for key in cost_calls}
+    for i, (batch, rng) in enumerate(zip(batches, rngs)):
       for key, result in time_example(settings, batch, rng, temperature,
                                              vocabulary.eos_id).items():
         results[temperature][key].append(result)
+      for key, seconds in benchmark.time_rounds(cost_calls, repeats=cost_rounds,
+                                                warmup=FLAGS.warmup if i == 0 else 0,
+                                                compiled=i > 0).items():
+        cost_seconds[key].append(seconds)
       progress.update()
+    timings = benchmark.marginal_step_timings(
+        {key: np.concatenate(seconds) for key, seconds in cost_seconds.items()}, geometry)
+    costs_by_temperature[temperature] = benchmark.costs_from_timings(timings, list(drafters),
+                                                                     gammas, geometry)
   rows = [make_row(task, name, t, gamma, costs_by_temperature[t][name], results[t]["baseline"],
                    results[t][name, gamma])
           for name in drafters for gamma in gammas for t in temperatures]
@@ -419,13 +435,15 @@ def main(argv):
 
   header = (f"Batch 1, {len(batches)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "
             f"each (median per example, then the mean over examples); feature lengths "
-            f"{dict(setup.task_feature_lengths)}; {jax.default_backend()} backend.")
+            f"{dict(setup.task_feature_lengths)}; {jax.default_backend()} backend; decode-step "
+            f"costs from {cost_rounds * len(batches)} rounds timed between the examples.")
   if not (setup.checkpoint_path and setup.drafter_checkpoint_path):
     header += (" Random weights: alpha and speedups check the mechanics only ('copy of target' "
                "drafts with the target's own weights, so alpha ~ 1 and c = 1).")
   run_info = {
       "command": sys.argv, "gin_config": gin.config_str(), "task": task,
       "num_examples": len(batches), "repeats": FLAGS.repeats, "warmup": FLAGS.warmup,
+      "cost_rounds": cost_rounds * len(batches),
       "target_config": dataclasses.asdict(setup.target_config),
       "drafter_configs": {n: dataclasses.asdict(c) for n, (c, _) in drafters.items()},
       "checkpoint_path": setup.checkpoint_path,

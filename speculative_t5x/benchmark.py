@@ -89,9 +89,10 @@ def time_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]
 
 
 def time_rounds(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]], *,
-                repeats: int = DEFAULT_REPEATS,
-                warmup: int = DEFAULT_WARMUP) -> dict[Hashable, np.ndarray]:
-  """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r."""
+                repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
+                compiled: bool = False) -> dict[Hashable, np.ndarray]:
+  """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r.
+  With `compiled` (every call ran before), only the `warmup` calls precede the rounds."""
   if int(repeats) < 1 or int(warmup) < 0:
     raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
   if not calls:
@@ -99,7 +100,7 @@ def time_rounds(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]
   names = list(calls)
   for name in names:
     fn, args = calls[name]
-    for _ in range(1 + int(warmup)):
+    for _ in range(int(warmup) + (0 if compiled else 1)):
       jax.block_until_ready(fn(*args))
   seconds = {name: np.zeros(int(repeats)) for name in names}
   for r in range(int(repeats)):
@@ -273,6 +274,34 @@ def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
   return run, (params, prepare(params), tokens, u, jnp.float32(temperature or 0.0))
 
 
+def decode_step_calls(steps: Mapping[Hashable, Sequence[Stage]], geometry: DecodeGeometry, *,
+                      temperature: float | None = None, batch: int = 1,
+                      seed: int = 0) -> dict[Hashable, tuple[Callable[..., Any], tuple]]:
+  """The calls that time `name -> stages` (see `decode_step_call`): (name, passes) -> (fn, args)
+  for 1 and 1 + EXTRA_PASSES passes; `marginal_step_timings` turns their times into step times."""
+  return {(name, passes): decode_step_call(stages, geometry, temperature=temperature,
+                                           batch=batch, passes=passes, seed=seed)
+          for name, stages in steps.items() for passes in (1, 1 + EXTRA_PASSES)}
+
+
+def marginal_step_timings(seconds: Mapping[Hashable, np.ndarray],
+                          geometry: DecodeGeometry) -> dict[Hashable, Timing]:
+  """Per-step times from the rounds of `decode_step_calls` ((name, passes) -> seconds [rounds]):
+  in each round, the call of 1 + EXTRA_PASSES passes minus the call of one pass, over the
+  EXTRA_PASSES x `geometry.steps_per_call` extra steps -> name -> Timing.
+  Raises ValueError if the extra steps took no measurable time (noise larger than the steps)."""
+  extra_steps = EXTRA_PASSES * geometry.steps_per_call
+  names = [name for name, passes in seconds if passes == 1]
+  timings = {name: Timing.from_seconds((seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1])
+                                       / extra_steps) for name in names}
+  for name, timing in timings.items():
+    if timing.median_ms <= 0:
+      raise ValueError(f"could not resolve the step time of {name}: {extra_steps} extra steps took "
+                       f"a median of {timing.median_ms * extra_steps:.4f} ms, within the noise; "
+                       "raise the repeats or steps_per_call.")
+  return timings
+
+
 def time_decode_steps(steps: Mapping[Hashable, Sequence[Stage]],
                       geometry: DecodeGeometry, *, temperature: float | None = None,
                       batch: int = 1, repeats: int = DEFAULT_REPEATS,
@@ -286,21 +315,8 @@ def time_decode_steps(steps: Mapping[Hashable, Sequence[Stage]],
   pays once (dispatch, the copy of the cache into the loop, the encoder) cancels.
   Raises ValueError if the extra steps took no measurable time (noise larger than the steps).
   """
-  calls = {}
-  for name, stages in steps.items():
-    for passes in (1, 1 + EXTRA_PASSES):
-      calls[name, passes] = decode_step_call(stages, geometry, temperature=temperature,
-                                             batch=batch, passes=passes, seed=seed)
-  seconds = time_rounds(calls, repeats=repeats, warmup=warmup)
-  extra_steps = EXTRA_PASSES * geometry.steps_per_call
-  timings = {name: Timing.from_seconds((seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1])
-                                       / extra_steps) for name in steps}
-  for name, timing in timings.items():
-    if timing.median_ms <= 0:
-      raise ValueError(f"could not resolve the step time of {name}: {extra_steps} extra steps took "
-                       f"a median of {timing.median_ms * extra_steps:.4f} ms, within the noise; "
-                       "raise the repeats or steps_per_call.")
-  return timings
+  calls = decode_step_calls(steps, geometry, temperature=temperature, batch=batch, seed=seed)
+  return marginal_step_timings(time_rounds(calls, repeats=repeats, warmup=warmup), geometry)
 
 
 def decode_step_timing(config: network.T5Config, params: dict, k: int, geometry: DecodeGeometry,
@@ -365,24 +381,18 @@ class DecodeCosts:
             "iteration_ms": {str(g): t.as_dict() for g, t in sorted(self.iteration.items())}}
 
 
-def measure_costs(target_config: network.T5Config, target_params: dict,
-                  drafters: Mapping[str, tuple[network.T5Config, dict]], gammas: Sequence[int],
-                  geometry: DecodeGeometry, *, temperature: float | None = None,
-                  repeats: int = DEFAULT_REPEATS,
-                  warmup: int = DEFAULT_WARMUP) -> dict[str, DecodeCosts]:
-  """Costs of the target against each drafter, all timed in `geometry`
-  (see `DecodeGeometry.for_decoding`); with a `temperature`, every step includes standardizing
-  and drawing from its logits, as the decoding loops do (see `decode_step_timing`).
+def cost_steps(target_config: network.T5Config, target_params: dict,
+               drafters: Mapping[str, tuple[network.T5Config, dict]],
+               gammas: Sequence[int]) -> dict[Hashable, list[Stage]]:
+  """The decode steps Theorem 3.8's costs need, name -> stages (see `decode_step_call`).
 
-  The target's single-token step and its steps on gamma + 1 tokens (every gamma) are timed once
-  and shared; each drafter's single-token step is timed, except for a drafter that is the target
-  itself (same config, same parameter objects), whose step is the target's (c = 1); and for each
-  drafter and gamma, one iteration's network work together (`DecodeCosts.iteration`).
+  The target's single-token step and its steps on gamma + 1 tokens (every gamma), shared by the
+  drafters; each drafter's single-token step, except for a drafter that is the target itself (same
+  config, same parameter objects), whose step is the target's (c = 1); and for each drafter and
+  gamma, one iteration's network work together (`DecodeCosts.iteration`).
 
   Args:
     drafters: name -> (config, params).
-  Returns:
-    name -> DecodeCosts.
   """
   if not gammas or min(gammas) < 1:
     raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
@@ -395,14 +405,34 @@ def measure_costs(target_config: network.T5Config, target_params: dict,
     for g in gammas:
       steps[("iteration", name, g)] = [Stage(config, params, 1, g),
                                        Stage(target_config, target_params, g + 1)]
-  # All steps timed side by side: their ratios are what Theorem 3.8 needs.
-  timings = time_decode_steps(steps, geometry, temperature=temperature, repeats=repeats,
-                              warmup=warmup)
+  return steps
+
+
+def costs_from_timings(timings: Mapping[Hashable, Timing], drafters: Sequence[str],
+                       gammas: Sequence[int], geometry: DecodeGeometry) -> dict[str, DecodeCosts]:
+  """Step timings of `cost_steps`' names -> drafter name -> DecodeCosts."""
+  gammas = sorted({int(g) for g in gammas})
   target_step = timings["target", 1]
   verify = {g: timings["target", g + 1] for g in gammas}
-  costs = {}
-  for name in drafters:
-    drafter_step = timings.get(("drafter", name), target_step)
-    costs[name] = DecodeCosts(geometry, target_step, drafter_step, verify,
-                              {g: timings["iteration", name, g] for g in gammas})
-  return costs
+  return {name: DecodeCosts(geometry, target_step, timings.get(("drafter", name), target_step),
+                            verify, {g: timings["iteration", name, g] for g in gammas})
+          for name in drafters}
+
+
+def measure_costs(target_config: network.T5Config, target_params: dict,
+                  drafters: Mapping[str, tuple[network.T5Config, dict]], gammas: Sequence[int],
+                  geometry: DecodeGeometry, *, temperature: float | None = None,
+                  repeats: int = DEFAULT_REPEATS,
+                  warmup: int = DEFAULT_WARMUP) -> dict[str, DecodeCosts]:
+  """Costs of the target against each drafter (`cost_steps`), all timed side by side in
+  `geometry` (see `DecodeGeometry.for_decoding`); with a `temperature`, every step includes
+  standardizing and drawing from its logits, as the decoding loops do (see `decode_step_call`).
+
+  Args:
+    drafters: name -> (config, params).
+  Returns:
+    name -> DecodeCosts.
+  """
+  timings = time_decode_steps(cost_steps(target_config, target_params, drafters, gammas),
+                              geometry, temperature=temperature, repeats=repeats, warmup=warmup)
+  return costs_from_timings(timings, list(drafters), gammas, geometry)

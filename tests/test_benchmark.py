@@ -58,6 +58,29 @@ def test_time_calls_times_every_call_in_every_round():
                                   "b": (counting("b"), (jnp.ones(2),))}, repeats=4, warmup=1)
   assert runs == {"a": 6, "b": 6}  # compile call + 1 warm-up + 4 rounds, each
   assert {name: t.repeats for name, t in timings.items()} == {"a": 4, "b": 4}
+  benchmark.time_rounds({"a": (counting("a"), (jnp.ones(2),))}, repeats=2, warmup=0,
+                        compiled=True)
+  assert runs["a"] == 8  # already compiled, no warm-up: the 2 rounds only
+
+
+def test_costs_from_the_seconds_of_the_step_calls():
+  """Marginal step times (long call minus short call, per extra step) and the ratios of
+  Theorem 3.8 from known call times: the arithmetic the benchmark script applies to the rounds
+  it times between examples."""
+  geometry = benchmark.DecodeGeometry(4, 16, 0, 2)
+  extra = benchmark.EXTRA_PASSES * geometry.steps_per_call
+  step_ms = {("target", 1): 2.0, ("target", 3): 3.0, ("drafter", "d"): 0.5,
+             ("iteration", "d", 2): 4.5}
+  seconds = {}
+  for name, ms in step_ms.items():  # a fixed 1 ms per call, plus the steps; 3 rounds each.
+    seconds[name, 1] = np.full(3, 1e-3 + geometry.steps_per_call * ms * 1e-3)
+    seconds[name, 1 + benchmark.EXTRA_PASSES] = seconds[name, 1] + extra * ms * 1e-3
+  timings = benchmark.marginal_step_timings(seconds, geometry)
+  assert {name: pytest.approx(t.median_ms) for name, t in timings.items()} == step_ms
+  costs = benchmark.costs_from_timings(timings, ["d"], [2], geometry)["d"]
+  assert costs.c == pytest.approx(0.25) and costs.verify_cost(2) == pytest.approx(1.5)
+  assert costs.iteration_cost(2) == pytest.approx(2.25)  # 4.5 ms against 2 * 0.5 + 3 apart
+  assert costs.interference_ms(2) == pytest.approx(0.5)
 
 
 def test_decode_costs_ratios_from_known_timings():
