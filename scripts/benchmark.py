@@ -278,7 +278,8 @@ def make_row(task, drafter, temperature, gamma, costs: benchmark.DecodeCosts, ba
   predicted_in_situ = theory.expected_tokens(alpha, gamma) / costs.iteration_cost(gamma)
   # predicted_hw with the tokens per target call this run realized instead of E[tokens](alpha):
   # over a few hundred tokens the acceptances drawn, and the drafts cut by EOS, move them apart.
-  predicted_hw_realized = summary["tokens_per_target_call"] / (gamma * c + verify_cost)
+  predicted_hw_realized = (predicted_hw * summary["tokens_per_target_call"]
+                           / theory.expected_tokens(alpha, gamma))
   matches = [bool(np.array_equal(b["decodes"], r["decodes"])) for b, r in zip(baseline, results)]
   return {
       "task": task, "drafter": drafter, "temperature": temperature, "gamma": gamma,
@@ -329,8 +330,8 @@ def markdown(rows: list[dict], costs_by_temperature: Mapping[float, Mapping[str,
             "speedup: the same with each call's prefill (encoders and caches, timed alongside) "
             "taken off, the part Theorem 3.8 models; efficiency: loop speedup / predicted_hw; "
             "efficiency (realized): the same with the tokens per target call the run realized in "
-            "place of E[tokens](alpha), the loop's cost alone. iteration cost: gamma drafter steps and the verification timed together in one "
-            "loop, over the target's step (apart they cost gamma * c + verify cost); efficiency "
+            "place of E[tokens](alpha), the loop's cost alone. iteration cost: gamma drafter "
+            "steps and the verification timed together in one loop, over the target's step (apart they cost gamma * c + verify cost); efficiency "
             "in situ: loop speedup / (expected tokens per iteration / iteration cost), the "
             "speculative loop's own overhead (acceptance, writes, bookkeeping) alone.",
             "", "Decode-step costs (marginal time per step incl. standardization and draw, median "

@@ -109,6 +109,8 @@ class T5Drafter(Drafter):
       start = jnp.maximum(length - width + 1, 0)
       block = decoder_inputs(sequences, start[:, None] + jnp.arange(width)[None])
       logits, cache = decode(block, state.cache, start)
+      if width == 1:
+        return logits, cache
       return jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1), cache
 
     logits, cache = jax.lax.cond(jnp.all(state.written >= length), lambda: first_logits(1),

@@ -147,9 +147,10 @@ def test_random_tokens_avoid_special_ids():
 
 
 def test_benchmark_script_end_to_end(tmp_path):
-  """The default tiny random pair, 1 example, 1 repeat, gammas 1 and 2, temperatures 0 and 1."""
+  """The default tiny random pair, 1 example, 3 repeats (medians: a single timing of an 8-token
+  decode can fall below its prefill's on a busy machine), gammas 1 and 2, temperatures 0 and 1."""
   command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
-             f"--output_dir={tmp_path}", "--num_examples=1", "--repeats=1", "--warmup=0",
+             f"--output_dir={tmp_path}", "--num_examples=1", "--repeats=3", "--warmup=1",
              "--cost_repeats=3", "--steps_per_call=4", "--gammas=1,2", "--temperatures=0,1",
              "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
