@@ -22,43 +22,21 @@ def shift_right(sequences: jax.Array) -> jax.Array:
 
 def generated_positions(sequences: jax.Array, eos_id: int) -> jax.Array:
   """[B, L] -> bool [B, L]: positions up to and including the first EOS (all, if none)."""
-  is_eos = sequences == eos_id
-  first = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1), sequences.shape[1])
-  return jnp.arange(sequences.shape[1])[None] <= first[:, None]
-
-
-def teacher_forced_logits(config: network.T5Config, params, encoder_input_tokens: jax.Array,
-                          sequences: jax.Array) -> jax.Array:
-  """Logits [B, L, V] of every position of `sequences` [B, L]. The decoder mask is built from
-  all-ones targets, so a 0 generated mid-sequence is a token, as in decoding, not padding."""
-  module = network.Transformer(config)
-  return module.apply({"params": params}, encoder_input_tokens, shift_right(sequences),
-                      jnp.ones_like(sequences))
-
-
-def drafter_logits(drafter: drafters_lib.Drafter, params, encoder_input_tokens: jax.Array,
-                   sequences: jax.Array) -> jax.Array:
-  """The drafter's logits [B, L, V] at every position of the target's `sequences` [B, L]."""
-  if isinstance(drafter, drafters_lib.T5Drafter):
-    return teacher_forced_logits(drafter.config, params, encoder_input_tokens, sequences)
-  if hasattr(drafter, "next_logits"):
-    previous = shift_right(sequences)
-    return jax.vmap(lambda prev: drafter.next_logits(params, prev), in_axes=1,
-                    out_axes=1)(previous)
-  raise ValueError(f"{type(drafter).__name__} has no distribution to score a sequence with: alpha "
-                   "is measured for T5, unigram and bigram drafters.")
+  lengths = decoding.decoded_lengths(jnp.asarray(sequences), eos_id)
+  return jnp.arange(sequences.shape[1])[None] < lengths[:, None]
 
 
 def beta_totals(target_config: network.T5Config, target_params, drafter: drafters_lib.Drafter,
                 drafter_params, encoder_input_tokens: jax.Array, sequences: jax.Array,
                 eos_id: int, temperature, topk: int = 0,
                 topp: float = 0.0) -> tuple[jax.Array, jax.Array]:
-  """-> (sum of beta [B], number of generated positions [B]) over target-generated `sequences`."""
-  p = sampling.distribution(
-      teacher_forced_logits(target_config, target_params, encoder_input_tokens, sequences),
-      temperature, topk, topp)
-  q = sampling.distribution(drafter_logits(drafter, drafter_params, encoder_input_tokens,
-                                           sequences), temperature, topk, topp)
+  """-> (sum of beta [B], number of generated positions [B]) over target-generated `sequences`
+  [B, L], the drafter scored through `Drafter.teacher_forced_logits`."""
+  decoder_inputs = shift_right(sequences)
+  p = sampling.distribution(network.teacher_forced_logits(
+      target_config, target_params, encoder_input_tokens, decoder_inputs), temperature, topk, topp)
+  q = sampling.distribution(drafter.teacher_forced_logits(drafter_params, encoder_input_tokens,
+                                                          decoder_inputs), temperature, topk, topp)
   beta = jnp.sum(jnp.minimum(p, q), axis=-1)
   valid = generated_positions(sequences, eos_id)
   return jnp.sum(jnp.where(valid, beta, 0.0), axis=1), jnp.sum(valid, axis=1)
@@ -80,9 +58,8 @@ def measure(target_config: network.T5Config, target_params, drafters: dict, enco
 
   @jax.jit
   def generate(params, encoder_tokens, rng):
-    encoded = module.apply({"params": params}, encoder_tokens, method=module.encode)
-    cache = module.apply({"params": params}, encoded, encoder_tokens, decode_length,
-                         method=module.init_decode_cache)
+    _, cache = module.apply({"params": params}, encoder_tokens, decode_length,
+                            method=module.prefill)
 
     def tokens_to_logits(state):
       logits, new_cache = module.apply({"params": params}, state.cur_token, state.cache,

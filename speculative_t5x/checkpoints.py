@@ -515,16 +515,20 @@ def save_model(directory: str | os.PathLike, params: Mapping, config: network.T5
   (directory / _CONFIG_FILE).write_text(config_to_json(config))
 
 
-def restore_model(directory: str | os.PathLike, dtype: Any = None
-                  ) -> tuple[dict, network.T5Config]:
-  """(params, config) written by `save_model`, params checked and cast to `dtype` if given."""
-  directory = _epath(directory)
-  config_file = directory / _CONFIG_FILE
+def read_config(directory: str | os.PathLike) -> network.T5Config:
+  """The config.json of a directory written by `save_model`."""
+  config_file = _epath(directory) / _CONFIG_FILE
   if not config_file.exists():
     raise FileNotFoundError(f"{config_file} does not exist: {directory} is not a directory "
                             "written by save_model")
-  config = config_from_json(config_file.read_text(), source=str(config_file))
-  return restore_params(config, directory, dtype=dtype), config
+  return config_from_json(config_file.read_text(), source=str(config_file))
+
+
+def restore_model(directory: str | os.PathLike, dtype: Any = None
+                  ) -> tuple[dict, network.T5Config]:
+  """(params, config) written by `save_model`, params checked and cast to `dtype` if given."""
+  config = read_config(directory)
+  return restore_params(config, _epath(directory), dtype=dtype), config
 
 
 def save_pair(directory: str | os.PathLike, target_params: Mapping,

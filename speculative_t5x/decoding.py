@@ -8,7 +8,7 @@ Rows are B*N ("flat"): the N decodes of one batch item sit next to each other, a
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import flax
 import jax
@@ -18,12 +18,119 @@ import numpy as np
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import sampling
 from speculative_t5x import speculative
+from speculative_t5x import theory
 
 STAT_NAMES = ("target_calls", "drafter_calls", "drafted_tokens", "accepted_tokens", "beta_sum",
               "beta_count")
-# Per-iteration record of speculative_sample(return_trace=True): the drafts [gamma], how many were
-# accepted, the target's correction (or bonus) token, and how many tokens were kept (0 once ended).
-TRACE_NAMES = ("drafts", "accepted", "token", "emitted")
+
+
+@flax.struct.dataclass
+class SpeculativeStats:
+  """Per-row counts of a speculative decode, every field of one shape ([rows], [B] or [B, N]).
+
+  target_calls: target calls (loop iterations while the row was active); drafter_calls: drafter
+  model calls (0 for table and lookup drafters); drafted_tokens: gamma per target call;
+  accepted_tokens: drafts accepted and kept; beta_sum, beta_count: the sum of beta_i =
+  sum_x min(p_i(x), q_i(x)) over the verified positions (the accepted drafts and the first
+  rejected one) and their number. `alpha`, `tokens_per_call` and `acceptance_rate` pool the rows
+  (host-side, on concrete arrays) through `theory`.
+  """
+  target_calls: jax.Array
+  drafter_calls: jax.Array
+  drafted_tokens: jax.Array
+  accepted_tokens: jax.Array
+  beta_sum: jax.Array
+  beta_count: jax.Array
+
+  @classmethod
+  def zeros(cls, rows: int) -> "SpeculativeStats":
+    return cls(**{name: jnp.zeros((rows,), jnp.float32 if name == "beta_sum" else jnp.int32)
+                  for name in STAT_NAMES})
+
+  @classmethod
+  def from_dict(cls, stats: Mapping[str, Any]) -> "SpeculativeStats":
+    """From aux['speculative_stats'] (names STAT_NAMES -> arrays of one shape)."""
+    missing = [name for name in STAT_NAMES if name not in stats]
+    if missing:
+      raise ValueError(f"speculative stats lack {missing}: pass aux['speculative_stats'] of a "
+                       "speculative decode.")
+    return cls(**{name: stats[name] for name in STAT_NAMES})
+
+  @classmethod
+  def concatenate(cls, stats: Sequence["SpeculativeStats"]) -> "SpeculativeStats":
+    """The rows of several decodes, flattened into one [rows] set (host-side)."""
+    if not stats:
+      raise ValueError("no speculative stats to concatenate.")
+    return cls(**{name: np.concatenate([np.ravel(np.asarray(getattr(s, name))) for s in stats])
+                  for name in STAT_NAMES})
+
+  def as_dict(self) -> dict[str, jax.Array]:
+    """STAT_NAMES -> arrays: what `predict_batch_with_aux` puts in aux['speculative_stats']."""
+    return {name: getattr(self, name) for name in STAT_NAMES}
+
+  def totals(self) -> dict[str, float]:
+    """Every count summed over the rows (host-side)."""
+    return {name: float(np.sum(np.asarray(getattr(self, name)))) for name in STAT_NAMES}
+
+  @property
+  def alpha(self) -> float:
+    """Mean beta over the verified positions of all rows (`theory.alpha_from_stats`)."""
+    return theory.alpha_from_stats(np.asarray(self.beta_sum), np.asarray(self.beta_count))
+
+  @property
+  def tokens_per_call(self) -> float:
+    """(accepted drafts + target calls) / target calls, pooled (`theory.tokens_per_call`)."""
+    return theory.tokens_per_call(np.asarray(self.accepted_tokens), np.asarray(self.target_calls))
+
+  @property
+  def acceptance_rate(self) -> float:
+    """Accepted drafts over drafted tokens, pooled."""
+    totals = self.totals()
+    if totals["drafted_tokens"] <= 0:
+      raise ValueError("no drafted tokens: nothing was verified, so there is no acceptance rate.")
+    return totals["accepted_tokens"] / totals["drafted_tokens"]
+
+  def summary(self) -> dict[str, float]:
+    """alpha, acceptance rate, tokens per target call and the totals, pooled over the rows."""
+    return {"alpha": self.alpha, "acceptance_rate": self.acceptance_rate,
+            "tokens_per_target_call": self.tokens_per_call, **self.totals()}
+
+
+@flax.struct.dataclass
+class SpeculativeTrace:
+  """What happened at each iteration of each row (`speculative_sample(return_trace=True)`).
+
+  drafts [..., L, gamma]: the drafts; accepted [..., L]: how many were accepted; token [..., L]:
+  the target's correction (or bonus) token; emitted [..., L]: the tokens kept (0 once ended).
+  Iteration i of a row is at index i; iterations after all rows ended are zero.
+  """
+  drafts: jax.Array
+  accepted: jax.Array
+  token: jax.Array
+  emitted: jax.Array
+
+  @classmethod
+  def zeros(cls, rows: int, length: int, gamma: int) -> "SpeculativeTrace":
+    zeros = jnp.zeros((rows, length), jnp.int32)
+    return cls(jnp.zeros((rows, length, gamma), jnp.int32), zeros, zeros, zeros)
+
+  def record(self, iteration: jax.Array, drafts: jax.Array, accepted: jax.Array,
+             token: jax.Array, emitted: jax.Array) -> "SpeculativeTrace":
+    """Writes one iteration's values ([rows, gamma] and [rows]) at index `iteration`."""
+    return SpeculativeTrace(*(old.at[:, iteration].set(new) for old, new in (
+        (self.drafts, drafts), (self.accepted, accepted), (self.token, token),
+        (self.emitted, emitted))))
+
+
+@flax.struct.dataclass
+class SpeculativeOutput:
+  """What `speculative_sample` returns: decodes [B, N, L] int32 (0 after EOS), log_probs [B, N]
+  (sorted ascending, best last), stats (fields [B, N]) and trace (fields [B, N, L(, gamma)], or
+  None when not asked for)."""
+  decodes: jax.Array
+  log_probs: jax.Array
+  stats: SpeculativeStats
+  trace: SpeculativeTrace | None = None
 
 
 @flax.struct.dataclass
@@ -85,6 +192,14 @@ def _max_lengths(max_decode_steps, prompt_lengths: jax.Array, length: int,
   if hard_limit:
     steps = jnp.minimum(steps, hard_limit)
   return jnp.minimum(length, prompt_lengths + steps).astype(jnp.int32)
+
+
+def decoded_lengths(decodes: jax.Array | np.ndarray, eos_id: int) -> jax.Array | np.ndarray:
+  """Tokens of each decode up to and including its first EOS (all L if it has none):
+  decodes [..., L] -> [...] (numpy in, numpy out; jax in, jax out)."""
+  xp = jnp if isinstance(decodes, jax.Array) else np
+  is_eos = xp.asarray(decodes) == eos_id
+  return xp.where(is_eos.any(axis=-1), is_eos.argmax(axis=-1) + 1, is_eos.shape[-1])
 
 
 def _write_rows(buffer: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
@@ -205,9 +320,9 @@ class SpeculativeLoopState:
   target_cache: Any
   drafter_state: Any
   log_prob: jax.Array  # [rows]
-  stats: dict  # STAT_NAMES -> [rows]
+  stats: SpeculativeStats  # fields [rows]
   iteration: jax.Array  # scalar int32
-  trace: dict  # TRACE_NAMES -> [rows, L, ...] per iteration, or {} when not traced
+  trace: SpeculativeTrace | None  # fields [rows, L(, gamma)], or None when not traced
 
 
 def validate_speculative(gamma, temperature, topk, topp) -> None:
@@ -222,11 +337,19 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
                        target_logits_fn: Callable[[jax.Array, Any, jax.Array],
                                                   tuple[jax.Array, Any]],
                        drafter: drafters_lib.Drafter, drafter_params: Any, drafter_state: Any,
-                       eos_id: int, *, gamma: int, decode_rng: jax.Array | None = None,
-                       num_decodes: int = 1, temperature: float | jax.Array = 1.0, topk: int = 0,
-                       topp: float = 0.0, max_decode_steps: int | jax.Array | None = None,
-                       rescale_log_probs: bool = True, return_trace: bool = False):
+                       eos_id: int, *, gamma: int,
+                       verifier: speculative.Verifier = speculative.TokenVerifier(),
+                       decode_rng: jax.Array | None = None, num_decodes: int = 1,
+                       temperature: float | jax.Array = 1.0, topk: int = 0, topp: float = 0.0,
+                       max_decode_steps: int | jax.Array | None = None,
+                       rescale_log_probs: bool = True,
+                       return_trace: bool = False) -> SpeculativeOutput:
   """Speculative sampling (Algorithm 1) for all rows in one `lax.while_loop`.
+
+  Each iteration: the drafter proposes gamma drafts (`drafter.propose`), the target scores the
+  pending token and the drafts in one call, the verifier accepts n of them and gives the next
+  token (`verifier.verify`, or `verify_greedy` at temperature 0), and each row writes its n + 1
+  new tokens (cut at EOS and at max_decode_steps) and rolls its length forward.
 
   Args:
     inputs: [B, L] int32, only its shape is used (decoding starts from BOS; prompts are not
@@ -238,20 +361,18 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
       batch B (from `drafter.init_state`).
     eos_id: end-of-sequence id; tokens accepted after it are dropped.
     gamma: drafts per target call (static).
+    verifier: a `speculative.Verifier` (default Algorithm 1, `speculative.TokenVerifier`).
     decode_rng, num_decodes, temperature, topk, topp, max_decode_steps: as in temperature_sample
       (topk defaults to 0 here: no cutoff). Iteration i uses the uniforms [B*N, 2 gamma + 1] at
       row i of `sampling.uniforms(decode_rng, (L, B*N, 2 gamma + 1))`: gamma for the drafts, gamma
-      for the acceptance tests, one for the correction token.
+      + 1 for the verifier.
     rescale_log_probs: log-probs from the standardized target distribution (True) or from the
       target's raw softmax (False).
-    return_trace: also return what happened at each iteration (for inspection; costs memory).
+    return_trace: also record what happened at each iteration (for inspection; costs memory).
 
   Returns:
-    decodes [B, N, L] int32 (0 after EOS), log_probs [B, N] (sorted ascending, best last), and
-    stats: a dict of [B, N] arrays named STAT_NAMES (beta over the verified positions only: the
-    accepted drafts and the first rejected one, so beta_sum / beta_count estimates alpha).
-    With return_trace, a fourth output: a dict TRACE_NAMES -> [B, N, L(, gamma)] (iteration i of
-    each row at index i; iterations after all rows ended are zero).
+    A `SpeculativeOutput`: decodes [B, N, L], log_probs [B, N], stats (`SpeculativeStats`, fields
+    [B, N]) and, with return_trace, the trace (`SpeculativeTrace`, fields [B, N, L(, gamma)]).
   """
   validate_speculative(gamma, temperature, topk, topp)
   if drafter.vocab_size <= 0:
@@ -282,10 +403,10 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
                                             state.target_cache, state.length)
     if standardize.greedy:
       p = None
-      n, token, beta = speculative.accept_greedy(sampling.argmax(logits), drafts)
+      n, token, beta = verifier.verify_greedy(sampling.argmax(logits), drafts)
     else:
       p = standardize(logits)
-      n, token, beta = speculative.accept(p, q, drafts, u[:, gamma:], standardize.draw)
+      n, token, beta = verifier.verify(p, q, drafts, u[:, gamma:], standardize.draw)
 
     # New tokens: the n accepted drafts, then the correction (or bonus) token.
     out = jnp.where(block < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), token[:, None])
@@ -303,18 +424,18 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
 
     active = (~state.ended).astype(jnp.int32)
     verified = kept[:, :gamma]  # beta at the accepted drafts and at the first rejection.
-    stats = dict(state.stats)
-    stats["target_calls"] += active
-    stats["drafter_calls"] += active * gamma * drafter.steps_per_draft
-    stats["drafted_tokens"] += active * gamma
-    stats["accepted_tokens"] += jnp.minimum(n, emitted)
-    stats["beta_sum"] += jnp.sum(jnp.where(verified, beta, 0.0), axis=1)
-    stats["beta_count"] += jnp.sum(verified, axis=1).astype(jnp.int32)
+    stats = state.stats
+    stats = stats.replace(
+        target_calls=stats.target_calls + active,
+        drafter_calls=stats.drafter_calls + active * gamma * drafter.steps_per_draft,
+        drafted_tokens=stats.drafted_tokens + active * gamma,
+        accepted_tokens=stats.accepted_tokens + jnp.minimum(n, emitted),
+        beta_sum=stats.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), axis=1),
+        beta_count=stats.beta_count + jnp.sum(verified, axis=1).astype(jnp.int32))
 
     trace = state.trace
     if return_trace:
-      record = dict(zip(TRACE_NAMES, (drafts, n, token, emitted)))
-      trace = {k: trace[k].at[:, state.iteration].set(record[k]) for k in TRACE_NAMES}
+      trace = trace.record(state.iteration, drafts, n, token, emitted)
     new_length = state.length + emitted
     ended = state.ended | jnp.any(is_eos & kept, axis=1) | (new_length >= max_len)
     return SpeculativeLoopState(sequences=sequences, length=new_length, ended=ended,
@@ -322,35 +443,17 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
                                 log_prob=log_prob, stats=stats, iteration=state.iteration + 1,
                                 trace=trace)
 
-  stats0 = {name: jnp.zeros((rows,), jnp.float32 if name == "beta_sum" else jnp.int32)
-            for name in STAT_NAMES}
   init = SpeculativeLoopState(
       sequences=jnp.zeros((rows, length + gamma + 1), jnp.int32),
       length=jnp.zeros((rows,), jnp.int32), ended=max_len <= 0,
       target_cache=expand_rows(target_cache, num_decodes),
       drafter_state=expand_rows(drafter_state, num_decodes),
-      log_prob=jnp.zeros((rows,), jnp.float32), stats=stats0, iteration=jnp.int32(0),
-      trace={name: jnp.zeros((rows, length) + ((gamma,) if name == "drafts" else ()), jnp.int32)
-             for name in TRACE_NAMES} if return_trace else {})
+      log_prob=jnp.zeros((rows,), jnp.float32), stats=SpeculativeStats.zeros(rows),
+      iteration=jnp.int32(0),
+      trace=SpeculativeTrace.zeros(rows, length, gamma) if return_trace else None)
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.ended), body, init)
-  names = STAT_NAMES + (TRACE_NAMES if return_trace else ())
-  values = [final.stats[k] for k in STAT_NAMES] + [final.trace[k] for k in names[len(STAT_NAMES):]]
-  decodes, log_prob, *values = _unflatten_sorted(final.sequences[:, :length], final.log_prob,
-                                                 num_decodes, *values)
-  outputs = dict(zip(names, values))
-  stats = {k: outputs[k] for k in STAT_NAMES}
-  if return_trace:
-    return decodes, log_prob, stats, {k: outputs[k] for k in TRACE_NAMES}
-  return decodes, log_prob, stats
-
-
-def stats_summary(stats: dict) -> dict:
-  """Totals of a stats dict -> alpha (mean beta), tokens per target call, acceptance rate."""
-  total = {k: float(np.sum(np.asarray(v))) for k, v in stats.items()}
-  emitted = total["accepted_tokens"] + total["target_calls"]
-  return {
-      "alpha": total["beta_sum"] / max(total["beta_count"], 1),
-      "acceptance_rate": total["accepted_tokens"] / max(total["drafted_tokens"], 1),
-      "tokens_per_target_call": emitted / max(total["target_calls"], 1),
-      **total,
-  }
+  leaves, treedef = jax.tree.flatten((final.stats, final.trace))
+  decodes, log_prob, *leaves = _unflatten_sorted(final.sequences[:, :length], final.log_prob,
+                                                 num_decodes, *leaves)
+  stats, trace = jax.tree.unflatten(treedef, leaves)
+  return SpeculativeOutput(decodes, log_prob, stats, trace)

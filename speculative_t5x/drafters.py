@@ -2,7 +2,7 @@
 
 Every drafter proposes gamma tokens per row and returns the distributions q it sampled them from.
 Model and n-gram drafters standardize their logits with the same `standardize` function the target
-uses (DESIGN.md contract 3); prompt lookup proposes deterministically, so its q is one-hot, which
+uses (see `sampling`); prompt lookup proposes deterministically, so its q is one-hot, which
 keeps speculative sampling exact.
 
 The decoding loop tells a drafter where each row stands with `sequences` [B, S] (the tokens decoded
@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+import os
+from typing import Any, Iterable, Mapping
 
 import flax
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import checkpoints
 from speculative_t5x import network
 from speculative_t5x import sampling
 
@@ -40,14 +43,77 @@ def _draw(standardize: sampling.Standardizer, u: jax.Array, logits: jax.Array):
 
 
 class Drafter(abc.ABC):
-  """A source of drafts. Its state is a pytree carried through the decoding loop."""
-  vocab_size: int
-  eos_id: int
+  """A source of drafts: the protocol the decoding loop, the models, alpha measurement and the
+  partitioner use; nothing outside this module asks what kind of drafter it holds.
 
+  A new kind is one subclass (plus a gin file binding `DRAFTER = @drafters.MyDrafter()`):
+  `init_state` and `propose` are required; the rest have defaults for a drafter without trained
+  weights. A drafter is a frozen dataclass compared by identity (the loop is traced once per
+  drafter). Its parameters are a pytree kept beside the target's: params['drafter'].
+
+  vocab_size: the target's vocabulary (0: take the target's, see `for_target`).
+  eos_id: the target's EOS id (None: take the target's).
+  """
+  vocab_size: int
+  eos_id: int | None
+
+  # ---- parameters
+  def init_params(self, rng: jax.Array, input_shapes: Mapping[str, tuple]) -> Any:
+    """Untrained parameters at the given feature shapes (seqio's `encoder_input_tokens`,
+    `decoder_input_tokens`); {} for a drafter without parameters."""
+    del rng, input_shapes
+    return {}
+
+  @property
+  def needs_checkpoint(self) -> bool:
+    """Whether useful parameters come only from a checkpoint (`restore_params`); random ones
+    (`init_params`) are then for tests and demos only."""
+    return False
+
+  def restore_params(self, path: str | os.PathLike, dtype: Any = None) -> Any:
+    """Parameters from a checkpoint directory, cast to `dtype` (None: as stored)."""
+    del dtype
+    raise ValueError(f"{type(self).__name__} has no checkpoint format (got the path {path}): "
+                     "leave the drafter's checkpoint path unset.")
+
+  @property
+  def learns_from_targets(self) -> bool:
+    """Whether its parameters are fitted from target sequences (`fit_params`)."""
+    return False
+
+  def fit_params(self, targets: Iterable[np.ndarray]) -> Any:
+    """Parameters fitted on target token sequences (1-D int arrays, 0 = padding)."""
+    del targets
+    raise ValueError(f"{type(self).__name__} is not fitted from data.")
+
+  def param_axes(self) -> Any:
+    """Logical axis names of every parameter (T5X's, for `partitioning`), or None: replicated."""
+    return None
+
+  def for_target(self, vocab_size: int, eos_id: int) -> "Drafter":
+    """This drafter for a target with `vocab_size` and `eos_id`: unset fields take the target's;
+    set ones must agree (speculative decoding needs one vocabulary and one EOS)."""
+    mine = self.vocab_size or vocab_size
+    if mine != vocab_size:
+      raise ValueError(f"drafter vocab_size {mine} != target vocab_size {vocab_size}: speculative "
+                       "decoding needs one vocabulary (configure the drafter with the target's "
+                       "vocab_size).")
+    if self.eos_id is not None and self.eos_id != eos_id:
+      raise ValueError(f"drafter eos_id {self.eos_id} != the output vocabulary's eos_id {eos_id}: "
+                       "give the drafter the target's EOS id (or leave it unset).")
+    changes = {name: value for name, value, unset in (
+        ("vocab_size", vocab_size, not self.vocab_size), ("eos_id", eos_id, self.eos_id is None))
+               if unset and name in {f.name for f in dataclasses.fields(self)}}
+    return dataclasses.replace(self, **changes) if changes else self
+
+  # ---- decoding
   @abc.abstractmethod
-  def init_state(self, params: Any, encoder_input_tokens: jax.Array, cache_length: int) -> Any:
-    """Per-sequence state at batch B (an encoder runs here, once); every leaf has batch first, so
-    the decoding loop can repeat rows for num_decodes."""
+  def init_state(self, params: Any, encoder_input_tokens: jax.Array, cache_length: int,
+                 target_encoded: jax.Array | None = None) -> Any:
+    """Per-sequence state at batch B, made once before the loop. encoder_input_tokens [B, Le];
+    cache_length: room for the decode plus a block; target_encoded [B, Le, E_target]: the
+    target's encoder output (computed anyway), for a drafter that reads it instead of running an
+    encoder of its own. Every leaf has batch first, so the loop can repeat rows for num_decodes."""
 
   @abc.abstractmethod
   def propose(self, params: Any, state: Any, sequences: jax.Array, length: jax.Array, gamma: int,
@@ -61,6 +127,24 @@ class Drafter(abc.ABC):
     """How many drafter calls one proposal of gamma tokens makes, per drafted token (1 or 0)."""
     return 1
 
+  # ---- measurement
+  @abc.abstractmethod
+  def teacher_forced_logits(self, params: Any, encoder_input_tokens: jax.Array,
+                            decoder_input_tokens: jax.Array) -> jax.Array:
+    """Logits [B, L, V] of the drafter's next-token distribution at every position of
+    decoder_input_tokens [B, L] (BOS then the sequence shifted right; a 0 after position 0 is a
+    token, not padding), standardized by the caller as in decoding (Table 3's alpha)."""
+
+
+def as_drafter(drafter: "Drafter | network.Transformer") -> Drafter:
+  """A `Drafter` as it is, or a `network.Transformer` as the `T5Drafter` of its config."""
+  if isinstance(drafter, Drafter):
+    return drafter
+  if isinstance(drafter, network.Transformer):
+    return T5Drafter(drafter.config)
+  raise ValueError(f"a drafter must be a drafters.Drafter or a network.Transformer, got "
+                   f"{type(drafter).__name__}.")
+
 
 @flax.struct.dataclass
 class T5DrafterState:
@@ -71,6 +155,7 @@ class T5DrafterState:
   written: jax.Array
 
 
+@gin.configurable(module="drafters")
 @dataclasses.dataclass(frozen=True, eq=False)
 class T5Drafter(Drafter):
   """A smaller T5 1.1 with its own encoder (run once per sequence) and its own cache.
@@ -81,8 +166,8 @@ class T5Drafter(Drafter):
   the first step feeds the block [x_{length-1}, x_length] instead. Each draft thus costs one
   single-token step, as Theorem 3.8 counts it, except after a full acceptance.
   """
-  config: network.T5Config
-  eos_id: int = 1
+  config: network.T5Config = gin.REQUIRED
+  eos_id: int | None = None
 
   @property
   def vocab_size(self) -> int:
@@ -92,12 +177,30 @@ class T5Drafter(Drafter):
   def module(self) -> network.Transformer:
     return network.Transformer(self.config)
 
-  def init_state(self, params, encoder_input_tokens, cache_length):
+  def init_params(self, rng, input_shapes):
+    del input_shapes  # a T5's parameter shapes do not depend on them.
+    return network.init_params(self.config, rng)
+
+  @property
+  def needs_checkpoint(self) -> bool:
+    return True
+
+  def restore_params(self, path, dtype=None):
+    return checkpoints.restore_params(self.config, path, dtype=dtype)
+
+  def param_axes(self):
+    return network.param_axes(self.config)
+
+  def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
+    del target_encoded  # it runs its own encoder.
     module = self.module
-    encoded = module.apply({"params": params}, encoder_input_tokens, method=module.encode)
-    cache = module.apply({"params": params}, encoded, encoder_input_tokens, cache_length,
-                         method=module.init_decode_cache)
+    _, cache = module.apply({"params": params}, encoder_input_tokens, cache_length,
+                            method=module.prefill)
     return T5DrafterState(cache, jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32))
+
+  def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
+    return network.teacher_forced_logits(self.config, params, encoder_input_tokens,
+                                         decoder_input_tokens)
 
   def propose(self, params, state, sequences, length, gamma, u, standardize):
     module = self.module
@@ -138,14 +241,25 @@ def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _TableDrafter(Drafter):
-  """Shared proposal loop of the n-gram drafters: logits from a table, standardized, sampled."""
-  eos_id: int = 1
+  """Shared proposal loop of the n-gram drafters: logits from a table, standardized, sampled.
+  A subclass gives `fit` (a static method: token arrays and vocab_size -> params) and
+  `next_logits`; untrained params are the table fitted on nothing (uniform)."""
+  vocab_size: int = 0
+  eos_id: int | None = None
 
   @property
   def steps_per_draft(self) -> int:
     return 0  # a table lookup, not a model call.
 
-  def init_state(self, params, encoder_input_tokens, cache_length):
+  def init_params(self, rng, input_shapes):
+    del rng, input_shapes
+    return self.fit_params([])
+
+  @property
+  def learns_from_targets(self) -> bool:
+    return True
+
+  def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
     return ()
 
   @abc.abstractmethod
@@ -162,11 +276,16 @@ class _TableDrafter(Drafter):
     _, (drafts, q) = jax.lax.scan(step, previous, jnp.moveaxis(u, 1, 0))
     return jnp.moveaxis(drafts, 0, 1), None if q is None else jnp.moveaxis(q, 0, 1), state
 
+  def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
+    return jax.vmap(lambda previous: self.next_logits(params, previous), in_axes=1,
+                    out_axes=1)(decoder_input_tokens)
 
+
+@gin.configurable(module="drafters")
 @dataclasses.dataclass(frozen=True, eq=False)
 class UnigramDrafter(_TableDrafter):
   """q(x) from token frequencies; params = {'logits': [V]} (see `fit`)."""
-  vocab_size: int = 0
+  smoothing: float = 1.0
 
   @staticmethod
   def fit(token_arrays, vocab_size: int, smoothing: float = 1.0) -> dict:
@@ -177,10 +296,14 @@ class UnigramDrafter(_TableDrafter):
       counts += np.bincount(tokens[tokens > 0], minlength=vocab_size)[:vocab_size]
     return {"logits": _ngram_logits(counts, smoothing)}
 
+  def fit_params(self, targets):
+    return self.fit(targets, self.vocab_size, self.smoothing)
+
   def next_logits(self, params, previous):
     return jnp.broadcast_to(params["logits"], (previous.shape[0], self.vocab_size))
 
 
+@gin.configurable(module="drafters")
 @dataclasses.dataclass(frozen=True, eq=False)
 class BigramDrafter(_TableDrafter):
   """q(x | previous token) from bigram counts, kept sparse: the `top` most frequent successors of
@@ -189,7 +312,9 @@ class BigramDrafter(_TableDrafter):
   params = {'unigram': [V] log-probabilities, 'next_ids': [V, top] int32, 'next_logp': [V, top]
   log-probabilities replacing the unigram's at those ids}. Counting starts from BOS (0).
   """
-  vocab_size: int = 0
+  top: int = 32
+  smoothing: float = 1.0
+  backoff: float = 0.1
 
   @staticmethod
   def fit(token_arrays, vocab_size: int, top: int = 32, smoothing: float = 1.0,
@@ -225,12 +350,16 @@ class BigramDrafter(_TableDrafter):
             "next_logp": np.log(mixed).astype(np.float32),
             "backoff": np.where(has_next[:, 0], np.log(backoff), 0.0).astype(np.float32)}
 
+  def fit_params(self, targets):
+    return self.fit(targets, self.vocab_size, self.top, self.smoothing, self.backoff)
+
   def next_logits(self, params, previous):
     base = params["unigram"][None, :] + params["backoff"][previous][:, None]
     rows = jnp.arange(previous.shape[0])[:, None]
     return base.at[rows, params["next_ids"][previous]].set(params["next_logp"][previous])
 
 
+@gin.configurable(module="drafters")
 @dataclasses.dataclass(frozen=True, eq=False)
 class PromptLookupDrafter(Drafter):
   """Copies what followed the latest earlier occurrence of the last `ngram` decoded tokens, searched
@@ -239,15 +368,25 @@ class PromptLookupDrafter(Drafter):
   """
   vocab_size: int = 0
   ngram: int = 2
-  eos_id: int = 1
+  eos_id: int | None = None
   fallback_token: int = 0
 
   @property
   def steps_per_draft(self) -> int:
     return 0
 
-  def init_state(self, params, encoder_input_tokens, cache_length):
+  def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
     return jnp.asarray(encoder_input_tokens, jnp.int32)
+
+  def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
+    """The one-hot of its first draft at every position, as logits (0 there, MASK_VALUE else)."""
+    batch, length = decoder_input_tokens.shape
+    state = self.init_state(params, encoder_input_tokens, length)
+    sequences = jnp.pad(decoder_input_tokens[:, 1:], ((0, 0), (0, 1)))  # y_t = x_{t+1}
+    first = jax.vmap(lambda t: self.propose(params, state, sequences,
+                                            jnp.full((batch,), t, jnp.int32), 1, None, None)[0][:, 0],
+                     out_axes=1)(jnp.arange(length))
+    return jnp.where(jax.nn.one_hot(first, self.vocab_size, dtype=bool), 0.0, network.MASK_VALUE)
 
   def propose(self, params, state, sequences, length, gamma, u, standardize):
     n = self.ngram

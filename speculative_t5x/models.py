@@ -25,6 +25,7 @@ from speculative_t5x import decoding
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import speculative
 
 Batch = Mapping[str, jax.Array]
 _DECODER_PARAM_DEFAULTS = {"temperature": 0.0, "topk": 0, "topp": 0.0}
@@ -137,10 +138,10 @@ class EncoderDecoderModel:
                       settings.get("topp", 0.0))
     return settings
 
-  def _encode_and_cache(self, params, encoder_tokens, cache_length):
-    encoded = self.module.apply({"params": params}, encoder_tokens, method=self.module.encode)
-    return self.module.apply({"params": params}, encoded, encoder_tokens, cache_length,
-                             method=self.module.init_decode_cache)
+  def _prefill_target(self, params, encoder_tokens, cache_length):
+    """-> (the target's encoder output [B, Le, E], its decoder cache)."""
+    return self.module.apply({"params": params}, encoder_tokens, cache_length,
+                             method=self.module.prefill)
 
   def _target_decode(self, params, tokens, cache, index):
     return self.module.apply({"params": params}, tokens, cache, index, method=self.module.decode)
@@ -148,8 +149,8 @@ class EncoderDecoderModel:
   def prefill(self, params, batch: Batch) -> Any:
     """What prediction does before its decoding loop: the encoder and the decoder cache at the
     decode length (cross-attention keys and values computed) -> the cache pytree."""
-    return self._encode_and_cache(params, batch["encoder_input_tokens"],
-                                  batch["decoder_input_tokens"].shape[1])
+    return self._prefill_target(params, batch["encoder_input_tokens"],
+                                batch["decoder_input_tokens"].shape[1])[1]
 
   def predict_batch_with_aux(self, params, batch: Batch, rng: jax.Array | None = None,
                              decoder_params: Mapping[str, Any] | None = None,
@@ -211,67 +212,66 @@ class EncoderDecoderModel:
 class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   """Speculative decoding: a target `module` verifies `gamma` drafts per call from a drafter.
 
-  `drafter_module` is a `network.Transformer` (its parameters sit beside the target's:
-  params = {'target': ..., 'drafter': ...}) or a `drafters.Drafter` (an n-gram table or prompt
-  lookup, whose fitted tables are params['drafter']).
+  Args:
+    module: the target.
+    drafter: a `drafters.Drafter` (a `network.Transformer` is taken as the `drafters.T5Drafter` of
+      its config); its vocab_size and eos_id, where unset, are the target's. Its parameters sit
+      beside the target's: params = {'target': ..., 'drafter': ...}.
+    gamma: drafts per target call.
+    verifier: a `speculative.Verifier` (default Algorithm 1, `speculative.TokenVerifier`).
+    decode_fn: the decoding loop, T5X's extension point: called as `decoding.speculative_sample`
+      (its default) is, and returning a `decoding.SpeculativeOutput`.
   """
 
   def __init__(self, module: network.Transformer,
-               drafter_module: network.Transformer | drafters_lib.Drafter,
+               drafter: drafters_lib.Drafter | network.Transformer,
                input_vocabulary: seqio.Vocabulary, output_vocabulary: seqio.Vocabulary,
-               gamma: int = 4, optimizer_def: Any = None, label_smoothing: float = 0.0,
-               z_loss: float = 0.0, loss_normalizing_factor: float | None = None):
+               gamma: int = 4, verifier: speculative.Verifier = speculative.TokenVerifier(),
+               decode_fn: Callable[..., decoding.SpeculativeOutput] = decoding.speculative_sample,
+               optimizer_def: Any = None, label_smoothing: float = 0.0, z_loss: float = 0.0,
+               loss_normalizing_factor: float | None = None):
     super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def,
-                     decode_fn=decoding.speculative_sample, label_smoothing=label_smoothing,
-                     z_loss=z_loss, loss_normalizing_factor=loss_normalizing_factor)
+                     decode_fn=decode_fn, label_smoothing=label_smoothing, z_loss=z_loss,
+                     loss_normalizing_factor=loss_normalizing_factor)
     decoding.validate_speculative(gamma, None, 0, 0.0)
+    if not isinstance(verifier, speculative.Verifier):
+      raise ValueError(f"verifier must be a speculative.Verifier (e.g. "
+                       f"speculative.TokenVerifier()), got {type(verifier).__name__}.")
     self.gamma = int(gamma)
-    if isinstance(drafter_module, network.Transformer):
-      self.drafter = drafters_lib.T5Drafter(drafter_module.config, eos_id=self.eos_id)
-    elif isinstance(drafter_module, drafters_lib.Drafter):
-      self.drafter = drafter_module
-    else:
-      raise ValueError(f"drafter_module must be a network.Transformer or a drafters.Drafter, got "
-                       f"{type(drafter_module).__name__}.")
-    target_vocab = module.config.vocab_size
-    if self.drafter.vocab_size != target_vocab:
-      raise ValueError(f"drafter vocab_size {self.drafter.vocab_size} != target vocab_size "
-                       f"{target_vocab}: speculative decoding needs one vocabulary (configure the "
-                       "drafter with the target's vocab_size).")
-    if self.drafter.eos_id != self.eos_id:
-      raise ValueError(f"drafter eos_id {self.drafter.eos_id} != the output vocabulary's eos_id "
-                       f"{self.eos_id}: give the drafter the target's EOS id.")
+    self.verifier = verifier
+    self.drafter = drafters_lib.as_drafter(drafter).for_target(module.config.vocab_size,
+                                                               self.eos_id)
 
   def get_initial_variables(self, rng, input_shapes, input_types=None) -> dict:
-    """{'params': {'target': ..., 'drafter': ...}}; a table drafter's params are empty until fitted."""
+    """{'params': {'target': ..., 'drafter': ...}} (the drafter's from `Drafter.init_params`:
+    random for a T5 drafter, uniform tables for n-gram drafters until fitted)."""
     rng_target, rng_drafter = jax.random.split(rng)
     target = super().get_initial_variables(rng_target, input_shapes, input_types)["params"]
-    drafter = {}
-    if isinstance(self.drafter, drafters_lib.T5Drafter):
-      enc = jnp.ones(input_shapes["encoder_input_tokens"], jnp.int32)
-      dec = jnp.ones(input_shapes["decoder_input_tokens"], jnp.int32)
-      drafter = nn.meta.unbox(self.drafter.module.init(rng_drafter, enc, dec, dec)["params"])
-    return {"params": {"target": target, "drafter": drafter}}
+    return {"params": {"target": target,
+                       "drafter": self.drafter.init_params(rng_drafter, input_shapes)}}
 
   def _compute_logits(self, params, batch, dropout_rng=None):
     return super()._compute_logits(params["target"], batch, dropout_rng)
 
   def prefill(self, params, batch: Batch) -> tuple[Any, Any]:
-    """Both encoders and both caches, at the decode length + gamma + 1 (room for a block)
+    """The target's encoder and cache, then the drafter's state (which may read the target's
+    encoder output), at the decode length + gamma + 1 (room for a block)
     -> (target cache, drafter state)."""
     encoder_tokens = batch["encoder_input_tokens"]
     cache_length = batch["decoder_input_tokens"].shape[1] + self.gamma + 1
-    return (self._encode_and_cache(params["target"], encoder_tokens, cache_length),
-            self.drafter.init_state(params["drafter"], encoder_tokens, cache_length))
+    encoded, cache = self._prefill_target(params["target"], encoder_tokens, cache_length)
+    return cache, self.drafter.init_state(params["drafter"], encoder_tokens, cache_length,
+                                          target_encoded=encoded)
 
   def predict_batch_with_aux(self, params, batch: Batch, rng: jax.Array | None = None,
                              decoder_params: Mapping[str, Any] | None = None,
                              return_all_decodes: bool = False, num_decodes: int = 1,
                              prompt_with_targets: bool = False):
-    """-> (decodes, {'scores': ..., 'speculative_stats': {name: [B] or [B, N]}}).
+    """-> (decodes, {'scores': ..., 'speculative_stats': {name: [B] or [B, N]}}), the stats named
+    `decoding.STAT_NAMES` (`decoding.SpeculativeStats.from_dict` gives alpha and tokens per call).
 
-    With decoder_params['return_trace'] = True, aux also has 'speculative_trace' (see
-    decoding.speculative_sample).
+    With decoder_params['return_trace'] = True, aux also has 'speculative_trace', a
+    `decoding.SpeculativeTrace`.
     """
     if prompt_with_targets:
       raise ValueError("prompt_with_targets=True is not supported by speculative decoding: decode "
@@ -279,14 +279,15 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     settings = self._settings(decoder_params, rng)
     decoder_inputs = batch["decoder_input_tokens"]
     target_cache, drafter_state = self.prefill(params, batch)
-    decodes, scores, stats, *trace = decoding.speculative_sample(
-        jnp.zeros_like(decoder_inputs), target_cache,
-        functools.partial(self._target_decode, params["target"]), self.drafter,
-        params["drafter"], drafter_state, self.eos_id, gamma=self.gamma, num_decodes=num_decodes,
+    output = self._decode_fn(
+        inputs=jnp.zeros_like(decoder_inputs), target_cache=target_cache,
+        target_logits_fn=functools.partial(self._target_decode, params["target"]),
+        drafter=self.drafter, drafter_params=params["drafter"], drafter_state=drafter_state,
+        eos_id=self.eos_id, gamma=self.gamma, verifier=self.verifier, num_decodes=num_decodes,
         **settings)
-    aux = {"scores": scores, "speculative_stats": stats}
-    if trace:
-      aux["speculative_trace"] = trace[0]
+    aux = {"scores": output.log_probs, "speculative_stats": output.stats.as_dict()}
+    if output.trace is not None:
+      aux["speculative_trace"] = output.trace
     if return_all_decodes:
-      return decodes, aux
-    return decodes[:, -1], jax.tree.map(lambda x: x[:, -1], aux)
+      return output.decodes, aux
+    return output.decodes[:, -1], jax.tree.map(lambda x: x[:, -1], aux)

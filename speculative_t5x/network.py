@@ -454,6 +454,7 @@ class Transformer(nn.Module):
       comes from decoder_target_tokens, as in T5X).
     encode(encoder_input_tokens) -> encoded [B, Le, E].
     init_decode_cache(encoded, encoder_input_tokens, cache_length) -> cache.
+    prefill(encoder_input_tokens, cache_length) -> (encoded, cache): the two above in one call.
     decode(tokens [B, k], cache, cache_index [B]) -> (logits [B, k, V] float32, cache).
   """
   config: T5Config
@@ -492,6 +493,12 @@ class Transformer(nn.Module):
       raise ValueError(f"cache_length must be >= 1, got {cache_length}.")
     return self.decoder.init_cache(encoded, encoder_input_tokens, int(cache_length))
 
+  def prefill(self, encoder_input_tokens: Array, cache_length: int) -> tuple[Array, dict]:
+    """What decoding does once per sequence: `encode`, then `init_decode_cache`
+    -> (encoded [B, Le, E], cache)."""
+    encoded = self.encode(encoder_input_tokens)
+    return encoded, self.init_decode_cache(encoded, encoder_input_tokens, cache_length)
+
   def decode(self, decoder_tokens: Array, cache: dict, cache_index: Array) -> tuple[Array, dict]:
     """Scores decoder_tokens [B, k] at positions cache_index[b] + (0..k-1).
 
@@ -524,6 +531,15 @@ def init_params(config: T5Config, rng: Array, encoder_length: int = 4,
   dec = jnp.ones((1, decoder_length), jnp.int32)
   variables = Transformer(config).init(rng, tokens, dec, dec)
   return nn.meta.unbox(variables["params"])
+
+
+def teacher_forced_logits(config: T5Config, params: Any, encoder_input_tokens: Array,
+                          decoder_input_tokens: Array) -> Array:
+  """Logits [B, L, V] at every position of decoder_input_tokens [B, L] (BOS, then a sequence
+  shifted right). The decoder mask comes from all-ones targets, so a 0 after position 0 is a token,
+  as in decoding, not padding."""
+  return Transformer(config).apply({"params": params}, encoder_input_tokens, decoder_input_tokens,
+                                   jnp.ones_like(decoder_input_tokens))
 
 
 def param_axes(config: T5Config) -> dict:

@@ -47,6 +47,8 @@ _STATE_AXES_BY_RANK = {
 # Logical axes no standard rule shards (T5X's `replicated_rules`, those this network uses).
 _REPLICATED_AXES = ("embed", "kv", "length", "relpos_buckets")
 _MODEL_PARALLEL_AXES = ("vocab", "mlp", "heads", "joined_kv")
+# Feature shapes for abstract parameter initialization (parameter shapes do not depend on them).
+_UNIT_SHAPES = {"encoder_input_tokens": (1, 1), "decoder_input_tokens": (1, 1)}
 
 
 @gin.configurable(module="partitioning")
@@ -158,17 +160,32 @@ def _path_name(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path) or "<root>"
 
 
-def param_shardings(config: network.T5Config, mesh: Mesh, rules: Rules) -> dict:
-  """NamedSharding of every parameter of a T5 with `config` (T5X's tree). Raises ValueError for a
-  logical axis with no rule or a sharded dimension the mesh does not divide."""
+def axes_shardings(axes: Any, shapes: Any, mesh: Mesh, rules: Rules) -> Any:
+  """NamedShardings of a parameter tree from its logical axis names (a tree of tuples of names)
+  and its shapes (the same tree of shape tuples). Raises ValueError for a logical axis with no
+  rule or a sharded dimension the mesh does not divide."""
   check_rules(rules, mesh)
   is_names = lambda x: isinstance(x, tuple) and all(isinstance(n, str) for n in x)  # noqa: E731
-  shapes = jax.tree.leaves(network.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
-  axes_with_paths, treedef = jax.tree_util.tree_flatten_with_path(network.param_axes(config),
-                                                                  is_leaf=is_names)
+  shapes = jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  axes_with_paths, treedef = jax.tree_util.tree_flatten_with_path(axes, is_leaf=is_names)
   shardings = [_sharding(names, shape, mesh, rules, f"parameter {_path_name(path)}")
                for (path, names), shape in zip(axes_with_paths, shapes)]
   return jax.tree.unflatten(treedef, shardings)
+
+
+def param_shardings(config: network.T5Config, mesh: Mesh, rules: Rules) -> dict:
+  """NamedSharding of every parameter of a T5 with `config` (T5X's tree)."""
+  return axes_shardings(network.param_axes(config), network.param_shapes(config), mesh, rules)
+
+
+def drafter_shardings(drafter: drafters_lib.Drafter, mesh: Mesh, rules: Rules) -> Any:
+  """Shardings of a drafter's parameters from its `param_axes` (None: replicated, one sharding
+  for the whole tree)."""
+  axes = drafter.param_axes()
+  if axes is None:
+    return NamedSharding(mesh, PartitionSpec())
+  abstract = jax.eval_shape(lambda: drafter.init_params(jax.random.PRNGKey(0), _UNIT_SHAPES))
+  return axes_shardings(axes, jax.tree.map(lambda x: tuple(x.shape), abstract), mesh, rules)
 
 
 def _state_names(path, leaf) -> tuple[str, ...]:
@@ -245,11 +262,8 @@ class Partitioner:
     target = param_shardings(model.module.config, self.mesh, self.rules)
     if not isinstance(model, models.SpeculativeEncoderDecoderModel):
       return target
-    if isinstance(model.drafter, drafters_lib.T5Drafter):
-      drafter = param_shardings(model.drafter.config, self.mesh, self.drafter_rules)
-    else:
-      drafter = self.replicated  # a prefix: every table array on every device.
-    return {"target": target, "drafter": drafter}
+    return {"target": target,
+            "drafter": drafter_shardings(model.drafter, self.mesh, self.drafter_rules)}
 
   def place_params(self, model: models.EncoderDecoderModel, params: Any) -> Any:
     """Puts `params` on the mesh with `params_shardings(model)`."""

@@ -10,11 +10,17 @@ before it), the drafter's q_1..q_gamma and its drafts x_1..x_gamma:
   beta_i = sum_x min(p_i(x), q_i(x))   (the acceptance probability at position i; E[beta] = alpha)
 
 The output x_1..x_n, t is distributed exactly as sampling from p one token at a time (Appendix A.1).
+
+`accept` and `accept_greedy` are those formulas; `Verifier` is the strategy the decoding loop
+calls, and `TokenVerifier`, Algorithm 1 itself, is its default.
 """
 from __future__ import annotations
 
+import abc
+import dataclasses
 from typing import Callable
 
+import gin
 import jax
 import jax.numpy as jnp
 
@@ -96,3 +102,58 @@ def accept_greedy(target_tokens: jax.Array, drafts: jax.Array
   n = jnp.sum(jnp.cumprod(matches.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
   token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
   return n, token, matches.astype(jnp.float32)
+
+
+class Verifier(abc.ABC):
+  """How a block of drafts is verified: the strategy `decoding.speculative_sample` calls once per
+  iteration, after the target scored the pending token and the gamma drafts in one call.
+
+  Contract (a chain of gamma drafts per row):
+    `verify(p, q, drafts, u, draw) -> (n, token, beta)`:
+      p [B, gamma+1, V] the target's standardized distributions (p_{i} conditioned on the prefix
+      and drafts x_1..x_{i-1}); q [B, gamma, V] the drafter's, the very distributions the drafts
+      were sampled from; drafts [B, gamma] int32; u [B, gamma+1] independent U[0, 1) draws (the
+      verifier may use them as it likes, each at most once); draw `(u [B], probs [B, V]) ->
+      tokens [B]`, an exact inverse-CDF draw.
+      n [B] int32 in 0..gamma: the accepted drafts are x_1..x_n; token [B] int32: the next token
+      after them; beta [B, gamma] float32: sum_x min(p_i, q_i), the acceptance probability of
+      Algorithm 1 at position i (the loop averages it over the verified positions as alpha).
+      Exactness: for every q (and whatever the drafts), the emitted block x_1..x_n, token,
+      continued by sampling from the target, must be distributed as sampling from the target one
+      token at a time; tests enumerate this law for small vocabularies.
+    `verify_greedy(target_tokens, drafts) -> (n, token, beta)`: the same at temperature 0, where
+      every p_i and q_i is one-hot: target_tokens [B, gamma+1] are the argmaxes of p, drafts the
+      argmaxes of q; it must accept exactly the longest prefix of drafts matching target_tokens.
+
+  A verifier is stateless and hashable (the loop is traced once per verifier); shapes are static.
+
+  What a multi-draft (tree) verifier needs beyond this contract: drafts and q per node of a static
+  tree ([B, nodes] and [B, nodes, V]) with the tree's parent indices, p at every node (one target
+  call over all nodes under a tree attention mask), uniforms per node, and an output that names
+  the accepted path (node indices [B, depth]) so the loop can compact the accepted keys and values
+  into contiguous cache slots; n and token then refer to that path.
+  """
+
+  @abc.abstractmethod
+  def verify(self, p: jax.Array, q: jax.Array, drafts: jax.Array, u: jax.Array,
+             draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample
+             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(p [B, gamma+1, V], q [B, gamma, V], drafts [B, gamma], u [B, gamma+1]) -> (n, token, beta)."""
+
+  @abc.abstractmethod
+  def verify_greedy(self, target_tokens: jax.Array, drafts: jax.Array
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(target_tokens [B, gamma+1], drafts [B, gamma]) -> (n, token, beta) at temperature 0."""
+
+
+@gin.configurable(module="speculative")
+@dataclasses.dataclass(frozen=True)
+class TokenVerifier(Verifier):
+  """Algorithm 1: each draft is tested on its own, r_i < p_i(x_i) / q_i(x_i), and the first
+  rejection is corrected from norm(max(0, p_{n+1} - q_{n+1})) (`accept`, `accept_greedy`)."""
+
+  def verify(self, p, q, drafts, u, draw=sampling.sample):
+    return accept(p, q, drafts, u, draw)
+
+  def verify_greedy(self, target_tokens, drafts):
+    return accept_greedy(target_tokens, drafts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -44,14 +44,16 @@ class Step:
     return self.accepted + (() if self.correction is None else (self.correction,))
 
 
-def trace_steps(trace: Mapping[str, np.ndarray], row: int) -> list[Step]:
-  """One row of aux['speculative_trace'] (decoding.TRACE_NAMES -> [B, L] or [B, L, gamma] for
-  'drafts') -> its target calls, in order. Concatenating their `tokens` gives the row's decode."""
-  missing = [name for name in decoding.TRACE_NAMES if name not in trace]
-  if missing:
-    raise ValueError(f"trace lacks {missing}: pass aux['speculative_trace'] from a decode with "
+def trace_steps(trace: decoding.SpeculativeTrace, row: int) -> list[Step]:
+  """One row of aux['speculative_trace'] (a `decoding.SpeculativeTrace`, fields [B, L] or
+  [B, L, gamma] for drafts) -> its target calls, in order. Concatenating their `tokens` gives the
+  row's decode."""
+  if not isinstance(trace, decoding.SpeculativeTrace):
+    raise ValueError(f"trace is a {type(trace).__name__}, not a decoding.SpeculativeTrace: pass "
+                     "aux['speculative_trace'] from a decode with "
                      "decoder_params={'return_trace': True}.")
-  drafts, accepted, token, emitted = (np.asarray(trace[name]) for name in decoding.TRACE_NAMES)
+  drafts, accepted, token, emitted = (np.asarray(x) for x in (
+      trace.drafts, trace.accepted, trace.token, trace.emitted))
   if drafts.ndim != 3 or accepted.shape != drafts.shape[:2]:
     raise ValueError(f"trace shapes drafts {drafts.shape}, accepted {accepted.shape}: expected "
                      "[B, L, gamma] and [B, L] (one decode per row, not return_all_decodes).")
