@@ -5,8 +5,13 @@ setuptools.setup(
     name="speculative_t5x",
     version="0.1.0",
     description="Exact speculative decoding (Leviathan et al. 2023) for T5 1.1 in JAX/Flax, T5X-compatible.",
-    packages=setuptools.find_packages(include=["speculative_t5x", "speculative_t5x.*"]),
-    package_data={"": ["**/*.gin"]},
+    # The gin configs and the demo task's data ship inside the package (speculative_t5x/configs,
+    # speculative_t5x/data), so an installed package finds them from any working directory.
+    packages=setuptools.find_packages(include=["speculative_t5x", "speculative_t5x.*"])
+    + ["speculative_t5x.configs", "speculative_t5x.data"],
+    package_dir={"speculative_t5x.configs": "configs", "speculative_t5x.data": "data"},
+    package_data={"speculative_t5x.configs": ["*/*.gin"],
+                  "speculative_t5x.data": ["demo_ende/*"]},
     python_requires=">=3.11",
     install_requires=[
         "jax>=0.4.30",
@@ -41,6 +46,8 @@ setuptools.setup(
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6",
+            "pyink>=24.10",
+            "ruff>=0.6",
         ],
     },
 )

@@ -1,3 +1,42 @@
-"""Exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023) for T5 1.1 in JAX/Flax."""
+"""Exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023) for T5 1.1 in JAX/Flax.
+
+Importing the package imports TensorFlow (which seqio and TFDS need) once, quietly: its C++
+start-up lines (no CUDA driver, CPU features, oneDNN) are written before any log level applies,
+so they are captured and dropped; every other line it writes is passed on to stderr. Import
+`speculative_t5x` before seqio or TensorFlow to keep a script's output clean.
+"""
+import os
+import re
+import sys
+import tempfile
 
 __version__ = "0.1.0"
+
+_START_UP_CHATTER = re.compile(
+    r"All log messages before absl::InitializeLog|cudart_stub\.cc|cpu_feature_guard\.cc"
+    r"|oneDNN custom operations|rebuild TensorFlow with the appropriate compiler flags"
+    r"|Unable to register cu(DNN|FFT|BLAS) factory|computation placer already registered"
+    r"|TF-TRT Warning")
+
+
+def _import_tensorflow_quietly() -> None:
+  """Imports TensorFlow with file descriptor 2 captured; re-emits what is not start-up chatter."""
+  if "tensorflow" in sys.modules:
+    return
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      for line in captured.read().decode("utf-8", "replace").splitlines():
+        if line.strip() and not _START_UP_CHATTER.search(line):
+          print(line, file=sys.stderr)
+
+
+_import_tensorflow_quietly()

@@ -1,7 +1,7 @@
 """T5X checkpoints without T5X, and the project's own orbax checkpoints.
 
 Reading (`load_t5x_checkpoint`, `restore_params`) understands every layout T5X has written
-(`reference/t5x.md` section 5):
+(see docs/design.md):
 
 * the legacy T5X layout: `checkpoint_<step>/checkpoint`, a flax msgpack file
   `{'version': 3, 'optimizer': {'target': ..., 'state': ...}}` whose leaves are inline arrays

@@ -399,7 +399,10 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
                                                state.sequences, state.length, gamma, u[:, :gamma],
                                                standardize)
     pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
-    logits, target_cache = target_logits_fn(jnp.concatenate([pending, drafts], axis=1),
+    # An out-of-vocabulary draft (a broken drafter) never reaches the target's embedding: it is
+    # scored as 0 and rejected by the verifier.
+    in_vocabulary = jnp.where((drafts >= 0) & (drafts < drafter.vocab_size), drafts, 0)
+    logits, target_cache = target_logits_fn(jnp.concatenate([pending, in_vocabulary], axis=1),
                                             state.target_cache, state.length)
     if standardize.greedy:
       p = None

@@ -1,6 +1,6 @@
 """Hugging Face T5 weights <-> the project's (T5X-layout) parameters, both directions.
 
-The mapping is `reference/hf_t5.md`: T5X kernels are `[in, out]`, torch `nn.Linear` weights
+The mapping (docs/design.md): T5X kernels are `[in, out]`, torch `nn.Linear` weights
 `[out, in]`, so every kernel transposes, and so does the relative-position table (`[H, 32]` in
 T5X, `[32, H]` in HF). T5 1.1 has an untied head: `decoder/logits_dense/kernel` <-> its own
 `lm_head.weight`, and HF must not rescale the decoder output by `d_model**-0.5`.

@@ -2,7 +2,7 @@
 
 Temperature, top-k and top-p all become ordinary sampling from an adjusted distribution. The same
 function turns the drafter's and the target's logits into q and p, so the q in the acceptance ratio
-is exactly the distribution the draft was sampled from (DESIGN.md contract 3).
+is exactly the distribution the draft was sampled from (docs/design.md, contract 3).
 
 Temperature may be a traced scalar or a `[batch]` array (no recompilation when it changes);
 `topk` and `topp` are static Python numbers because they change the computation. A temperature

@@ -48,7 +48,12 @@ SUMMARIZE_PREFIX = "summarize: "
 
 # Where the demo corpus lives: $SPECULATIVE_T5X_DEMO_DATA, else data/demo_ende beside the package.
 DEMO_DATA_ENV = "SPECULATIVE_T5X_DEMO_DATA"
-DEFAULT_DEMO_DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / "data" / "demo_ende"
+# The repository's data/demo_ende in a clone; the package's copy (package data) once installed.
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+DEFAULT_DEMO_DATA_DIR = next(
+    (path for path in (_PACKAGE_DIR.parent / "data" / "demo_ende",
+                       _PACKAGE_DIR / "data" / "demo_ende") if path.is_dir()),
+    _PACKAGE_DIR.parent / "data" / "demo_ende")
 DEMO_SPLITS = ("train", "validation", "test")
 DEMO_VOCABULARY_FILE = "sentencepiece.model"
 
