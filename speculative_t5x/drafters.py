@@ -2,8 +2,8 @@
 
 Every drafter proposes gamma tokens per row and returns the distributions q it sampled them from.
 Model and n-gram drafters standardize their logits with the same `standardize` function the target
-uses (see `sampling`); prompt lookup proposes deterministically, so its q is one-hot, which
-keeps speculative sampling exact.
+uses (docs/design.md, contract 3); prompt lookup proposes deterministically, so its q is
+one-hot, which keeps speculative sampling exact.
 
 The decoding loop tells a drafter where each row stands with `sequences` [B, S] (the tokens decoded
 so far, y_0 y_1 ..., zero beyond) and `length` [B] (how many are decoded). The decoder input at
@@ -354,6 +354,7 @@ class BigramDrafter(_TableDrafter):
     return self.fit(targets, self.vocab_size, self.top, self.smoothing, self.backoff)
 
   def next_logits(self, params, previous):
+    params = jax.tree.map(jnp.asarray, params)  # `fit` returns numpy arrays.
     base = params["unigram"][None, :] + params["backoff"][previous][:, None]
     rows = jnp.arange(previous.shape[0])[:, None]
     return base.at[rows, params["next_ids"][previous]].set(params["next_logp"][previous])
