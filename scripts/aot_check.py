@@ -12,13 +12,17 @@ fails.
 XLA:CPU's buffer assignment stands in for the TPU's: it fixes argument and output sizes exactly,
 but its temporaries can differ (for instance where the CPU computes bfloat16 matmuls in float32).
 
-Writes aot_check.json and aot_check.md into --output_dir.
+Writes aot_check.json and aot_check.md into AOT_OUTPUT_DIR. The drafter is any
+`drafters.Drafter` (configs/drafters/): its parameters are abstract `init_params` and its
+shardings come from its `param_axes`, like a trained model's.
 
-Usage:
+Usage (--gin.NAME=value is short for --gin_bindings='NAME = value'):
   python scripts/aot_check.py                             # T5-XXL + T5-small, 4 devices, 1x4
   python scripts/aot_check.py --gin.NUM_PARTITIONS=8 --num_devices=8
   python scripts/aot_check.py --gin.TASK_FEATURE_LENGTHS="{'inputs': 64, 'targets': 64}"
   python scripts/aot_check.py --gin.aot_script.AotSetup.param_dtype="'float32'"
+  python scripts/aot_check.py --gin_file=configs/runs/aot_xxl.gin \
+    --gin_file=configs/drafters/bigram.gin                # another drafter
 """
 from __future__ import annotations
 
@@ -38,12 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 import seqio
 
-from speculative_t5x import inference
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import pairs
 from speculative_t5x import partitioning
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_GIN_FILE = "configs/runs/aot_xxl.gin"
 GIB = 2**30
 EOS_ID = 1
@@ -51,35 +56,55 @@ EOS_ID = 1
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None, f"Gin run files (default {DEFAULT_GIN_FILE}).")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
-flags.DEFINE_integer("num_devices", 4, "Simulated CPU devices (XLA_FLAGS device count).")
-flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/aot_check", "Where results are written.")
+flags.DEFINE_integer("num_devices", 4, "Simulated CPU devices (XLA_FLAGS device count), set "
+                     "before JAX starts.")
 
 
 @gin.configurable(module="aot_script")
 @dataclasses.dataclass(frozen=True)
 class AotSetup:
-  """What is compiled: a target and a drafter config, feature lengths, batch, gamma, the
-  parameter dtype (T5X restores inference checkpoints as bfloat16) and the HBM per device."""
+  """What is compiled: a target config and a drafter, feature lengths, batch, gamma, the
+  parameter dtype (T5X restores inference checkpoints as bfloat16), the HBM per device, and where
+  the report goes."""
   target_config: network.T5Config
-  drafter_config: network.T5Config
+  drafter: drafters_lib.Drafter
   task_feature_lengths: Mapping[str, int]
+  output_dir: str
   batch_size: int = 1
   gamma: int = 7
   param_dtype: str = "bfloat16"
   hbm_gib: float = 32.0
 
+  def __post_init__(self):
+    pairs.check_drafter(self.drafter)
+
+
+def _abstract_params(model: models.SpeculativeEncoderDecoderModel,
+                     partitioner: partitioning.Partitioner, dtype: Any,
+                     input_shapes: Mapping[str, tuple]) -> Any:
+  """{'target': ..., 'drafter': ...} as ShapeDtypeStructs (floating-point leaves of `dtype`)
+  carrying the partitioner's shardings; a drafter sharded as a whole (no `param_axes`) gives its
+  one sharding to every leaf. Nothing is allocated."""
+  shapes = jax.eval_shape(
+      lambda rng: model.get_initial_variables(rng, input_shapes)["params"], jax.random.PRNGKey(0))
+
+  def place(sharding, subtree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=sharding),
+                        subtree)
+
+  return jax.tree.map(place, partitioner.params_shardings(model), shapes)
+
 
 def _abstract_inputs(setup: AotSetup, model: models.SpeculativeEncoderDecoderModel,
                      partitioner: partitioning.Partitioner) -> tuple:
   """(params, batch, rng, temperature) as ShapeDtypeStructs with the partitioner's shardings."""
-  shardings = partitioner.params_shardings(model)
-  dtype = jnp.dtype(setup.param_dtype)
-  params = {"target": partitioning.abstract_params(setup.target_config, shardings["target"], dtype),
-            "drafter": partitioning.abstract_params(setup.drafter_config, shardings["drafter"],
-                                                    dtype)}
   lengths = {"encoder_input_tokens": setup.task_feature_lengths["inputs"],
              "decoder_input_tokens": setup.task_feature_lengths["targets"],
              "decoder_target_tokens": setup.task_feature_lengths["targets"]}
+  params = _abstract_params(model, partitioner, jnp.dtype(setup.param_dtype),
+                            {name: (setup.batch_size, lengths[name])
+                             for name in ("encoder_input_tokens", "decoder_input_tokens")})
   batch = {name: jax.ShapeDtypeStruct((setup.batch_size, length), jnp.int32,
                                       sharding=partitioner.data_sharding)
            for name, length in lengths.items()}
@@ -108,12 +133,11 @@ def _module_problems(hlo_text: str) -> list[str]:
   return problems
 
 
-def run(setup: AotSetup, partitioner: partitioning.Partitioner) -> dict:
+def check(setup: AotSetup, partitioner: partitioning.Partitioner) -> dict:
   """Lowers and compiles the speculative decode for `partitioner`'s mesh -> a report dict."""
   vocab = seqio.PassThroughVocabulary(setup.target_config.vocab_size, eos_id=EOS_ID)
-  model = models.SpeculativeEncoderDecoderModel(
-      network.Transformer(setup.target_config), network.Transformer(setup.drafter_config), vocab,
-      vocab, gamma=setup.gamma)
+  model = models.SpeculativeEncoderDecoderModel(network.Transformer(setup.target_config),
+                                                setup.drafter, vocab, vocab, gamma=setup.gamma)
   args = _abstract_inputs(setup, model, partitioner)
   start = time.perf_counter()
   lowered = partitioner.partition_predict(model).lower(*args)
@@ -148,7 +172,8 @@ def _markdown(setup: AotSetup, report: dict, command: str) -> str:
   sizes = report["memory_analysis_bytes"]
   rows = [("target params (analytic, this device's shards)",
            report["target_params_per_device_bytes"]),
-          ("drafter params (analytic, replicated)", report["drafter_params_per_device_bytes"]),
+          ("drafter params (analytic, this device's shards)",
+           report["drafter_params_per_device_bytes"]),
           ("XLA arguments", sizes["argument"]), ("XLA outputs", sizes["output"]),
           ("XLA temporaries", sizes["temp"]), ("XLA aliased (subtracted)", sizes["alias"]),
           ("XLA generated code (not counted)", sizes["generated_code"]),
@@ -157,7 +182,7 @@ def _markdown(setup: AotSetup, report: dict, command: str) -> str:
   lines = [f"Command: `{command}`", "",
            f"Mesh {report['mesh']}, target {setup.target_config.emb_dim}-d / "
            f"{setup.target_config.num_decoder_layers} decoder layers, drafter "
-           f"{setup.drafter_config.emb_dim}-d, params {setup.param_dtype}, batch "
+           f"{type(setup.drafter).__name__}, params {setup.param_dtype}, batch "
            f"{setup.batch_size}, gamma {setup.gamma}, lengths {dict(setup.task_feature_lengths)}.",
            "", "| per device | GiB |", "| --- | ---: |"]
   lines += [f"| {name} | {gib(value)} |" for name, value in rows]
@@ -171,16 +196,16 @@ def _markdown(setup: AotSetup, report: dict, command: str) -> str:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_force_host_platform_device_count={FLAGS.num_devices}").strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  gin.add_config_file_search_path(str(REPO_ROOT))
-  gin.parse_config_files_and_bindings(FLAGS.gin_file or [DEFAULT_GIN_FILE], FLAGS.gin_bindings)
+  gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   setup = AotSetup()
-  report = run(setup, partitioning.Partitioner())
+  report = check(setup, partitioning.Partitioner())
   command = " ".join(["python"] + sys.argv)
-  output_dir = pathlib.Path(FLAGS.output_dir)
+  output_dir = pathlib.Path(setup.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
   (output_dir / "aot_check.json").write_text(json.dumps(
       {"command": command, "gin_config": gin.config_str(), **report}, indent=2))
@@ -192,5 +217,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(
-      inference.rewrite_gin_args(argv)))
+  gin_utils.run(main)

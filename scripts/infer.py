@@ -1,7 +1,7 @@
 r"""Decodes a seqio task split with speculative decoding (or the baseline); writes predictions and
 metrics.
 
-A thin shell over `speculative_t5x.inference` (which documents the outputs, truncation and random
+A thin shell over `speculative_t5x.inference` (which documents the outputs, truncation and
 weights): gin files and bindings in, predictions.jsonl, metrics.json and the run's config.gin out,
 in INFER_OUTPUT_DIR. A configuration error (an unknown task, a macro left %gin.REQUIRED, a bad
 setting) ends the run before any model loads, with a message naming it and exit status 1.
@@ -11,20 +11,25 @@ Usage (T5X's flags; --gin.NAME=value is short for --gin_bindings='NAME = value')
     --gin.CHECKPOINT_PATH="'gs://your-bucket/t5_1_1_xxl_ende/checkpoint_N'" \
     --gin.DRAFTER_CHECKPOINT_PATH="'gs://your-bucket/t5_1_1_small_ende/checkpoint_N'" \
     --gin.INFER_OUTPUT_DIR="'/tmp/ende_small_t0'"
+  python scripts/infer.py --gin_file=configs/paper/ende_small_t0.gin \
+    --gin_file=configs/drafters/bigram.gin \
+    --gin.CHECKPOINT_PATH="'gs://your-bucket/t5_1_1_xxl_ende/checkpoint_N'" \
+    --gin.INFER_OUTPUT_DIR="'/tmp/ende_bigram_t0'"      # the same row with a bigram drafter
   python scripts/infer.py --gin_file=configs/runs/infer.gin \
-    --gin_file=configs/models/t5_1_1_tiny.gin --gin_file=configs/tasks/demo_ende.gin \
+    --gin_file=configs/drafters/t5.gin --gin_file=configs/models/t5_1_1_tiny.gin \
+    --gin_file=configs/tasks/demo_ende.gin \
     --gin.TARGET_CONFIG=%T5_1_1_TINY --gin.DRAFTER_CONFIG=%T5_1_1_TINY \
     --gin.CHECKPOINT_PATH=None --gin.DRAFTER_CHECKPOINT_PATH=None --gin.RANDOM_INIT_SEED=0 \
     --gin.RESTORE_DTYPE="'float32'" \
     --gin.INFER_OUTPUT_DIR="'/tmp/infer_tiny'"            # random weights: the mechanics only
 """
 import pathlib
-import sys
 
 from absl import app
 from absl import flags
 import gin
 
+from speculative_t5x import gin_utils
 from speculative_t5x import inference
 
 FLAGS = flags.FLAGS
@@ -39,26 +44,15 @@ def main(argv):
   """Parses the gin configuration, checks the task, writes config.gin and runs the inference."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
-  try:
-    config = inference.parse_gin(FLAGS.gin_file, FLAGS.gin_bindings)
-    inference.get_task(config)  # before anything is written
-    output_dir = pathlib.Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    with inference.atomic_writer(output_dir / CONFIG_FILE) as f:
-      f.write(gin.config_str())
-    inference.infer(config)
-  except inference.ConfigError as e:
-    sys.exit(f"infer.py: configuration error: {e}")
-
-
-def parse_flags(argv):
-  """absl's flag parsing after T5X's --gin.NAME=value rewrite."""
-  try:
-    argv = inference.rewrite_gin_args(argv)
-  except inference.ConfigError as e:
-    sys.exit(f"infer.py: {e}")
-  return app.parse_flags_with_usage(argv)
+  gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings)
+  config = inference.InferConfig()
+  inference.get_task(config)  # before anything is written
+  output_dir = pathlib.Path(config.output_dir)
+  output_dir.mkdir(parents=True, exist_ok=True)
+  with inference.atomic_writer(output_dir / CONFIG_FILE) as f:
+    f.write(gin.config_str())
+  inference.infer(config)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=parse_flags)
+  gin_utils.run(main)

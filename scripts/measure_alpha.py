@@ -1,89 +1,152 @@
 r"""Table 3: alpha, the mean over target-generated tokens of beta = sum_x min(p, q).
 
 For each temperature, the target generates outputs for the inputs of a task split; the target and
-every drafter are then teacher-forced on those outputs (`speculative_t5x.alpha`). Drafters: the
-T5 drafter of the pair, and unigram and bigram tables fitted on the task's training targets (the
-paper's Table 3 rows). Writes alpha.json and alpha.md into --output_dir.
+every drafter are then teacher-forced on those outputs (`speculative_t5x.alpha`). The target, the
+drafters (any `drafters.Drafter`, name -> drafter) and where their weights come from are gin's
+(configs/runs/measure_alpha.gin documents them; by default the demo pair's T5 drafter, unigram and
+bigram tables fitted on the task's training targets, and prompt lookup). Writes alpha.json,
+alpha.md and config.gin into ALPHA_OUTPUT_DIR.
 
   python scripts/measure_alpha.py                       # the demo pair on the demo task
-  python scripts/measure_alpha.py --pair_dir=/path/to/pair --task=demo_ende --num_tokens=10000
+  python scripts/measure_alpha.py --gin.NUM_TOKENS=1000 --gin.TEMPERATURES="(0.0,)" \
+    --gin.ALPHA_OUTPUT_DIR="'/tmp/alpha'"
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-import os
 import pathlib
+from typing import Mapping, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
+import gin
+import tqdm
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from speculative_t5x import alpha
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import gin_utils
+from speculative_t5x import pairs
+from speculative_t5x import tasks
 
-import seqio  # noqa: E402
-import tqdm  # noqa: E402
+DEFAULT_GIN_FILE = "configs/runs/measure_alpha.gin"
 
-from speculative_t5x import alpha, checkpoints, drafters, tasks  # noqa: E402
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-_PAIR_DIR = flags.DEFINE_string("pair_dir", str(REPO / "demo_models"),
-                                "A (target, drafter) directory written by checkpoints.save_pair.")
-_TASK = flags.DEFINE_string("task", tasks.DEMO_ENDE_TASK, "seqio task providing the inputs.")
-_SPLIT = flags.DEFINE_string("split", "test", "Split whose inputs the target continues.")
-_TRAIN_SPLIT = flags.DEFINE_string("train_split", "train", "Split the n-gram tables are fitted on.")
-_NGRAM_EXAMPLES = flags.DEFINE_integer("ngram_examples", 50000, "Training targets for n-grams.")
-_FEATURE_LENGTHS = flags.DEFINE_list("feature_lengths", ["64", "64"], "Inputs, targets lengths.")
-_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Temperatures (t=0 is argmax).")
-_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 10000, "Target-generated tokens per setting.")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Examples per generation batch.")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/alpha", "Results directory.")
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", None, f"Gin files (default {DEFAULT_GIN_FILE}).")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
 
 
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.WARNING)
-  (target_params, target_cfg), (drafter_params, drafter_cfg) = checkpoints.restore_pair(
-      _PAIR_DIR.value)
-  vocab_file = pathlib.Path(_PAIR_DIR.value) / "sentencepiece.model"
-  task_name = _TASK.value
-  if task_name == tasks.DEMO_ENDE_TASK and vocab_file.exists():
-    tasks.register_demo_task(vocabulary=seqio.SentencePieceVocabulary(str(vocab_file)))
-  task = tasks.get_task(task_name)
+@gin.configurable(module="measure_alpha")
+@dataclasses.dataclass(frozen=True)
+class AlphaSetup:
+  """What is measured (configs/runs/measure_alpha.gin binds every field).
+
+  pair: the target and its weights; its drafter fields are replaced by each row's.
+  drafters: row name -> drafter. drafter_checkpoint_paths: row name -> checkpoint, for the rows
+    whose drafter needs one (the others are fitted or have no weights).
+  mixture_or_task_name, task_feature_lengths, split: the inputs the target continues, and the
+    decode length (task_feature_lengths['targets']).
+  ngram_fit_split, ngram_fit_examples: the targets a drafter that learns from targets is fitted on.
+  temperatures: one measurement each (0: argmax). num_tokens: target-generated tokens per
+    measurement (at least; whole batches). batch_size: examples per generation batch.
+  output_dir: where alpha.json, alpha.md and config.gin go.
+  """
+  pair: pairs.PairConfig
+  drafters: Mapping[str, drafters_lib.Drafter]
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  output_dir: str
+  drafter_checkpoint_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  split: str = "test"
+  ngram_fit_split: str = "train"
+  ngram_fit_examples: int = 50000
+  temperatures: Sequence[float] = (0.0, 1.0)
+  num_tokens: int = 10000
+  batch_size: int = 32
+
+  def __post_init__(self):
+    if not self.drafters:
+      raise gin_utils.ConfigError("measure_alpha.AlphaSetup.drafters is empty: give name -> "
+                                  "drafter, e.g. {'bigram': @drafters.BigramDrafter()}")
+    unknown = sorted(set(self.drafter_checkpoint_paths) - set(self.drafters))
+    if unknown:
+      raise gin_utils.ConfigError(f"measure_alpha.AlphaSetup.drafter_checkpoint_paths names "
+                                  f"{unknown}, which are not rows of AlphaSetup.drafters "
+                                  f"({sorted(self.drafters)})")
+    self.row_pairs()  # checks every row before anything loads
+
+  def row_pairs(self) -> dict[str, pairs.PairConfig]:
+    """Row name -> the pair of the target and that row's drafter."""
+    rows = {}
+    for name, drafter in self.drafters.items():
+      try:
+        rows[name] = dataclasses.replace(
+            self.pair, drafter=drafter,
+            drafter_checkpoint_path=self.drafter_checkpoint_paths.get(name))
+      except gin_utils.ConfigError as e:
+        raise gin_utils.ConfigError(
+            f"row {name!r} of measure_alpha.AlphaSetup.drafters: {e} (a row's DRAFTER is "
+            f"drafters[{name!r}], its DRAFTER_CHECKPOINT_PATH drafter_checkpoint_paths[{name!r}])"
+        ) from e
+    return rows
+
+
+def measure(setup: AlphaSetup) -> tuple[dict, str]:
+  """-> ({'t=<temperature>': {row: {'alpha', 'tokens'}}}, where the target's weights came from)."""
+  try:
+    task = tasks.get_task(setup.mixture_or_task_name)
+  except ValueError as e:
+    raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME: {e}") from e
   eos_id = task.output_features["targets"].vocabulary.eos_id
-  input_length, target_length = (int(x) for x in _FEATURE_LENGTHS.value)
-  lengths = {"inputs": input_length, "targets": target_length}
-  inputs = tasks.feature_arrays(task, _SPLIT.value, "inputs", lengths)
-  train_targets = tasks.feature_arrays(task, _TRAIN_SPLIT.value, "targets", lengths,
-                                       _NGRAM_EXAMPLES.value)
-  vocab_size = target_cfg.vocab_size
-  candidates = {
-      f"T5 drafter ({drafter_cfg.emb_dim}d x {drafter_cfg.num_decoder_layers})":
-          (drafters.T5Drafter(drafter_cfg, eos_id=eos_id), drafter_params),
-      "unigram": (drafters.UnigramDrafter(vocab_size=vocab_size, eos_id=eos_id),
-                  drafters.UnigramDrafter.fit(train_targets, vocab_size)),
-      "bigram": (drafters.BigramDrafter(vocab_size=vocab_size, eos_id=eos_id),
-                 drafters.BigramDrafter.fit(train_targets, vocab_size)),
-  }
-  batches = [inputs[i:i + _BATCH_SIZE.value] for i in range(0, len(inputs), _BATCH_SIZE.value)]
+  lengths = dict(setup.task_feature_lengths)
+  fit_targets = functools.cache(lambda: tasks.feature_arrays(
+      task, setup.ngram_fit_split, "targets", lengths, setup.ngram_fit_examples))
+  target_params, target_source = pairs.load_target(setup.pair)
+  rows = {}
+  for name, row in setup.row_pairs().items():
+    drafter, params, source = pairs.load_drafter(row, eos_id, fit_targets)
+    logging.info("row %r: %s", name, source)
+    rows[name] = (drafter, params)
+  inputs = tasks.feature_arrays(task, setup.split, "inputs", lengths)
+  batches = [inputs[i:i + setup.batch_size] for i in range(0, len(inputs), setup.batch_size)]
   results = {}
-  for temperature in [float(t) for t in _TEMPERATURES.value]:
-    results[f"t={temperature:g}"] = alpha.measure(
-        target_cfg, target_params, candidates, tqdm.tqdm(batches, desc=f"t={temperature:g}"),
-        target_length, temperature, eos_id, _NUM_TOKENS.value)
-  out = pathlib.Path(_OUTPUT_DIR.value)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "alpha.json").write_text(json.dumps(results, indent=2))
-  lines = [f"Alpha on `{task_name}` ({_SPLIT.value}), target from {_PAIR_DIR.value}",
-           "", "| drafter | " + " | ".join(results) + " | tokens |",
+  for temperature in setup.temperatures:
+    key = f"t={temperature:g}"
+    results[key] = alpha.measure(setup.pair.target_config, target_params, rows,
+                                 tqdm.tqdm(batches, desc=key), lengths["targets"],
+                                 float(temperature), eos_id, setup.num_tokens)
+  return results, target_source
+
+
+def markdown(setup: AlphaSetup, results: dict, target_source: str) -> str:
+  """The Table 3 layout: a row per drafter, a column per temperature, and the tokens counted."""
+  lines = [f"Alpha on `{setup.mixture_or_task_name}` ({setup.split}), target from "
+           f"{target_source}", "", "| drafter | " + " | ".join(results) + " | tokens |",
            "|---|" + "---|" * (len(results) + 1)]
-  for name in candidates:
+  for name in setup.drafters:
     cells = [f"{results[t][name]['alpha']:.3f}" for t in results]
     tokens = min(results[t][name]["tokens"] for t in results)
     lines.append(f"| {name} | " + " | ".join(cells) + f" | {tokens} |")
-  (out / "alpha.md").write_text("\n".join(lines) + "\n")
-  print("\n".join(lines))
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
+  logging.set_verbosity(logging.WARNING)
+  gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
+  setup = AlphaSetup()
+  results, target_source = measure(setup)
+  out = pathlib.Path(setup.output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "config.gin").write_text(gin.config_str())
+  (out / "alpha.json").write_text(json.dumps(results, indent=2))
+  table = markdown(setup, results, target_source)
+  (out / "alpha.md").write_text(table)
+  print(table, end="")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

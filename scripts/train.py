@@ -15,7 +15,6 @@ MODEL_DIR/model, the summary to MODEL_DIR/train_summary.json and the gin config 
 MODEL_DIR/config.gin. See speculative_t5x/training.py for what `train` does.
 """
 import os
-import pathlib
 import sys
 
 from absl import app
@@ -23,14 +22,12 @@ from absl import flags
 from absl import logging
 import gin
 
-from speculative_t5x import inference
+from speculative_t5x import gin_utils
 from speculative_t5x import training
-
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None,
-                          "Gin files (relative to the repository root or the working directory).")
+                          "Gin files (relative to the working directory or the repository root).")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
 flags.DEFINE_string("model_dir", None, "Directory for checkpoints, the exported model and logs.")
 flags.DEFINE_string("distill_from", None, "A checkpoints.save_model directory (e.g. a trained "
@@ -43,14 +40,13 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO.
-  gin.add_config_file_search_path(str(REPO_ROOT))
   bindings = list(FLAGS.gin_bindings)
   if FLAGS.distill_from:
     bindings += [f"training.train.distill_from = '{FLAGS.distill_from}'",
                  "training.train.pack = False"]
   if FLAGS.distill_temperature is not None:
     bindings.append(f"training.train.distill_temperature = {FLAGS.distill_temperature}")
-  gin.parse_config_files_and_bindings(FLAGS.gin_file, bindings)
+  gin_utils.parse_gin_flags(FLAGS.gin_file, bindings)
   os.makedirs(FLAGS.model_dir, exist_ok=True)
   with open(os.path.join(FLAGS.model_dir, "config.gin"), "w") as f:
     f.write(gin.config_str())
@@ -61,5 +57,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(
-      inference.rewrite_gin_args(argv)))
+  gin_utils.run(main)

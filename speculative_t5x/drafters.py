@@ -169,6 +169,12 @@ class T5Drafter(Drafter):
   config: network.T5Config = gin.REQUIRED
   eos_id: int | None = None
 
+  def __post_init__(self):
+    if not isinstance(self.config, network.T5Config):
+      raise ValueError(f"T5Drafter needs a network.T5Config (in gin, DRAFTER_CONFIG = "
+                       f"%T5_1_1_SMALL after including configs/models/t5_1_1_small.gin), got "
+                       f"{self.config!r}.")
+
   @property
   def vocab_size(self) -> int:
     return self.config.vocab_size

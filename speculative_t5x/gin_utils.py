@@ -14,13 +14,17 @@ Every script parses its configuration through `parse_gin_flags` and runs through
 
 `include 'configs/runs/infer.gin'` and `--gin_file=configs/paper/ende_small_t0.gin` resolve
 against the working directory, then the shipped configs (`config_root`): the repository's
-`configs/` in a clone, the package's copy once installed.
+`configs/` in a clone, the package's copy once installed. Relative paths named inside a config
+(checkpoints such as 'demo_models/target') resolve the same way (`resolve_path`).
 """
 from __future__ import annotations
 
+import logging
+import os
 import pathlib
 import re
 import sys
+import tokenize
 from typing import Callable, Sequence
 
 from absl import app
@@ -50,6 +54,27 @@ def search_paths() -> list[str]:
   return [str(pathlib.Path.cwd()), str(config_root())]
 
 
+def resolve_path(path: str | os.PathLike) -> str:
+  """A relative local `path` as the first of `search_paths()` that has it (the working
+  directory's, else the repository's); URLs, absolute paths and paths found nowhere unchanged."""
+  path = os.fspath(path)
+  if "://" in path or os.path.isabs(path):
+    return path
+  for root in search_paths():
+    candidate = os.path.join(root, path)
+    if os.path.exists(candidate):
+      return candidate
+  return path
+
+
+class _QuietSearch(logging.Filter):
+  """Drops gin's log lines on looking a file up in each search path ("Path not found" errors for
+  every path that lacks it): a file is found in a later path, or the parse reports it missing."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.module != "resource_reader"
+
+
 def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
   """T5X's shorthand: --gin.NAME=value -> --gin_bindings=NAME = value."""
   rewritten = []
@@ -74,7 +99,8 @@ def parse_gin_flags(gin_files: Sequence[str] | None, gin_bindings: Sequence[str]
   is left %gin.REQUIRED, and finalizes the configuration.
 
   Raises:
-    ConfigError: no file to parse, or a macro left %gin.REQUIRED (named in the message).
+    ConfigError: no file to parse, a file that is missing or does not parse, or a macro left
+      %gin.REQUIRED (named in the message).
   """
   files = list(gin_files or default_files)
   if not files:
@@ -82,12 +108,20 @@ def parse_gin_flags(gin_files: Sequence[str] | None, gin_bindings: Sequence[str]
                       "including one, e.g. configs/paper/ende_small_t0.gin)")
   for path in search_paths():
     gin.add_config_file_search_path(path)
-  gin.parse_config_files_and_bindings(files, list(gin_bindings), finalize_config=False)
+  quiet = _QuietSearch()
+  logging.getLogger().addFilter(quiet)
+  try:
+    gin.parse_config_files_and_bindings(files, list(gin_bindings), finalize_config=False)
+  except (OSError, SyntaxError, ValueError, tokenize.TokenError) as e:
+    raise ConfigError(f"gin: {e}") from e
+  finally:
+    logging.getLogger().removeFilter(quiet)
   missing = unset_required_macros()
   if missing:
     raise ConfigError(f"gin macro(s) {', '.join(missing)} are %gin.REQUIRED but not set: bind "
                       f"them, e.g. --gin.{missing[0]}=\"'value'\" (strings need inner quotes), or "
-                      "include a file that sets them (configs/tasks/, configs/models/)")
+                      "include a file that sets them (configs/tasks/, configs/models/, "
+                      "configs/drafters/)")
   gin.finalize()
 
 

@@ -2,17 +2,19 @@
 
 The library behind scripts/infer.py. A run is configured the T5X way: configs/runs/infer.gin binds
 `inference.InferConfig` to T5X's macros (MIXTURE_OR_TASK_NAME, TASK_FEATURE_LENGTHS,
-CHECKPOINT_PATH, INFER_OUTPUT_DIR) and ours (TARGET_CONFIG, DRAFTER_CONFIG,
-DRAFTER_CHECKPOINT_PATH, DECODER, DRAFTER_KIND, GAMMA, TEMPERATURE, BATCH_SIZE, SPLIT,
-RESTORE_DTYPE, RANDOM_INIT_SEED); `parse_gin` reads the files and bindings, `infer` runs.
+INFER_OUTPUT_DIR) and ours (DECODER, GAMMA, TEMPERATURE, BATCH_SIZE, SPLIT), and its `pair` to
+`pairs.PairConfig` (configs/runs/pair.gin: TARGET_CONFIG, CHECKPOINT_PATH, DRAFTER,
+DRAFTER_CHECKPOINT_PATH, RESTORE_DTYPE, RANDOM_INIT_SEED); a configs/drafters/ file sets DRAFTER.
+`gin_utils.parse_gin_flags` reads the files and bindings, `InferConfig()` builds and checks the
+configuration, `infer` runs.
 
 `infer` decodes the split in order, `batch_size` examples per jitted call (the last batch is
 padded with copies of its last example, so every call has one shape and compiles once), and
 writes to `output_dir`:
   predictions.jsonl  one JSON object per example: {"inputs", "targets", "prediction", "stats"}
-                     (texts as in the task; stats as in `STAT_NAMES` below);
+                     (texts as in the task; stats as below);
   metrics.json       the task's metrics, the aggregate decoding statistics (speculative: alpha,
-                     acceptance rate, tokens per target call via `decoding.stats_summary`), the
+                     acceptance rate, tokens per target call, by `decoding.SpeculativeStats`), the
                      truncation counts, where the weights came from, and the settings.
 Each file is written to a temporary file in `output_dir` and renamed into place, so an
 interrupted run leaves no half-written file.
@@ -26,10 +28,9 @@ length - 1 tokens and appends EOS; see speculative_t5x/tasks.py), and nothing is
 counts the truncated examples first (`tasks.count_truncated`), logs the counts and writes them to
 metrics.json. The metric compares predictions with the full, untruncated target texts.
 
-Weights. CHECKPOINT_PATH and DRAFTER_CHECKPOINT_PATH name T5X checkpoints or directories written
-by `checkpoints.save_model` (for a `save_pair` directory, name its `target/` and `drafter/`
-members). A path of None means random weights, allowed only with RANDOM_INIT_SEED set (tests and
-demos: no trained checkpoint exists here); metrics.json then labels them, and a warning is logged.
+Weights come from `pairs.load_pair` (which documents checkpoints and random weights); a drafter
+fitted on target sequences (the n-gram tables) is fitted on up to `ngram_fit_examples` targets of
+the task's `ngram_fit_split`. The baseline loads no drafter, whatever DRAFTER says.
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import re
 import tempfile
 import time
 from typing import Any, Iterator, Mapping, Sequence
@@ -51,25 +51,17 @@ import numpy as np
 import seqio
 import tqdm
 
-from speculative_t5x import checkpoints
 from speculative_t5x import decoding
-from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import pairs
 from speculative_t5x import tasks
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DECODERS = ("speculative", "baseline")
-DRAFTER_KINDS = ("t5", "unigram", "bigram", "prompt_lookup")
 FEATURES = ("inputs", "targets")
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
-RANDOM_WEIGHTS = "RANDOM weights (RANDOM_INIT_SEED={seed}), not a trained model"
-_REQUIRED_MACRO = re.compile(r"^(\w+) = %gin\.REQUIRED$", re.MULTILINE)
-
-
-class ConfigError(ValueError):
-  """A problem with the run's configuration, fixed in gin (the message names the macro)."""
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -83,27 +75,20 @@ class InferConfig:
   mixture_or_task_name: a registered seqio task (speculative_t5x.tasks registers ours).
   task_feature_lengths: {'inputs': Le, 'targets': Lt}; Lt is also the decode budget.
   output_dir: where predictions.jsonl and metrics.json go (created if absent).
-  target_config, checkpoint_path: the target model and its checkpoint (None: random weights).
-  decoder: 'speculative' or 'baseline' (T5X's temperature_sample, the target alone).
-  drafter_kind: 't5' (drafter_config and drafter_checkpoint_path), 'unigram' or 'bigram' (tables
-    fit on up to `ngram_fit_examples` targets of `ngram_fit_split`), or 'prompt_lookup'.
+  pair: the target, the drafter and their weights (`pairs.PairConfig`).
+  decoder: 'speculative' (needs pair.drafter) or 'baseline' (T5X's temperature_sample, the target
+    alone; pair.drafter is ignored).
   gamma: drafts per target call. temperature, topk, topp: the sampling distribution (0: greedy).
   batch_size, split, max_examples: which examples, how many per call (None: the whole split).
-  restore_dtype: dtype the parameters are cast to ('bfloat16' for the real sizes, as T5X's
-    RestoreCheckpointConfig; 'float32' for tiny test models; None keeps them as stored).
-  random_init_seed: seed of random weights for a model whose checkpoint path is None (the
-    target's; a T5 drafter's is random_init_seed + 1).
   decode_seed: batch i decodes with rng fold_in(PRNGKey(decode_seed), i).
+  ngram_fit_split, ngram_fit_examples: the targets a drafter that `learns_from_targets` is fitted
+    on (the first ngram_fit_examples of that split).
   """
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
   output_dir: str
-  target_config: network.T5Config
-  checkpoint_path: str | None
-  drafter_config: network.T5Config | None = None
-  drafter_checkpoint_path: str | None = None
+  pair: pairs.PairConfig
   decoder: str = "speculative"
-  drafter_kind: str = "t5"
   gamma: int = 4
   temperature: float = 0.0
   topk: int = 0
@@ -111,8 +96,6 @@ class InferConfig:
   batch_size: int = 32
   split: str = "test"
   max_examples: int | None = None
-  restore_dtype: str | None = "bfloat16"
-  random_init_seed: int | None = None
   decode_seed: int = 0
   ngram_fit_split: str = "train"
   ngram_fit_examples: int = 10000
@@ -120,147 +103,67 @@ class InferConfig:
   def __post_init__(self):
     unset = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is gin.REQUIRED]
     if unset:
-      raise ConfigError(f"InferConfig field(s) {unset} are %gin.REQUIRED but not set: bind "
-                        "the macros of configs/runs/infer.gin, e.g. "
-                        "--gin.INFER_OUTPUT_DIR=\"'/tmp/out'\"")
+      raise gin_utils.ConfigError(f"InferConfig field(s) {unset} are %gin.REQUIRED but not set: "
+                                  "bind the macros of configs/runs/infer.gin, e.g. "
+                                  "--gin.INFER_OUTPUT_DIR=\"'/tmp/out'\"")
+    if not isinstance(self.pair, pairs.PairConfig):
+      raise gin_utils.ConfigError(f"InferConfig.pair must be a pairs.PairConfig "
+                                  "(configs/runs/infer.gin binds it to @pairs.PairConfig()), got "
+                                  f"{self.pair!r}")
     if self.decoder not in DECODERS:
-      raise ConfigError(f"DECODER {self.decoder!r} is not one of {DECODERS}")
-    if self.drafter_kind not in DRAFTER_KINDS:
-      raise ConfigError(f"DRAFTER_KIND {self.drafter_kind!r} is not one of {DRAFTER_KINDS}")
+      raise gin_utils.ConfigError(f"DECODER {self.decoder!r} is not one of {DECODERS}")
+    if self.speculative and self.pair.drafter is None:
+      raise gin_utils.ConfigError("DECODER 'speculative' needs a DRAFTER: include a "
+                                  "configs/drafters/ file (e.g. --gin_file="
+                                  "configs/drafters/t5.gin), or set DECODER = 'baseline'")
     lengths = dict(self.task_feature_lengths or {})
     if set(lengths) != set(FEATURES) or not all(
         isinstance(n, int) and n > 0 for n in lengths.values()):
-      raise ConfigError(f"TASK_FEATURE_LENGTHS {self.task_feature_lengths!r} must give positive "
-                        "integer lengths for exactly 'inputs' and 'targets', e.g. "
-                        "{'inputs': 64, 'targets': 64}")
+      raise gin_utils.ConfigError(f"TASK_FEATURE_LENGTHS {self.task_feature_lengths!r} must give "
+                                  "positive integer lengths for exactly 'inputs' and 'targets', "
+                                  "e.g. {'inputs': 64, 'targets': 64}")
     for name, value, low in (("BATCH_SIZE", self.batch_size, 1), ("GAMMA", self.gamma, 1),
-                             ("max_examples", self.max_examples, 1)):
+                             ("max_examples", self.max_examples, 1),
+                             ("ngram_fit_examples", self.ngram_fit_examples, 1)):
       if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                 or value < low):
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    if self.random_init_seed is None:
-      missing = [macro for macro, path, needed in (
-          ("CHECKPOINT_PATH", self.checkpoint_path, True),
-          ("DRAFTER_CHECKPOINT_PATH", self.drafter_checkpoint_path, self.uses_t5_drafter))
-                 if needed and not path]
-      if missing:
-        raise ConfigError(f"{' and '.join(missing)} not set: give the checkpoint(s) (e.g. "
-                          f"--gin.{missing[0]}=\"'gs://your-bucket/model/checkpoint_N'\"), or set "
-                          "RANDOM_INIT_SEED for random weights (tests and demos only)")
-    if self.uses_t5_drafter and self.drafter_config is None:
-      raise ConfigError("DRAFTER_KIND 't5' needs DRAFTER_CONFIG: include a configs/models/ file "
-                        "and set e.g. DRAFTER_CONFIG = %T5_1_1_SMALL")
-    if self.uses_t5_drafter and self.drafter_config.vocab_size != self.target_config.vocab_size:
-      raise ConfigError(f"DRAFTER_CONFIG vocab_size {self.drafter_config.vocab_size} != "
-                        f"TARGET_CONFIG vocab_size {self.target_config.vocab_size}: speculative "
-                        "decoding needs one vocabulary")
+        raise gin_utils.ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
 
   @property
-  def uses_t5_drafter(self) -> bool:
-    return self.decoder == "speculative" and self.drafter_kind == "t5"
+  def speculative(self) -> bool:
+    return self.decoder == "speculative"
 
-
-def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
-  """T5X's shorthand: --gin.NAME=value -> --gin_bindings=NAME = value."""
-  rewritten = []
-  for arg in argv:
-    if arg.startswith("--gin."):
-      name, equals, value = arg[len("--gin."):].partition("=")
-      if not equals:
-        raise ConfigError(f"{arg} has no value: write --gin.{name}=value")
-      arg = f"--gin_bindings={name} = {value}"
-    rewritten.append(arg)
-  return rewritten
-
-
-def unset_required_macros() -> list[str]:
-  """Names of the parsed gin macros still bound to %gin.REQUIRED."""
-  return sorted(_REQUIRED_MACRO.findall(gin.config_str()))
-
-
-def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = ()) -> InferConfig:
-  """Parses gin files (paths relative to the working directory or the repository) and bindings,
-  then builds the `InferConfig`. A macro left at %gin.REQUIRED raises a ConfigError naming it."""
-  if not gin_files:
-    raise ConfigError("no gin file given: pass --gin_file=configs/runs/infer.gin (or a file "
-                      "including it, e.g. configs/paper/ende_small_t0.gin)")
-  gin.add_config_file_search_path(str(REPO_ROOT))
-  gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False)
-  missing = unset_required_macros()
-  if missing:
-    raise ConfigError(f"gin macro(s) {', '.join(missing)} are %gin.REQUIRED but not set: bind "
-                      f"them, e.g. --gin.{missing[0]}=\"'value'\" (strings need inner quotes), or "
-                      "include a file that sets them (configs/tasks/, configs/models/)")
-  gin.finalize()
-  return InferConfig()
+  @property
+  def loaded_pair(self) -> pairs.PairConfig:
+    """The pair this run loads: without its drafter for the baseline."""
+    return self.pair if self.speculative else dataclasses.replace(self.pair, drafter=None)
 
 
 # ----------------------------------------------------------------------------- models
 
 
-def _cast(params: Any, dtype: str | None) -> Any:
-  """Floating-point leaves cast to `dtype` (None: unchanged)."""
-  if dtype is None:
-    return params
-  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                      params)
-
-
-def _t5_params(config: network.T5Config, path: str | None, seed: int | None,
-               dtype: str | None) -> tuple[dict, str]:
-  """(params, where they came from) from a checkpoint, or random when `path` is None."""
-  if path:
-    return checkpoints.restore_params(config, path, dtype=dtype), f"checkpoint {path}"
-  logging.warning("Random weights (RANDOM_INIT_SEED=%d): predictions mean nothing.", seed)
-  params = network.init_params(config, jax.random.PRNGKey(seed))
-  return _cast(params, dtype), RANDOM_WEIGHTS.format(seed=seed)
-
-
-def _fit_targets(task: seqio.Task, config: InferConfig) -> Iterator[np.ndarray]:
-  dataset = task.get_dataset(dict(config.task_feature_lengths), split=config.ngram_fit_split,
-                             shuffle=False, use_cached=False, try_in_mem_cache=False)
-  for example in dataset.take(config.ngram_fit_examples).as_numpy_iterator():
-    yield example["targets"]
-
-
-def _drafter(config: InferConfig, task: seqio.Task, eos_id: int) -> tuple[Any, Any, str]:
-  """(drafter_module for SpeculativeEncoderDecoderModel, its params, where they came from)."""
-  vocab_size = config.target_config.vocab_size
-  if config.drafter_kind == "t5":
-    seed = None if config.random_init_seed is None else config.random_init_seed + 1
-    params, source = _t5_params(config.drafter_config, config.drafter_checkpoint_path, seed,
-                                config.restore_dtype)
-    return network.Transformer(config.drafter_config), params, source
-  if config.drafter_kind == "prompt_lookup":
-    return (drafters_lib.PromptLookupDrafter(vocab_size=vocab_size, eos_id=eos_id), {},
-            "prompt lookup in the inputs and the decoded prefix")
-  table = {"unigram": drafters_lib.UnigramDrafter, "bigram": drafters_lib.BigramDrafter}
-  drafter = table[config.drafter_kind](vocab_size=vocab_size, eos_id=eos_id)
-  targets = list(_fit_targets(task, config))
-  if not targets:
-    raise ConfigError(f"split {config.ngram_fit_split!r} of {task.name} has no examples to fit "
-                      f"the {config.drafter_kind} drafter on: set "
-                      "inference.InferConfig.ngram_fit_split")
-  return (drafter, drafter.fit(targets, vocab_size),
-          f"{config.drafter_kind} table fit on {len(targets)} {config.ngram_fit_split} targets")
-
-
-def build_model(config: InferConfig, task: seqio.Task) -> tuple[Any, Any, dict[str, str]]:
-  """-> (model, params on the device, {'target': source, 'drafter': source})."""
+def build_model(config: InferConfig, task: seqio.Task
+                ) -> tuple[models.EncoderDecoderModel, pairs.Pair]:
+  """-> (model, its loaded pair: params on the device and their sources)."""
   vocabulary = task.output_features["targets"].vocabulary
-  module = network.Transformer(config.target_config)
-  params, source = _t5_params(config.target_config, config.checkpoint_path,
-                              config.random_init_seed, config.restore_dtype)
-  weights = {"target": source}
-  if config.decoder == "baseline":
-    model = models.EncoderDecoderModel(module, vocabulary, vocabulary)
-  else:
-    eos_id = vocabulary.eos_id
-    drafter_module, drafter_params, weights["drafter"] = _drafter(config, task, eos_id)
-    model = models.SpeculativeEncoderDecoderModel(module, drafter_module, vocabulary, vocabulary,
-                                                  gamma=config.gamma)
-    params = {"target": params, "drafter": drafter_params}
-  return model, jax.device_put(params), weights
+  pair = pairs.load_pair(config.loaded_pair, vocabulary.eos_id,
+                         fit_targets=lambda: _fit_targets(task, config))
+  module = network.Transformer(pair.target_config)
+  if pair.drafter is None:
+    return models.EncoderDecoderModel(module, vocabulary, vocabulary), pair
+  return models.SpeculativeEncoderDecoderModel(module, pair.drafter, vocabulary, vocabulary,
+                                               gamma=config.gamma), pair
+
+
+def _fit_targets(task: seqio.Task, config: InferConfig) -> np.ndarray:
+  """The targets a drafter is fitted on -> [N, Lt] (zero-padded)."""
+  try:
+    return tasks.feature_arrays(task, config.ngram_fit_split, "targets",
+                                config.task_feature_lengths, config.ngram_fit_examples)
+  except ValueError as e:
+    raise gin_utils.ConfigError(f"{e} The drafter is fitted on its targets: set "
+                                "inference.InferConfig.ngram_fit_split to a split with examples"
+                                ) from e
 
 
 # ----------------------------------------------------------------------------- data
@@ -272,22 +175,21 @@ def get_task(config: InferConfig) -> seqio.Task:
   try:
     task = tasks.get_task(config.mixture_or_task_name)
   except ValueError as e:
-    raise ConfigError(f"MIXTURE_OR_TASK_NAME: {e}") from e
+    raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME: {e}") from e
   if not isinstance(task, seqio.Task):
-    raise ConfigError(f"MIXTURE_OR_TASK_NAME {task.name!r} is a mixture: infer decodes one task; "
-                      f"name one of {sorted(t.name for t in task.tasks)}")
+    raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME {task.name!r} is a mixture: infer decodes "
+                                f"one task; name one of {sorted(t.name for t in task.tasks)}")
   splits = task.source.splits  # empty where a source does not list them (TFDS mock data)
   if splits and config.split not in splits:
-    raise ConfigError(f"SPLIT {config.split!r} is not a split of {task.name}: use one of "
-                      f"{sorted(splits)}")
+    raise gin_utils.ConfigError(f"SPLIT {config.split!r} is not a split of {task.name}: use one "
+                                f"of {sorted(splits)}")
   vocabulary = task.output_features["targets"].vocabulary
-  for name, model_config in (("TARGET_CONFIG", config.target_config),
-                             ("DRAFTER_CONFIG", config.drafter_config if config.uses_t5_drafter
-                              else None)):
-    if model_config is not None and model_config.vocab_size < vocabulary.vocab_size:
-      raise ConfigError(f"{name} vocab_size {model_config.vocab_size} < the "
-                        f"{vocabulary.vocab_size} pieces of {task.name}'s vocabulary: set "
-                        "VOCAB_SIZE to cover it")
+  vocab_size = config.pair.target_config.vocab_size
+  if vocab_size < vocabulary.vocab_size:
+    raise gin_utils.ConfigError(
+        f"TARGET_CONFIG vocab_size {vocab_size} < the {vocabulary.vocab_size} pieces of "
+        f"{task.name}'s vocabulary: set VOCAB_SIZE to cover it (a drafter has the target's "
+        "vocab_size, pairs.PairConfig checks)")
   return task
 
 
@@ -339,25 +241,22 @@ def atomic_writer(path: pathlib.Path) -> Iterator[Any]:
   os.replace(f.name, path)
 
 
-def _decoded_lengths(decodes: np.ndarray, eos_id: int) -> np.ndarray:
-  """Tokens generated per row [B], EOS included (the whole row if it has no EOS)."""
-  is_eos = decodes == eos_id
-  return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, decodes.shape[1])
-
-
 def _row_stats(aux: Mapping[str, Any], decodes: np.ndarray, eos_id: int, rows: int) -> list[dict]:
+  """Per-example statistics of the first `rows` rows of a batch (see the module docstring)."""
   if "speculative_stats" in aux:
-    stats = {k: np.asarray(v)[:rows] for k, v in aux["speculative_stats"].items()}
-    return [{k: v[i].item() for k, v in stats.items()} for i in range(rows)]
-  return [{"target_calls": int(n)} for n in _decoded_lengths(decodes[:rows], eos_id)]
+    stats = decoding.SpeculativeStats.from_dict(aux["speculative_stats"]).as_dict()
+    stats = {name: np.asarray(value)[:rows] for name, value in stats.items()}
+    return [{name: value[i].item() for name, value in stats.items()} for i in range(rows)]
+  return [{"target_calls": int(n)} for n in decoding.decoded_lengths(decodes[:rows], eos_id)]
 
 
 def _summary(stats: Sequence[Mapping[str, float]], speculative: bool) -> dict:
-  """Aggregate statistics: `decoding.stats_summary` for speculative decoding, totals otherwise."""
-  totals = {k: np.array([s[k] for s in stats]) for k in stats[0]}
+  """Aggregate statistics: `decoding.SpeculativeStats.summary` for speculative decoding, totals
+  otherwise."""
+  totals = {name: np.array([s[name] for s in stats]) for name in stats[0]}
   if speculative:
-    return decoding.stats_summary(totals)
-  return {k: float(np.sum(v)) for k, v in totals.items()}
+    return decoding.SpeculativeStats.from_dict(totals).summary()
+  return {name: float(np.sum(values)) for name, values in totals.items()}
 
 
 def infer(config: InferConfig) -> dict:
@@ -366,12 +265,12 @@ def infer(config: InferConfig) -> dict:
   lengths = dict(config.task_feature_lengths)
   truncation = tasks.count_truncated(task, config.split, lengths, config.max_examples)
   if truncation.examples == 0:
-    raise ConfigError(f"split {config.split!r} of {task.name} has no examples")
+    raise gin_utils.ConfigError(f"split {config.split!r} of {task.name} has no examples")
   log = logging.warning if any(truncation.truncated.values()) else logging.info
   log("TASK_FEATURE_LENGTHS %s: %s (split %s); as in T5X, a truncated sequence keeps its first "
       "length - 1 tokens and EOS.", lengths, truncation, config.split)
 
-  model, params, weights = build_model(config, task)
+  model, pair = build_model(config, task)
   vocabulary = task.output_features["targets"].vocabulary
   predict = model.jit_predict(topk=config.topk, topp=config.topp)
   temperature = jnp.float32(config.temperature)
@@ -384,7 +283,7 @@ def infer(config: InferConfig) -> dict:
       total=truncation.examples, unit="example", desc=f"{config.decoder} {task.name}") as bar:
     for index, examples in enumerate(_batches(task, config)):
       rng = jax.random.fold_in(jax.random.PRNGKey(config.decode_seed), index)
-      decodes, aux = predict(params, model_batch(examples, config.batch_size, lengths), rng,
+      decodes, aux = predict(pair.params, model_batch(examples, config.batch_size, lengths), rng,
                              temperature)
       decodes = np.asarray(decodes)
       row_stats = _row_stats(aux, decodes, model.eos_id, len(examples))
@@ -402,19 +301,19 @@ def infer(config: InferConfig) -> dict:
       bar.update(len(examples))
   seconds = time.perf_counter() - start
 
-  speculative = config.decoder == "speculative"
   metrics = {}
   for metric_fn in task.predict_metric_fns:
     metrics.update(metric_fn(targets, predictions))
+  drafter = pair.drafter
   result = {
       "task": task.name, "split": config.split, "examples": len(predictions),
-      "metrics": metrics, "decoding": _summary(all_stats, speculative),
+      "metrics": metrics, "decoding": _summary(all_stats, config.speculative),
       "truncated": {"examples": truncation.examples, **truncation.truncated},
-      "weights": weights,
-      "random_weights": any(w.startswith("RANDOM") for w in weights.values()),
+      "weights": pair.sources, "random_weights": pair.random_weights,
       "settings": {"decoder": config.decoder,
-                   "drafter_kind": config.drafter_kind if speculative else None,
-                   "gamma": config.gamma if speculative else None,
+                   "drafter": None if drafter is None else type(drafter).__name__,
+                   "drafter_repr": None if drafter is None else repr(drafter),
+                   "gamma": config.gamma if config.speculative else None,
                    "temperature": config.temperature, "topk": config.topk,
                    "topp": config.topp, "batch_size": config.batch_size,
                    "task_feature_lengths": lengths, "decode_seed": config.decode_seed},

@@ -1,7 +1,7 @@
 """A target and its drafter with their weights: one configuration and one loader shared by every
 script (infer, benchmark, aot_check, demo, measure_alpha).
 
-`PairConfig` is what gin binds (configs/runs/*.gin bind it to T5X-style macros: TARGET_CONFIG,
+`PairConfig` is what gin binds (configs/runs/pair.gin binds it to T5X-style macros: TARGET_CONFIG,
 DRAFTER, CHECKPOINT_PATH, DRAFTER_CHECKPOINT_PATH, RESTORE_DTYPE, RANDOM_INIT_SEED); `load_pair`
 turns it into parameters:
   - the target from CHECKPOINT_PATH (a T5X checkpoint or a `checkpoints.save_model` directory);
@@ -11,13 +11,16 @@ turns it into parameters:
     prompt lookup);
   - random weights where a model needs a checkpoint and its path is None, allowed only with
     RANDOM_INIT_SEED set (tests and demos), and labelled as such in `Pair.sources`.
-`PairConfig.from_pair_dir` reads a directory written by `checkpoints.save_pair` (demo_models/).
+Relative checkpoint paths resolve like gin files (`gin_utils.resolve_path`): the working
+directory, then the repository. `PairConfig.from_pair_dir` reads a directory written by
+`checkpoints.save_pair` (demo_models/).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from absl import logging
 import gin
@@ -33,6 +36,8 @@ from speculative_t5x import network
 RANDOM_WEIGHTS = "RANDOM weights (seed {seed}), not a trained model"
 _FEATURE_SHAPES = {"encoder_input_tokens": (1, 1), "decoder_input_tokens": (1, 1)}
 
+FitTargets = Callable[[], Iterable[np.ndarray]]
+
 
 @gin.configurable(module="pairs")
 @dataclasses.dataclass(frozen=True)
@@ -41,13 +46,15 @@ class PairConfig:
 
   target_config: the target's `network.T5Config`.
   drafter: a `drafters.Drafter` (e.g. `@drafters.T5Drafter()` in gin), or None for the target
-    alone (the baseline).
+    alone (the baseline). Its vocab_size must be the target's (or 0: take the target's).
   checkpoint_path, drafter_checkpoint_path: checkpoints; None means random weights for a model
     that needs a checkpoint (then random_init_seed must be set), and no checkpoint for a drafter
     that does not (n-gram tables are fitted, prompt lookup has no weights).
   restore_dtype: floating-point parameters are cast to it ('bfloat16' for the real sizes, as
     T5X's RestoreCheckpointConfig; 'float32' for tiny models; None keeps them as stored).
   random_init_seed: seed of random weights (the target's; the drafter's is seed + 1).
+
+  Raises `gin_utils.ConfigError`, naming the macro, at construction: before any model is built.
   """
   target_config: network.T5Config = gin.REQUIRED
   drafter: drafters_lib.Drafter | None = None
@@ -60,10 +67,14 @@ class PairConfig:
     if not isinstance(self.target_config, network.T5Config):
       raise gin_utils.ConfigError(f"TARGET_CONFIG must be a network.T5Config (include a "
                                   f"configs/models/ file), got {self.target_config!r}")
-    if self.drafter is not None and not isinstance(self.drafter, drafters_lib.Drafter):
-      raise gin_utils.ConfigError(f"DRAFTER must be a drafters.Drafter, e.g. "
-                                  f"@drafters.T5Drafter() (include a configs/drafters/ file), "
-                                  f"got {self.drafter!r}")
+    if self.drafter is not None:
+      check_drafter(self.drafter)
+    vocab_size = self.target_config.vocab_size
+    if self.drafter is not None and self.drafter.vocab_size not in (0, vocab_size):
+      raise gin_utils.ConfigError(
+          f"DRAFTER ({type(self.drafter).__name__}) vocab_size {self.drafter.vocab_size} != "
+          f"TARGET_CONFIG vocab_size {vocab_size}: speculative decoding needs one vocabulary; "
+          "give the drafter the target's (e.g. a DRAFTER_CONFIG of the same VOCAB_SIZE)")
     if self.random_init_seed is None:
       missing = [macro for macro, path, needed in (
           ("CHECKPOINT_PATH", self.checkpoint_path, True),
@@ -80,7 +91,7 @@ class PairConfig:
                     restore_dtype: str | None = None) -> "PairConfig":
     """The pair written by `checkpoints.save_pair` into `directory` (target/ and drafter/, each
     with its config.json): a T5 target and a `drafters.T5Drafter`."""
-    directory = os.fspath(directory)
+    directory = gin_utils.resolve_path(directory)
     target, drafter = (os.path.join(directory, member) for member in ("target", "drafter"))
     for member in (target, drafter):
       if not os.path.isdir(member):
@@ -90,6 +101,13 @@ class PairConfig:
                drafter=drafters_lib.T5Drafter(checkpoints.read_config(drafter)),
                checkpoint_path=target, drafter_checkpoint_path=drafter,
                restore_dtype=restore_dtype)
+
+
+def check_drafter(drafter: Any, name: str = "DRAFTER") -> None:
+  """Raises a ConfigError unless `drafter` (the setting `name`) is a `drafters.Drafter`."""
+  if not isinstance(drafter, drafters_lib.Drafter):
+    raise gin_utils.ConfigError(f"{name} must be a drafters.Drafter, e.g. @drafters.T5Drafter() "
+                                f"(include a configs/drafters/ file), got {drafter!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,55 +145,86 @@ def cast(params: Any, dtype: str | None) -> Any:
                       params)
 
 
-def load_pair(config: PairConfig, eos_id: int,
-              fit_targets: Callable[[], Iterable[np.ndarray]] | None = None) -> Pair:
+def load_pair(config: PairConfig, eos_id: int, fit_targets: FitTargets | None = None) -> Pair:
   """Loads the target's and the drafter's weights (see the module docstring).
 
   Args:
     config: the pair.
     eos_id: the output vocabulary's EOS id (the drafter's must agree).
-    fit_targets: () -> target token sequences (1-D int arrays) to fit a drafter that
+    fit_targets: () -> target token sequences (1-D int arrays, 0 = padding) to fit a drafter that
       `learns_from_targets` on; called only for such a drafter without a checkpoint.
   """
-  if config.checkpoint_path:
-    target_params = checkpoints.restore_params(config.target_config, config.checkpoint_path,
-                                               dtype=config.restore_dtype)
-    sources = {"target": f"checkpoint {config.checkpoint_path}"}
-  else:
-    seed = config.random_init_seed
-    target_params = _random_params(lambda rng: network.init_params(config.target_config, rng),
-                                   seed, config.restore_dtype)
-    sources = {"target": RANDOM_WEIGHTS.format(seed=seed)}
+  target_params, target_source = load_target(config)
+  sources = {"target": target_source}
   drafter, drafter_params = None, None
   if config.drafter is not None:
+    drafter, drafter_params, sources["drafter"] = load_drafter(config, eos_id, fit_targets)
+  return Pair(config, drafter, target_params, drafter_params, sources)
+
+
+def load_target(config: PairConfig) -> tuple[Any, str]:
+  """(the target's parameters on the device, where they came from): restored from
+  CHECKPOINT_PATH, else random."""
+  if config.checkpoint_path:
+    with _restoring("CHECKPOINT_PATH", config.checkpoint_path):
+      params = checkpoints.restore_params(config.target_config,
+                                          gin_utils.resolve_path(config.checkpoint_path),
+                                          dtype=config.restore_dtype)
+  else:
+    params = _random_params(lambda rng: network.init_params(config.target_config, rng),
+                            config.random_init_seed, config.restore_dtype)
+  return jax.device_put(params), _source(config.checkpoint_path, config.random_init_seed)
+
+
+def load_drafter(config: PairConfig, eos_id: int, fit_targets: FitTargets | None = None
+                 ) -> tuple[drafters_lib.Drafter, Any, str]:
+  """(config.drafter for the target, its parameters on the device, where they came from): see
+  the module docstring for the order of sources, and `load_pair` for `fit_targets`."""
+  try:
     drafter = config.drafter.for_target(config.target_config.vocab_size, eos_id)
-    drafter_params, sources["drafter"] = _drafter_params(drafter, config, fit_targets)
-  return Pair(config, drafter, jax.device_put(target_params),
-              None if drafter_params is None else jax.device_put(drafter_params), sources)
+  except ValueError as e:
+    raise gin_utils.ConfigError(f"DRAFTER: {e}") from e
+  name = type(drafter).__name__
+  if config.drafter_checkpoint_path:
+    with _restoring("DRAFTER_CHECKPOINT_PATH", config.drafter_checkpoint_path):
+      params = drafter.restore_params(gin_utils.resolve_path(config.drafter_checkpoint_path),
+                                      config.restore_dtype)
+    source = _source(config.drafter_checkpoint_path, None)
+  elif drafter.learns_from_targets:
+    if fit_targets is None:
+      raise gin_utils.ConfigError(f"the {name} is fitted on target sequences, and this run has "
+                                  "none to give it: use a drafter with weights.")
+    targets = list(fit_targets())
+    if not targets:
+      raise gin_utils.ConfigError(f"no target sequences to fit the {name} on.")
+    params, source = drafter.fit_params(targets), f"{name} fitted on {len(targets)} targets"
+  elif drafter.needs_checkpoint:
+    seed = config.random_init_seed + 1
+    params = _random_params(lambda rng: drafter.init_params(rng, _FEATURE_SHAPES), seed,
+                            config.restore_dtype)
+    source = _source(None, seed)
+  else:
+    params = drafter.init_params(jax.random.PRNGKey(0), _FEATURE_SHAPES)
+    source = f"{name} (nothing to restore or fit)"
+  return drafter, jax.device_put(params), source
+
+
+@contextlib.contextmanager
+def _restoring(macro: str, path: str) -> Iterator[None]:
+  """A checkpoint that is missing or does not fit the configured model is a ConfigError naming
+  the macro."""
+  try:
+    yield
+  except (FileNotFoundError, ValueError) as e:
+    raise gin_utils.ConfigError(f"{macro} {path!r}: {e}") from e
+
+
+def _source(checkpoint_path: str | None, seed: int | None) -> str:
+  if checkpoint_path:
+    return f"checkpoint {checkpoint_path}"
+  return RANDOM_WEIGHTS.format(seed=seed)
 
 
 def _random_params(init: Callable[[jax.Array], Any], seed: int, dtype: str | None) -> Any:
   logging.warning("Random weights (seed %d): predictions mean nothing.", seed)
   return cast(init(jax.random.PRNGKey(seed)), dtype)
-
-
-def _drafter_params(drafter: drafters_lib.Drafter, config: PairConfig,
-                    fit_targets: Callable[[], Iterable[np.ndarray]] | None) -> tuple[Any, str]:
-  """(params, where they came from) of the drafter."""
-  name = type(drafter).__name__
-  if config.drafter_checkpoint_path:
-    return (drafter.restore_params(config.drafter_checkpoint_path, config.restore_dtype),
-            f"checkpoint {config.drafter_checkpoint_path}")
-  if drafter.learns_from_targets:
-    if fit_targets is None:
-      raise gin_utils.ConfigError(f"the {name} is fitted on target sequences, and this run "
-                                  "has none to give it: use a drafter with weights.")
-    targets = list(fit_targets())
-    if not targets:
-      raise gin_utils.ConfigError(f"no target sequences to fit the {name} on.")
-    return drafter.fit_params(targets), f"{name} fitted on {len(targets)} target sequences"
-  if drafter.needs_checkpoint:
-    seed = config.random_init_seed + 1
-    return (_random_params(lambda rng: drafter.init_params(rng, _FEATURE_SHAPES), seed,
-                           config.restore_dtype), RANDOM_WEIGHTS.format(seed=seed))
-  return drafter.init_params(jax.random.PRNGKey(0), _FEATURE_SHAPES), f"{name} (no weights)"

@@ -47,13 +47,37 @@ def test_greedy_unigram_alpha_counts_matches_of_its_argmax():
   np.testing.assert_array_equal(count, valid.sum(1))
 
 
+def test_prompt_lookup_beta_is_the_target_probability_of_its_draft():
+  """Prompt lookup's q is the one-hot of its draft, so beta = p(draft) at every position; the
+  drafts here come from `propose` itself, one position at a time."""
+  params, _, sequences = _setup()
+  enc = jnp.asarray(np.asarray(sequences)[:, [0, 1, 2, 5, 6, 4]])  # inputs that hold bigrams
+  drafter = drafters.PromptLookupDrafter(vocab_size=CFG.vocab_size, eos_id=EOS)
+  beta_sum, count = alpha.beta_totals(CFG, params, drafter, {}, enc, sequences, EOS,
+                                      temperature=1.0)
+  p = jax.nn.softmax(network.teacher_forced_logits(CFG, params, enc, alpha.shift_right(sequences)))
+  valid = np.asarray(alpha.generated_positions(sequences, EOS))
+  state = drafter.init_state({}, enc, sequences.shape[1])
+  expected, copied = np.zeros(sequences.shape[0]), 0
+  for t in range(sequences.shape[1]):
+    drafts = np.asarray(drafter.propose({}, state, sequences, jnp.full((4,), t, jnp.int32), 1,
+                                        None, None)[0][:, 0])
+    copied += int(np.sum(drafts != drafter.fallback_token))
+    expected += np.where(valid[:, t], np.asarray(p)[np.arange(4), t, drafts], 0.0)
+  assert copied >= 4  # the lookup found what to copy, not only its fallback
+  np.testing.assert_allclose(beta_sum, expected, rtol=1e-5)
+  np.testing.assert_array_equal(count, valid.sum(1))
+
+
 def test_measure_counts_generated_tokens_and_scores_each_drafter():
   params, enc, _ = _setup()
   other = network.init_params(CFG, jax.random.PRNGKey(7))
   result = alpha.measure(CFG, params, {"self": (drafters.T5Drafter(CFG), params),
-                                       "other": (drafters.T5Drafter(CFG), other)},
+                                       "other": (drafters.T5Drafter(CFG), other),
+                                       "lookup": (drafters.PromptLookupDrafter(23), {})},
                          [enc, enc], decode_length=5, temperature=1.0, eos_id=EOS, num_tokens=6)
-  assert result["self"]["tokens"] == result["other"]["tokens"] >= 6
+  assert result["self"]["tokens"] == result["other"]["tokens"] == result["lookup"]["tokens"] >= 6
   assert result["self"]["tokens"] <= 4 * 5  # stopped after the first batch
   np.testing.assert_allclose(result["self"]["alpha"], 1.0, rtol=1e-5)
   assert 0.0 < result["other"]["alpha"] < 1.0
+  assert 0.0 <= result["lookup"]["alpha"] < 1.0

@@ -1,14 +1,17 @@
-"""Every gin file under configs/ parses and binds; the paper's files match its Table 2.
+"""Every gin file under configs/ parses and binds; the paper's files match its Table 2; one file of
+configs/drafters/ per drafter kind switches a run's drafter.
 
 "Binds" means: with test values for the macros a file leaves %gin.REQUIRED, the config finalizes,
-every macro evaluates (model macros build their T5Configs) and every dataclass the file configures
-without a scope (inference.InferConfig, the scripts' setups) constructs and validates.
+every macro evaluates (model macros build their T5Configs, DRAFTER its drafter) and every
+dataclass the file configures without a scope (inference.InferConfig, pairs.PairConfig, the
+drafters, the scripts' setups) constructs and validates.
 
 Files whose configurables live in a script (scripts/benchmark.py's `benchmark_script`, ...) are
 checked in a subprocess that imports the scripts one at a time, removing each one's absl flags
 before the next: scripts define flags of the same names, which must not meet in the pytest process.
 """
 import dataclasses
+import inspect
 import json
 import pathlib
 import re
@@ -18,8 +21,10 @@ import sys
 import gin
 import pytest
 
+from speculative_t5x import drafters
+from speculative_t5x import gin_utils
 from speculative_t5x import inference
-from speculative_t5x import network  # noqa: F401  (registers network.T5Config)
+from speculative_t5x import network
 from speculative_t5x import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -34,6 +39,7 @@ REQUIRED_VALUES = {
     "INFER_OUTPUT_DIR": "'/tmp/infer'",
     "TARGET_CONFIG": "@network.T5Config()",
     "DRAFTER_CONFIG": "@network.T5Config()",
+    "DRAFTER": "@drafters.BigramDrafter()",
     "MODEL_CONFIG": "@network.T5Config()",
 }
 T5_CONFIG_DEFAULTS = ["network.T5Config.vocab_size = 32"]
@@ -69,9 +75,10 @@ def check_gin_files(files) -> dict:
   repr(value)}."""
   gin.clear_config()
   try:
-    gin.add_config_file_search_path(str(REPO_ROOT))
+    for path in gin_utils.search_paths():
+      gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(list(files), [], finalize_config=False)
-    missing = inference.unset_required_macros()
+    missing = gin_utils.unset_required_macros()
     unknown = sorted(set(missing) - set(REQUIRED_VALUES))
     assert not unknown, f"{files} leave {unknown} %gin.REQUIRED: add test values to REQUIRED_VALUES"
     macros = sorted(set(_MACRO.findall(gin.config_str())))
@@ -104,7 +111,8 @@ def _script_modules() -> dict[str, str]:
 
 
 def _text_with_includes(path: str) -> str:
-  text = (REPO_ROOT / path).read_text()
+  """The bindings of `path` and of the files it includes, comments left out."""
+  text = re.sub(r"#.*", "", (REPO_ROOT / path).read_text())
   return text + "".join(_text_with_includes(include) for include in _INCLUDE.findall(text))
 
 
@@ -165,9 +173,9 @@ def script_results() -> dict:
   return json.loads(lines[-1][len("RESULTS "):])
 
 
-def test_infer_and_paper_files_need_no_script():
-  assert {"configs/runs/infer.gin"} | {f"configs/paper/{row[0]}.gin" for row in TABLE_2} <= set(
-      IN_PROCESS)
+def test_infer_drafter_and_paper_files_need_no_script():
+  assert {"configs/runs/infer.gin", "configs/runs/pair.gin", "configs/runs/baseline.gin"} | {
+      f"configs/paper/{row[0]}.gin" for row in TABLE_2} | set(DRAFTER_FILES) <= set(IN_PROCESS)
 
 
 @pytest.mark.parametrize("path", IN_PROCESS)
@@ -180,44 +188,93 @@ def test_script_gin_file_parses_and_binds(path, script_results):
   assert isinstance(script_results[path], dict), script_results[path]
 
 
+def _infer_config(files, bindings) -> inference.InferConfig:
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin_flags(files, bindings)
+    return inference.InferConfig()
+  finally:
+    gin.clear_config()
+
+
 @pytest.mark.parametrize("name, task, drafter_emb_dim, temperature, gamma", TABLE_2)
 def test_paper_file_is_its_table_2_row(name, task, drafter_emb_dim, temperature, gamma):
   bindings = ["CHECKPOINT_PATH = 'gs://b/xxl'", "DRAFTER_CHECKPOINT_PATH = 'gs://b/drafter'",
               "INFER_OUTPUT_DIR = '/tmp/out'"]
-  gin.clear_config()
-  try:
-    config = inference.parse_gin([f"configs/paper/{name}.gin"], bindings)
-  finally:
-    gin.clear_config()
-  target = config.target_config
+  config = _infer_config([f"configs/paper/{name}.gin"], bindings)
+  target = config.pair.target_config
   assert (target.emb_dim, target.num_heads, target.num_encoder_layers, target.mlp_dim,
           target.dtype) == (4096, 64, 24, 10240, "bfloat16")
-  assert config.drafter_config.emb_dim == drafter_emb_dim
+  assert isinstance(config.pair.drafter, drafters.T5Drafter)
+  assert config.pair.drafter.config.emb_dim == drafter_emb_dim
+  assert config.pair.drafter.vocab_size == target.vocab_size == 32128
   assert (config.mixture_or_task_name, config.temperature, config.gamma) == (
       task, temperature, gamma)
-  assert (config.decoder, config.drafter_kind, config.restore_dtype, config.split) == (
-      "speculative", "t5", "bfloat16", "test")
-  assert config.checkpoint_path == "gs://b/xxl" and config.random_init_seed is None
+  assert (config.decoder, config.pair.restore_dtype, config.split) == (
+      "speculative", "bfloat16", "test")
+  assert (config.pair.checkpoint_path, config.pair.drafter_checkpoint_path) == (
+      "gs://b/xxl", "gs://b/drafter")
+  assert config.pair.random_init_seed is None
 
 
 def test_paper_files_leave_the_checkpoints_required():
   gin.clear_config()
   try:
-    with pytest.raises(inference.ConfigError, match="CHECKPOINT_PATH, DRAFTER_CHECKPOINT_PATH, "
+    with pytest.raises(gin_utils.ConfigError, match="CHECKPOINT_PATH, DRAFTER_CHECKPOINT_PATH, "
                        "INFER_OUTPUT_DIR are %gin.REQUIRED"):
-      inference.parse_gin(["configs/paper/ende_small_t0.gin"])
+      gin_utils.parse_gin_flags(["configs/paper/ende_small_t0.gin"])
   finally:
     gin.clear_config()
 
 
-@pytest.mark.skipif(not (REPO_ROOT / BENCHMARK_GIN).exists(), reason="no benchmark run file")
-@pytest.mark.parametrize("name, task, drafter_emb_dim, temperature, gamma", TABLE_2)
-def test_paper_file_configures_the_benchmark(name, task, drafter_emb_dim, temperature, gamma,
-                                             script_results):
-  result = script_results[" + ".join([BENCHMARK_GIN, f"configs/paper/{name}.gin"])]
-  assert isinstance(result, dict), result
-  setup = result["BenchmarkSetup"]
-  assert f"gammas=({gamma},)" in setup and f"temperatures=({temperature},)" in setup
-  assert "emb_dim=4096" in setup and f"emb_dim={drafter_emb_dim}" in setup
-  assert result["TASK_FEATURE_LENGTHS"] == repr(
-      {"inputs": 64, "targets": 64} if task.startswith("wmt") else {"inputs": 512, "targets": 128})
+DRAFTER_FILES = sorted(str(path.relative_to(REPO_ROOT))
+                       for path in (REPO_ROOT / "configs" / "drafters").glob("*.gin"))
+
+
+def _kind(cls: type) -> str:
+  """A drafter class's gin file stem: T5Drafter -> t5, PromptLookupDrafter -> prompt_lookup."""
+  return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", cls.__name__.removesuffix("Drafter")).lower()
+
+
+def _concrete_drafters(cls=drafters.Drafter) -> set[type]:
+  subclasses = set(cls.__subclasses__())
+  for subclass in cls.__subclasses__():
+    subclasses |= _concrete_drafters(subclass)
+  return {sub for sub in subclasses if not inspect.isabstract(sub)}
+
+
+def test_every_drafter_kind_has_its_gin_file():
+  """Adding a drafter kind is a class in drafters.py and configs/drafters/<kind>.gin."""
+  kinds = {_kind(cls) for cls in _concrete_drafters() if cls.__module__ == drafters.__name__}
+  assert {"t5", "unigram", "bigram", "prompt_lookup"} <= kinds
+  assert kinds == {pathlib.Path(path).stem for path in DRAFTER_FILES}
+
+
+@pytest.mark.parametrize("path", DRAFTER_FILES)
+def test_a_drafter_file_switches_the_drafter_of_a_paper_row(path):
+  """One more --gin_file after a run file changes its drafter and nothing else; the file leaves
+  DRAFTER_CHECKPOINT_PATH required exactly when its drafter needs a checkpoint."""
+  gin.clear_config()
+  try:
+    for search_path in gin_utils.search_paths():
+      gin.add_config_file_search_path(search_path)
+    gin.parse_config_files_and_bindings(
+        ["configs/paper/ende_small_t0.gin", path],
+        ["CHECKPOINT_PATH = 'gs://b/xxl'", "INFER_OUTPUT_DIR = '/tmp/out'"],
+        finalize_config=False)
+    required = gin_utils.unset_required_macros()
+    values = {**REQUIRED_VALUES, "DRAFTER_CONFIG": "%T5_1_1_SMALL"}  # the row's drafter model
+    gin.parse_config([f"{name} = {values[name]}" for name in required])
+    gin.finalize()
+    config = inference.InferConfig()
+  finally:
+    gin.clear_config()
+  drafter = config.pair.drafter
+  assert _kind(type(drafter)) == pathlib.Path(path).stem
+  assert ("DRAFTER_CHECKPOINT_PATH" in required) == drafter.needs_checkpoint
+  assert config.pair.drafter_checkpoint_path == (
+      "/checkpoints/drafter" if drafter.needs_checkpoint else None)
+  assert drafter.vocab_size in (0, 32128)
+  assert config.pair.target_config.emb_dim == 4096
+  assert (config.gamma, config.temperature, config.mixture_or_task_name) == (
+      7, 0.0, "wmt_t2t_ende_v003")

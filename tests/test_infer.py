@@ -19,8 +19,11 @@ import seqio
 import tensorflow_datasets as tfds
 
 from speculative_t5x import checkpoints
+from speculative_t5x import drafters
+from speculative_t5x import gin_utils
 from speculative_t5x import inference
 from speculative_t5x import network
+from speculative_t5x import pairs
 from speculative_t5x import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -44,11 +47,15 @@ def wmt_task():
     yield wmt
 
 
-def _config(output_dir, task, **overrides):
+def _pair(**overrides):
+  fields = dict(target_config=TINY, drafter=drafters.T5Drafter(TINY), checkpoint_path=None,
+                random_init_seed=0, restore_dtype="float32")
+  return pairs.PairConfig(**{**fields, **overrides})
+
+
+def _config(output_dir, task, pair=None, **overrides):
   fields = dict(mixture_or_task_name=task, task_feature_lengths=LENGTHS,
-                output_dir=str(output_dir), target_config=TINY, checkpoint_path=None,
-                drafter_config=TINY, random_init_seed=0, restore_dtype="float32", batch_size=2,
-                gamma=3)
+                output_dir=str(output_dir), pair=pair or _pair(), batch_size=2, gamma=3)
   return inference.InferConfig(**{**fields, **overrides})
 
 
@@ -59,13 +66,15 @@ def _lines(output_dir):
 
 def test_speculative_and_baseline_greedy_predictions_are_identical(tmp_path, wmt_task):
   # The baseline reads the target from a checkpoint of the weights the speculative run draws
-  # from RANDOM_INIT_SEED=0, so it also covers the project's own orbax directories.
+  # from RANDOM_INIT_SEED=0, so it also covers the project's own orbax directories. Its pair keeps
+  # a drafter, which the baseline must neither load nor fit.
   checkpoints.save_model(tmp_path / "target", network.init_params(TINY, jax.random.PRNGKey(0)),
                          TINY)
   runs = {
       "speculative": _config(tmp_path / "speculative", wmt_task),
-      "baseline": _config(tmp_path / "baseline", wmt_task, decoder="baseline",
-                          checkpoint_path=str(tmp_path / "target"), random_init_seed=None),
+      "baseline": _config(tmp_path / "baseline", wmt_task, decoder="baseline", pair=_pair(
+          drafter=drafters.BigramDrafter(), checkpoint_path=str(tmp_path / "target"),
+          random_init_seed=None)),
   }
   results = {name: inference.infer(config) for name, config in runs.items()}
   lines = {name: _lines(config.output_dir) for name, config in runs.items()}
@@ -82,7 +91,14 @@ def test_speculative_and_baseline_greedy_predictions_are_identical(tmp_path, wmt
                                                                    "predictions.jsonl"]
   assert results["baseline"]["weights"] == {"target": f"checkpoint {tmp_path / 'target'}"}
   assert not results["baseline"]["random_weights"] and results["speculative"]["random_weights"]
-  assert results["speculative"]["weights"]["drafter"].startswith("RANDOM weights")
+  assert results["speculative"]["weights"] == {
+      "target": "RANDOM weights (seed 0), not a trained model",
+      "drafter": "RANDOM weights (seed 1), not a trained model"}
+  settings = {name: result["settings"] for name, result in results.items()}
+  assert (settings["speculative"]["drafter"], settings["speculative"]["gamma"]) == ("T5Drafter", 3)
+  assert settings["speculative"]["drafter_repr"] == repr(drafters.T5Drafter(TINY, eos_id=1))
+  assert (settings["baseline"]["drafter"], settings["baseline"]["drafter_repr"],
+          settings["baseline"]["gamma"]) == (None, None, None)
 
   with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE, num_examples=5):
     examples = list(tasks.get_task(wmt_task).get_dataset(
@@ -115,69 +131,112 @@ def test_an_interrupted_write_leaves_no_file(tmp_path):
 
 
 def test_unknown_task_names_close_matches(tmp_path, wmt_task):
-  with pytest.raises(inference.ConfigError, match=r"MIXTURE_OR_TASK_NAME: unknown task or mixture "
-                     r"'wmt_t2t_ende_v03'.*did you mean 'wmt_t2t_ende_v003'"):
+  with pytest.raises(gin_utils.ConfigError, match=r"MIXTURE_OR_TASK_NAME: unknown task or "
+                     r"mixture 'wmt_t2t_ende_v03'.*did you mean 'wmt_t2t_ende_v003'"):
     inference.infer(_config(tmp_path, "wmt_t2t_ende_v03"))
-  with pytest.raises(inference.ConfigError, match="SPLIT 'dev' is not a split"):
+  with pytest.raises(gin_utils.ConfigError, match="SPLIT 'dev' is not a split"):
     inference.get_task(_config(tmp_path, "demo_ende", split="dev"))
-  with pytest.raises(inference.ConfigError, match="vocab_size 16 < the 26 pieces"):
-    inference.get_task(_config(tmp_path, wmt_task, target_config=TINY.replace(vocab_size=16),
-                               drafter_config=TINY.replace(vocab_size=16)))
+  small = TINY.replace(vocab_size=16)
+  with pytest.raises(gin_utils.ConfigError, match="TARGET_CONFIG vocab_size 16 < the 26 pieces "
+                     f"of {wmt_task}'s vocabulary: set VOCAB_SIZE to cover it"):
+    inference.get_task(_config(tmp_path, wmt_task, pair=_pair(
+        target_config=small, drafter=drafters.T5Drafter(small))))
   assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"checkpoint_path": None, "random_init_seed": None}, "CHECKPOINT_PATH and "
+@pytest.mark.parametrize("pair_overrides, overrides, message", [
+    ({"checkpoint_path": None, "random_init_seed": None}, {}, "CHECKPOINT_PATH and "
      "DRAFTER_CHECKPOINT_PATH not set"),
-    ({"drafter_config": None}, "needs DRAFTER_CONFIG"),
-    ({"drafter_config": TINY.replace(vocab_size=64)}, "DRAFTER_CONFIG vocab_size 64 != "
-     "TARGET_CONFIG vocab_size 32"),
-    ({"decoder": "beam"}, "DECODER 'beam'"),
-    ({"drafter_kind": "trigram"}, "DRAFTER_KIND 'trigram'"),
-    ({"task_feature_lengths": {"inputs": 16}}, "exactly 'inputs' and 'targets'"),
-    ({"gamma": 0}, "GAMMA must be an integer >= 1"),
+    ({"drafter": None}, {}, "DECODER 'speculative' needs a DRAFTER: include a configs/drafters/ "
+     "file"),
+    ({"drafter": drafters.T5Drafter(TINY.replace(vocab_size=64))}, {},
+     r"DRAFTER \(T5Drafter\) vocab_size 64 != TARGET_CONFIG vocab_size 32"),
+    ({"drafter": "trigram"}, {}, "DRAFTER must be a drafters.Drafter.*got 'trigram'"),
+    ({}, {"pair": "ende_small"}, "InferConfig.pair must be a pairs.PairConfig"),
+    ({}, {"decoder": "beam"}, "DECODER 'beam'"),
+    ({}, {"task_feature_lengths": {"inputs": 16}}, "exactly 'inputs' and 'targets'"),
+    ({}, {"gamma": 0}, "GAMMA must be an integer >= 1"),
+    ({}, {"ngram_fit_examples": 0}, "ngram_fit_examples must be an integer >= 1"),
 ])
-def test_bad_settings_name_the_macro(tmp_path, overrides, message):
-  with pytest.raises(inference.ConfigError, match=message):
-    _config(tmp_path, "wmt_t2t_ende_v003", **overrides)
+def test_bad_settings_name_the_macro(tmp_path, pair_overrides, overrides, message):
+  with pytest.raises(gin_utils.ConfigError, match=message):
+    fields = {"pair": _pair(**pair_overrides), **overrides}
+    _config(tmp_path, "wmt_t2t_ende_v003", **fields)
 
 
 def test_baseline_needs_no_drafter(tmp_path):
-  config = _config(tmp_path, "wmt_t2t_ende_v003", decoder="baseline", drafter_config=None,
-                   checkpoint_path="gs://bucket/checkpoint_1", random_init_seed=None)
-  assert not config.uses_t5_drafter
+  target_alone = _pair(drafter=None, checkpoint_path="gs://bucket/checkpoint_1",
+                       random_init_seed=None)
+  config = _config(tmp_path, "wmt_t2t_ende_v003", decoder="baseline", pair=target_alone)
+  assert config.loaded_pair == config.pair
+  with_drafter = _config(tmp_path, "wmt_t2t_ende_v003", decoder="baseline")
+  assert with_drafter.pair.drafter is not None and with_drafter.loaded_pair.drafter is None
+  assert with_drafter.loaded_pair.target_config == TINY
 
 
-def test_infer_gin_binds_macros_and_names_missing_ones():
-  files = ["configs/runs/infer.gin", "configs/models/t5_1_1_tiny.gin",
+@pytest.fixture
+def clear_gin():
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def test_infer_gin_binds_macros_and_names_missing_ones(clear_gin):
+  files = ["configs/runs/infer.gin", "configs/drafters/t5.gin", "configs/models/t5_1_1_tiny.gin",
            "configs/tasks/wmt_ende.gin"]
   bindings = ["TARGET_CONFIG = %T5_1_1_TINY", "CHECKPOINT_PATH = None", "RANDOM_INIT_SEED = 3",
               "DRAFTER_CONFIG = %T5_1_1_TINY", "DRAFTER_CHECKPOINT_PATH = None", "GAMMA = 5",
               "TEMPERATURE = 1.0"]
+  with pytest.raises(gin_utils.ConfigError, match=r"gin macro\(s\) INFER_OUTPUT_DIR are "
+                     r"%gin.REQUIRED but not set: bind them, e.g. --gin.INFER_OUTPUT_DIR="):
+    gin_utils.parse_gin_flags(files, bindings)
+  # Parsed without parse_gin_flags's check, the unset macro still stops InferConfig.
+  with pytest.raises(gin_utils.ConfigError, match=r"\['output_dir'\] are %gin.REQUIRED"):
+    inference.InferConfig()
   gin.clear_config()
-  try:
-    with pytest.raises(inference.ConfigError, match=r"gin macro\(s\) INFER_OUTPUT_DIR are "
-                       r"%gin.REQUIRED but not set: bind them, e.g. --gin.INFER_OUTPUT_DIR="):
-      inference.parse_gin(files, bindings)
-    # Parsed without parse_gin's check, the unset macro still stops InferConfig.
-    with pytest.raises(inference.ConfigError, match=r"\['output_dir'\] are %gin.REQUIRED"):
-      inference.InferConfig()
-    gin.clear_config()
-    config = inference.parse_gin(files, bindings + ["INFER_OUTPUT_DIR = '/tmp/out'"])
-  finally:
-    gin.clear_config()
+  gin_utils.parse_gin_flags(files, bindings + ["INFER_OUTPUT_DIR = '/tmp/out'"])
+  config = inference.InferConfig()
   assert (config.mixture_or_task_name, config.output_dir, config.gamma, config.temperature,
-          config.random_init_seed, config.restore_dtype, config.split, config.decoder) == (
-              "wmt_t2t_ende_v003", "/tmp/out", 5, 1.0, 3, "bfloat16", "test", "speculative")
-  assert config.target_config.emb_dim == 8 and config.task_feature_lengths == {"inputs": 64,
-                                                                                 "targets": 64}
+          config.split, config.decoder) == (
+              "wmt_t2t_ende_v003", "/tmp/out", 5, 1.0, "test", "speculative")
+  pair = config.pair
+  assert (pair.random_init_seed, pair.restore_dtype, pair.checkpoint_path,
+          pair.drafter_checkpoint_path) == (3, "bfloat16", None, None)
+  assert pair.target_config.emb_dim == 8 and config.task_feature_lengths == {"inputs": 64,
+                                                                               "targets": 64}
+  assert isinstance(pair.drafter, drafters.T5Drafter) and pair.drafter.config.emb_dim == 8
 
 
-def test_rewrite_gin_args():
-  assert inference.rewrite_gin_args(["infer.py", "--gin.GAMMA=3", "--gin_file=a.gin"]) == [
-      "infer.py", "--gin_bindings=GAMMA = 3", "--gin_file=a.gin"]
-  with pytest.raises(inference.ConfigError, match="--gin.GAMMA has no value"):
-    inference.rewrite_gin_args(["--gin.GAMMA"])
+_TINY_RUN = ["configs/runs/infer.gin", "configs/models/t5_1_1_tiny.gin",
+             "configs/tasks/wmt_ende.gin"]
+_TINY_BINDINGS = ["TARGET_CONFIG = %T5_1_1_TINY", "CHECKPOINT_PATH = '/ckpt/target'",
+                  "INFER_OUTPUT_DIR = '/tmp/out'"]
+
+
+def test_a_baseline_run_needs_no_drafter_file(clear_gin):
+  gin_utils.parse_gin_flags(_TINY_RUN + ["configs/runs/baseline.gin"], _TINY_BINDINGS)
+  config = inference.InferConfig()
+  assert (config.decoder, config.pair.drafter, config.pair.checkpoint_path) == (
+      "baseline", None, "/ckpt/target")
+  gin.clear_config()
+  with pytest.raises(gin_utils.ConfigError, match=r"gin macro\(s\) DRAFTER are %gin.REQUIRED.*"
+                     "configs/drafters/"):
+    gin_utils.parse_gin_flags(_TINY_RUN, _TINY_BINDINGS)
+  gin.clear_config()
+  gin_utils.parse_gin_flags(_TINY_RUN, _TINY_BINDINGS + ["DRAFTER = None"])
+  with pytest.raises(gin_utils.ConfigError, match="DECODER 'speculative' needs a DRAFTER"):
+    inference.InferConfig()
+
+
+def test_baseline_gin_drops_the_drafter_of_a_run(clear_gin):
+  """configs/runs/baseline.gin after a run with a T5 drafter: no drafter and no drafter
+  checkpoint left to give."""
+  gin_utils.parse_gin_flags(_TINY_RUN[:1] + ["configs/drafters/t5.gin"] + _TINY_RUN[1:] +
+                            ["configs/runs/baseline.gin"],
+                            _TINY_BINDINGS + ["DRAFTER_CONFIG = %T5_1_1_TINY"])
+  config = inference.InferConfig()
+  assert (config.decoder, config.pair.drafter, config.pair.drafter_checkpoint_path) == (
+      "baseline", None, None)
 
 
 def _start_script(*flags, env=None) -> subprocess.Popen:
@@ -192,6 +251,7 @@ def test_script_writes_outputs_and_stops_on_configuration_errors(tmp_path):
   bad = tmp_path / "bad"
   bad_run = _start_script(
       "--gin_file=configs/runs/infer.gin", "--gin_file=configs/tasks/wmt_ende.gin",
+      "--gin_file=configs/drafters/t5.gin",
       "--gin_file=configs/models/t5_1_1_tiny.gin", "--gin.TARGET_CONFIG=%T5_1_1_TINY",
       "--gin.DRAFTER_CONFIG=%T5_1_1_TINY", "--gin.CHECKPOINT_PATH=None",
       "--gin.DRAFTER_CHECKPOINT_PATH=None", "--gin.RANDOM_INIT_SEED=0",
@@ -205,11 +265,11 @@ def test_script_writes_outputs_and_stops_on_configuration_errors(tmp_path):
   out = tmp_path / "out"
   run = _start_script(
       "--gin_file=configs/runs/infer.gin", "--gin_file=configs/models/t5_1_1_tiny.gin",
-      "--gin_file=configs/tasks/demo_ende.gin", "--gin.TARGET_CONFIG=%T5_1_1_TINY",
-      "--gin.DRAFTER_CONFIG=None", "--gin.DRAFTER_CHECKPOINT_PATH=None",
+      "--gin_file=configs/tasks/demo_ende.gin", "--gin_file=configs/drafters/unigram.gin",
+      "--gin.TARGET_CONFIG=%T5_1_1_TINY",
       f"--gin.VOCAB_SIZE={VOCAB_SIZE}", "--gin.CHECKPOINT_PATH=None", "--gin.RANDOM_INIT_SEED=0",
       "--gin.RESTORE_DTYPE='float32'", "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 4}",
-      "--gin.BATCH_SIZE=2", "--gin.DRAFTER_KIND='unigram'", "--gin.TEMPERATURE=1.0",
+      "--gin.BATCH_SIZE=2", "--gin.TEMPERATURE=1.0",
       f"--gin.INFER_OUTPUT_DIR='{out}'", env={tasks.DEMO_DATA_ENV: str(corpus)})
   _, stderr = run.communicate(timeout=300)
   assert run.returncode == 0, stderr
@@ -218,12 +278,15 @@ def test_script_writes_outputs_and_stops_on_configuration_errors(tmp_path):
   metrics = json.loads((out / "metrics.json").read_text())
   assert metrics["examples"] == 3 and "bleu" in metrics["metrics"]
   assert metrics["weights"] == {
-      "target": "RANDOM weights (RANDOM_INIT_SEED=0), not a trained model",
-      "drafter": "unigram table fit on 3 train targets"}
+      "target": "RANDOM weights (seed 0), not a trained model",
+      "drafter": "UnigramDrafter fitted on 3 targets"}
   assert metrics["random_weights"] and metrics["settings"]["temperature"] == 1.0
+  assert metrics["settings"]["drafter"] == "UnigramDrafter"
+  assert metrics["settings"]["drafter_repr"] == repr(
+      drafters.UnigramDrafter(vocab_size=VOCAB_SIZE, eos_id=1))
   assert [line["targets"] for line in _lines(out)] == [de for _, de in pairs]
   assert all(set(line["stats"]) == STAT_KEYS for line in _lines(out))
-  assert "DRAFTER_KIND = 'unigram'" in (out / "config.gin").read_text()
+  assert "DRAFTER = @drafters.UnigramDrafter()" in (out / "config.gin").read_text()
 
   _, stderr = bad_run.communicate(timeout=300)
   assert bad_run.returncode == 1

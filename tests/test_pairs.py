@@ -1,0 +1,178 @@
+"""Loading a target and its drafter (speculative_t5x/pairs.py): every drafter kind through the
+one protocol (checkpoint, fitted, no weights, random with a seed), and configuration errors
+raised before anything loads, naming the macro."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from speculative_t5x import checkpoints
+from speculative_t5x import drafters
+from speculative_t5x import gin_utils
+from speculative_t5x import network
+from speculative_t5x import pairs
+
+VOCAB = 13
+EOS = 1
+TARGET = tiny_config(VOCAB)
+DRAFTER = tiny_config(VOCAB, emb_dim=8, head_dim=4, num_decoder_layers=1)
+FIT_TARGETS = [np.array([5, 5, 7, EOS, 0, 0], np.int32), np.array([7, 9, EOS, 0, 0, 0], np.int32)]
+
+
+def _leaves_equal(actual, expected, dtype):
+  assert jax.tree.structure(actual) == jax.tree.structure(expected)
+  for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+    assert a.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(e).astype(dtype))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  """A pair written by checkpoints.save_pair -> (directory, target params, drafter params)."""
+  directory = tmp_path_factory.mktemp("pair")
+  target = network.init_params(TARGET, jax.random.PRNGKey(1))
+  drafter = network.init_params(DRAFTER, jax.random.PRNGKey(2))
+  checkpoints.save_pair(directory, target, TARGET, drafter, DRAFTER)
+  return directory, target, drafter
+
+
+def _never():
+  raise AssertionError("fit_targets was called for a drafter that is not fitted")
+
+
+def test_t5_drafter_from_checkpoints(saved):
+  directory, target, drafter = saved
+  config = pairs.PairConfig(TARGET, drafters.T5Drafter(DRAFTER), str(directory / "target"),
+                            str(directory / "drafter"), restore_dtype="bfloat16")
+  pair = pairs.load_pair(config, EOS, fit_targets=_never)
+  _leaves_equal(pair.params["target"], target, np.dtype("bfloat16"))
+  _leaves_equal(pair.params["drafter"], drafter, np.dtype("bfloat16"))
+  assert pair.params == {"target": pair.target_params, "drafter": pair.drafter_params}
+  assert pair.sources == {"target": f"checkpoint {directory / 'target'}",
+                          "drafter": f"checkpoint {directory / 'drafter'}"}
+  assert not pair.random_weights
+  assert pair.drafter.config == DRAFTER and pair.drafter.eos_id == EOS
+  assert pair.target_config == TARGET
+
+
+def test_from_pair_dir(saved, tmp_path, monkeypatch):
+  directory, target, drafter = saved
+  monkeypatch.chdir(directory.parent)  # a relative directory resolves against the working one
+  config = pairs.PairConfig.from_pair_dir(directory.name)
+  assert (config.target_config, config.drafter.config) == (TARGET, DRAFTER)
+  assert (config.checkpoint_path, config.drafter_checkpoint_path, config.restore_dtype) == (
+      str(directory / "target"), str(directory / "drafter"), None)
+  pair = pairs.load_pair(config, EOS)
+  _leaves_equal(pair.params["drafter"], drafter, np.dtype("float32"))
+  (tmp_path / "lonely" / "target").mkdir(parents=True)
+  with pytest.raises(FileNotFoundError, match="drafter does not exist: .*save_pair"):
+    pairs.PairConfig.from_pair_dir(tmp_path / "lonely")
+
+
+@pytest.mark.parametrize("kind", [drafters.UnigramDrafter, drafters.BigramDrafter])
+def test_fitted_drafters(kind):
+  calls = []
+
+  def fit_targets():
+    calls.append(1)
+    return iter(FIT_TARGETS)
+
+  config = pairs.PairConfig(TARGET, kind(), random_init_seed=0, restore_dtype="float32")
+  pair = pairs.load_pair(config, EOS, fit_targets=fit_targets)
+  assert calls == [1]
+  assert (pair.drafter.vocab_size, pair.drafter.eos_id) == (VOCAB, EOS)  # the target's
+  expected = kind.fit(FIT_TARGETS, VOCAB)
+  assert set(pair.drafter_params) == set(expected)
+  for name, value in expected.items():
+    np.testing.assert_array_equal(np.asarray(pair.drafter_params[name]), value)
+  assert pair.sources["drafter"] == f"{kind.__name__} fitted on 2 targets"
+  assert pair.sources["target"] == "RANDOM weights (seed 0), not a trained model"
+
+  with pytest.raises(gin_utils.ConfigError, match=f"the {kind.__name__} is fitted on target "
+                     "sequences, and this run has none"):
+    pairs.load_pair(config, EOS)
+  with pytest.raises(gin_utils.ConfigError, match=f"no target sequences to fit the "
+                     f"{kind.__name__} on"):
+    pairs.load_pair(config, EOS, fit_targets=lambda: [])
+
+
+def test_prompt_lookup_has_no_weights():
+  config = pairs.PairConfig(TARGET, drafters.PromptLookupDrafter(ngram=3), random_init_seed=0)
+  pair = pairs.load_pair(config, EOS, fit_targets=_never)
+  assert pair.drafter_params == {}
+  assert pair.sources["drafter"] == "PromptLookupDrafter (nothing to restore or fit)"
+  assert (pair.drafter.vocab_size, pair.drafter.eos_id, pair.drafter.ngram) == (VOCAB, EOS, 3)
+
+
+def test_random_weights_from_the_seed():
+  config = pairs.PairConfig(TARGET, drafters.T5Drafter(DRAFTER), random_init_seed=3,
+                            restore_dtype=None)
+  pair = pairs.load_pair(config, EOS, fit_targets=_never)
+  _leaves_equal(pair.target_params, network.init_params(TARGET, jax.random.PRNGKey(3)),
+                np.dtype("float32"))
+  _leaves_equal(pair.drafter_params, network.init_params(DRAFTER, jax.random.PRNGKey(4)),
+                np.dtype("float32"))
+  assert pair.sources == {"target": "RANDOM weights (seed 3), not a trained model",
+                          "drafter": "RANDOM weights (seed 4), not a trained model"}
+  assert pair.random_weights
+  alone = pairs.load_pair(dataclasses.replace(config, drafter=None), EOS)
+  assert alone.drafter is None and alone.params is alone.target_params
+  assert set(alone.sources) == {"target"}
+
+
+@pytest.mark.parametrize("drafter, checkpoint, drafter_checkpoint, message", [
+    (drafters.T5Drafter(DRAFTER), None, None,
+     "CHECKPOINT_PATH and DRAFTER_CHECKPOINT_PATH not set"),
+    (drafters.T5Drafter(DRAFTER), "/ckpt/target", None, "^DRAFTER_CHECKPOINT_PATH not set"),
+    (drafters.BigramDrafter(), None, None, "^CHECKPOINT_PATH not set"),
+    (None, None, "/ckpt/drafter", "^CHECKPOINT_PATH not set"),
+])
+def test_a_missing_checkpoint_without_a_seed_names_the_macro(drafter, checkpoint,
+                                                             drafter_checkpoint, message):
+  with pytest.raises(gin_utils.ConfigError, match=message + r".*or set RANDOM_INIT_SEED"):
+    pairs.PairConfig(TARGET, drafter, checkpoint, drafter_checkpoint)
+
+
+def test_a_bigram_drafter_needs_no_checkpoint():
+  config = pairs.PairConfig(TARGET, drafters.BigramDrafter(), "/ckpt/target")
+  assert config.drafter_checkpoint_path is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"target_config": None}, "TARGET_CONFIG must be a network.T5Config"),
+    ({"drafter": "bigram"}, r"DRAFTER must be a drafters.Drafter, e.g. @drafters.T5Drafter\(\) "
+     r"\(include a configs/drafters/ file\), got 'bigram'"),
+    ({"drafter": drafters.T5Drafter(tiny_config(64))}, "DRAFTER \\(T5Drafter\\) vocab_size 64 "
+     f"!= TARGET_CONFIG vocab_size {VOCAB}: speculative decoding needs one vocabulary"),
+    ({"drafter": drafters.BigramDrafter(vocab_size=99)}, "DRAFTER \\(BigramDrafter\\) "
+     f"vocab_size 99 != TARGET_CONFIG vocab_size {VOCAB}"),
+])
+def test_bad_settings_name_the_macro(fields, message):
+  with pytest.raises(gin_utils.ConfigError, match=message):
+    pairs.PairConfig(**{"target_config": TARGET, "random_init_seed": 0, **fields})
+
+
+def test_load_errors_name_the_macro(saved, tmp_path):
+  directory, _, _ = saved
+  config = pairs.PairConfig(TARGET, drafters.BigramDrafter(eos_id=5), random_init_seed=0)
+  with pytest.raises(gin_utils.ConfigError, match="DRAFTER: drafter eos_id 5 != the output "
+                     "vocabulary's eos_id 1"):
+    pairs.load_pair(config, EOS, fit_targets=lambda: FIT_TARGETS)
+  wrong = pairs.PairConfig(tiny_config(VOCAB, emb_dim=32),
+                           checkpoint_path=str(directory / "target"))
+  with pytest.raises(gin_utils.ConfigError, match=f"CHECKPOINT_PATH '{directory / 'target'}': "):
+    pairs.load_pair(wrong, EOS)
+  missing = pairs.PairConfig(TARGET, drafters.T5Drafter(DRAFTER), str(directory / "target"),
+                             str(tmp_path / "nowhere"))
+  with pytest.raises(gin_utils.ConfigError, match=f"DRAFTER_CHECKPOINT_PATH "
+                     f"'{tmp_path / 'nowhere'}': "):
+    pairs.load_pair(missing, EOS)
+
+
+def test_cast_changes_only_floating_leaves():
+  tree = {"w": np.ones((2,), np.float32), "ids": np.arange(3, dtype=np.int32)}
+  cast = pairs.cast(tree, "bfloat16")
+  assert (cast["w"].dtype, cast["ids"].dtype) == (np.dtype("bfloat16"), np.dtype("int32"))
+  assert pairs.cast(tree, None) is tree
