@@ -1,9 +1,10 @@
 """Exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023) for T5 1.1 in JAX/Flax.
 
-Importing the package imports TensorFlow (which seqio and TFDS need) once, quietly: its C++
-start-up lines (no CUDA driver, CPU features, oneDNN) are written before any log level applies,
-so they are captured and dropped; every other line it writes is passed on to stderr. Import
-`speculative_t5x` before seqio or TensorFlow to keep a script's output clean.
+Importing the package imports TensorFlow (which seqio and TFDS need) once, quietly, and hides the
+GPUs from it as T5X does (TensorFlow only feeds data; JAX owns the accelerators): its C++ start-up
+lines (no CUDA driver, CPU features, oneDNN) are written before any log level applies, so they are
+captured and dropped; every other line it writes is passed on to stderr. Import `speculative_t5x`
+before seqio or TensorFlow to keep a script's output clean.
 """
 import os
 import re
@@ -16,7 +17,7 @@ _START_UP_CHATTER = re.compile(
     r"All log messages before absl::InitializeLog|cudart_stub\.cc|cpu_feature_guard\.cc"
     r"|oneDNN custom operations|rebuild TensorFlow with the appropriate compiler flags"
     r"|Unable to register cu(DNN|FFT|BLAS) factory|computation placer already registered"
-    r"|TF-TRT Warning")
+    r"|TF-TRT Warning|cuda_platform\.cc|failed call to cuInit")
 
 
 def _import_tensorflow_quietly() -> None:
@@ -29,7 +30,10 @@ def _import_tensorflow_quietly() -> None:
   with tempfile.TemporaryFile() as captured:
     os.dup2(captured.fileno(), 2)
     try:
-      import tensorflow  # pylint: disable=g-import-not-at-top,unused-import  # noqa: F401
+      import tensorflow  # pylint: disable=g-import-not-at-top
+
+      # As T5X does: TensorFlow only feeds data (seqio, TFDS); JAX owns the accelerators.
+      tensorflow.config.set_visible_devices([], "GPU")
     finally:
       os.dup2(saved, 2)
       os.close(saved)
