@@ -1,4 +1,5 @@
-"""The paper's formulas: expected tokens, speedup, optimal gamma, operations, lenience.
+"""The paper's formulas: expected tokens, speedup, optimal gamma, operations, lenience; and the
+expected tokens of block verification.
 
 Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding" (ICML 2023),
 section 3 and Appendix A.5. Notation follows the paper:
@@ -219,6 +220,53 @@ def lenient_alpha(p, q, lenience=1.0):
       raise ValueError(f"{name} must hold probabilities (non-negative, summing to 1 over the last "
                        "axis); pass softmax outputs, not logits")
   return _to_output(np.minimum(p / lenience, q).sum(axis=-1))
+
+
+def block_expected_tokens(p, q, gamma):
+  """Expected tokens per target call under block verification, for context-independent p and q.
+
+  Block verification (Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR
+  2025) keeps prefix weights w_i = min(w_{i-1} p(x_i) / q(x_i), 1), w_0 = 1, over the drafts
+  x_i ~ q, and accepts at least i drafts with probability E[w_i]. So
+
+    E(# generated tokens) = 1 + sum_{i=1..gamma} E_{x_1..x_i ~ q}[w_i],
+
+  computed here exactly by propagating the distribution of w_i (one draft at a time). Algorithm 1
+  instead accepts at least i drafts with probability prod_{j<=i} E[min(1, p/q)] = beta^i, giving
+  `expected_tokens(beta, gamma)` with beta = sum_x min(p(x), q(x)); block verification is never
+  below it (the paper's Theorem 2). On the paper's example (p = (1/3, 2/3), q = (2/3, 1/3),
+  gamma = 2) the two give 1 + 11/9 and 1 + 10/9.
+
+  Args:
+    p, q: the target's and the drafter's distributions over one vocabulary [V], the same at every
+      position (the paper's i.i.d. setting, where alpha = beta).
+    gamma: drafted tokens per iteration, a positive integer (the cost grows with the number of
+      distinct weights, at most V^gamma).
+
+  Returns:
+    The expected number of tokens per target call, a float in [1, gamma + 1].
+  """
+  p = _as_float_array("p", p)
+  q = _as_float_array("q", q)
+  if p.ndim != 1 or p.shape != q.shape:
+    raise ValueError(f"p and q must be distributions over one vocabulary, shape [V], got "
+                     f"{p.shape} and {q.shape}")
+  for name, dist in (("p", p), ("q", q)):
+    if np.any(dist < 0) or abs(dist.sum() - 1) > _PROBABILITY_SUM_TOLERANCE:
+      raise ValueError(f"{name} must be a distribution (non-negative, summing to 1)")
+  gamma = int(_check_gamma(gamma, allow_inf=False))
+  drawn = q > 0
+  ratios, chances = p[drawn] / q[drawn], q[drawn]
+  weights = {1.0: 1.0}  # the distribution of w_i: value -> probability
+  tokens = 1.0
+  for _ in range(gamma):
+    following = {}
+    for weight, chance in weights.items():
+      for value, probability in zip(np.minimum(weight * ratios, 1.0), chance * chances):
+        following[float(value)] = following.get(float(value), 0.0) + float(probability)
+    weights = following
+    tokens += sum(weight * chance for weight, chance in weights.items())
+  return tokens
 
 
 def _check_counts(numerator_name, numerator, count_name, count):
