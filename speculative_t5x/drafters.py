@@ -369,9 +369,12 @@ class BigramDrafter(_TableDrafter):
 @gin.configurable(module="drafters")
 @dataclasses.dataclass(frozen=True, eq=False)
 class PromptLookupDrafter(Drafter):
-  """Copies what followed the latest earlier occurrence of the last `ngram` decoded tokens, searched
-  in the encoder input and in the decoded prefix (prefix matches win). Deterministic: q is one-hot,
-  so sampling stays exact. Where nothing matches it proposes `fallback_token` repeated.
+  """Copies what followed the latest earlier occurrence of the key x_{length-n+1..length} (the last
+  `ngram` decoder inputs, BOS included while fewer than n tokens are decoded), searched in the
+  encoder input and in the decoded prefix (prefix matches win). The copy stops at the end of what
+  is known (x_length) and at the first padding; `fallback_token` fills the drafts where nothing
+  matches or the copy ran out. Deterministic: q is one-hot, so sampling stays exact. An encoder
+  match may copy the input's own EOS.
   """
   vocab_size: int = 0
   ngram: int = 2
@@ -418,6 +421,8 @@ class PromptLookupDrafter(Drafter):
     idx = jnp.clip(copy_from[:, None] + jnp.arange(gamma)[None], 0, width - 1)
     drafts = jnp.take_along_axis(source, idx, axis=1)
     valid = (best[:, None] >= 0) & (copy_from[:, None] + jnp.arange(gamma)[None] <= end[:, None])
-    valid &= drafts > 0
+    # The copy stops at the first padding (0): a continuation never runs past the end of the
+    # input, through BOS, into the decoded prefix.
+    valid = jnp.cumprod(valid & (drafts > 0), axis=1).astype(bool)
     drafts = jnp.where(valid, drafts, self.fallback_token).astype(jnp.int32)
     return drafts, jax.nn.one_hot(drafts, self.vocab_size, dtype=jnp.float32), state

@@ -13,10 +13,23 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 from speculative_t5x import network  # noqa: E402
 
+
+def tiny_config(vocab_size: int, **overrides) -> network.T5Config:
+  """A tiny T5 1.1 for tests: gated GELU, no dropout, emb_dim 16, 2 heads of 8, mlp_dim 32, one
+  encoder layer and two decoder layers; `overrides` set any other T5Config field.
+
+  Tests that compare against fixed seeds or files pass every dimension they depend on.
+  """
+  fields = dict(vocab_size=vocab_size, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+                num_encoder_layers=1, num_decoder_layers=2, mlp_activations=("gelu", "linear"),
+                dropout_rate=0.0)
+  fields.update(overrides)
+  return network.T5Config(**fields)
+
+
 # The dimensions of T5X's test_t5_tiny.checkpoint_0 (fixtures/t5x/README.md).
-FIXTURE_CONFIG = network.T5Config(vocab_size=32128, emb_dim=8, num_heads=4, num_encoder_layers=2,
-                                  num_decoder_layers=2, head_dim=3, mlp_dim=16,
-                                  mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+FIXTURE_CONFIG = tiny_config(32128, emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16,
+                             num_encoder_layers=2, num_decoder_layers=2)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "t5x"

@@ -21,6 +21,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import seqio  # noqa: E402
 
+# tests/ is this script's sys.path[0].
+from conftest import tiny_config  # noqa: E402
 from speculative_t5x import models, network, partitioning  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -29,9 +31,8 @@ MESHES = ((1, 8), (2, 4), (8, 1))
 LOOP_MESH = "2x4"  # the mesh whose compiled loop carry is reported
 BATCH, INPUT_LENGTH, DECODE_LENGTH, GAMMA, EOS = 8, 6, 10, 3, 1
 # Every model-parallel dimension divides 8: heads 8, joined_kv 8 * 4, mlp 64, vocab 64.
-TARGET = network.T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64,
-                          num_encoder_layers=1, num_decoder_layers=1,
-                          mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+TARGET = tiny_config(64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64, num_encoder_layers=1,
+                     num_decoder_layers=1)
 NOISE = 0.3  # the drafter is the target with noise on every weight: ragged acceptance per row.
 
 

@@ -1,4 +1,5 @@
-"""Whole-sequence exactness of speculative decoding, greedy equality, EOS / length truncation.
+"""Whole-sequence exactness of speculative decoding, greedy equality, EOS / length truncation;
+the typed statistics, trace and decoded lengths; the model's decode_fn and verifier hooks.
 
 Distribution tests compare samples with the exact target distribution of whole sequences,
 obtained by enumerating every sequence of a 5-token vocabulary up to length 3, with a Pearson
@@ -8,12 +9,13 @@ import functools
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import seqio
 
-from conftest import FIXTURE_CONFIG, chisquare_pvalue, fixture_path
-from speculative_t5x import drafters, models, network, sampling
+from conftest import FIXTURE_CONFIG, chisquare_pvalue, fixture_path, tiny_config
+from speculative_t5x import decoding, drafters, models, network, sampling, speculative
 from speculative_t5x.decoding import STAT_NAMES
 
 SIGNIFICANCE = 1e-3
@@ -21,9 +23,8 @@ EOS = 1
 
 # --- a 5-token world for distribution tests ------------------------------------------------------
 SMALL_V, SMALL_L, SAMPLES = 5, 3, 10000
-SMALL_TARGET = network.T5Config(vocab_size=SMALL_V, emb_dim=16, num_heads=2, num_encoder_layers=1,
-                                num_decoder_layers=2, head_dim=8, mlp_dim=32,
-                                mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+SMALL_TARGET = tiny_config(SMALL_V, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
+                           num_encoder_layers=1, num_decoder_layers=2)
 SMALL_DRAFTER = SMALL_TARGET.replace(emb_dim=8, num_decoder_layers=1, mlp_dim=16)
 SMALL_INPUTS = np.array([[2, 3, 4, 2, 0], [4, 4, 3, 0, 0]], np.int32)  # two different rows
 
@@ -141,9 +142,8 @@ def test_goodness_of_fit_detects_a_q_mismatch():
 
 
 # --- greedy equality ------------------------------------------------------------------------------
-TINY = network.T5Config(vocab_size=61, emb_dim=16, num_heads=2, num_encoder_layers=2,
-                        num_decoder_layers=2, head_dim=8, mlp_dim=32,
-                        mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+TINY = tiny_config(61, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=2,
+                   num_decoder_layers=2)
 TINY_DRAFTER = TINY.replace(emb_dim=8, num_encoder_layers=1, num_decoder_layers=1, mlp_dim=16)
 GREEDY_L = 10
 
@@ -275,8 +275,8 @@ def test_greedy_specialization_equals_the_traced_temperature_zero(rescale_log_pr
     assert sampling.is_greedy(0.0)
     jax.tree.map(np.testing.assert_array_equal, static, traced)
     # jit_predict dispatches a concrete 0 to the static specialization.
-    np.testing.assert_array_equal(model.jit_predict()(params, inputs, jax.random.PRNGKey(0), 0.0)[0],
-                                  traced[0])
+    np.testing.assert_array_equal(
+        model.jit_predict()(params, inputs, jax.random.PRNGKey(0), 0.0)[0], traced[0])
 
 
 def test_same_rng_same_output_and_rng_matters():
@@ -355,7 +355,8 @@ def test_trace_replays_the_decoded_sequence():
   decodes, aux = jax.jit(lambda p, b, r: model.predict_batch_with_aux(
       p, b, r, decoder_params={"temperature": 1.0, "return_trace": True}))(
           {"target": target, "drafter": drafter}, _batch(inputs), jax.random.PRNGKey(2))
-  trace = {k: np.asarray(v) for k, v in aux["speculative_trace"].items()}
+  trace = {k: np.asarray(getattr(aux["speculative_trace"], k))
+           for k in ("drafts", "accepted", "token", "emitted")}
   for row in range(2):
     replay = []
     for it in range(GREEDY_L):
@@ -366,3 +367,255 @@ def test_trace_replays_the_decoded_sequence():
     np.testing.assert_array_equal(replay, np.asarray(decodes)[row])
     calls = int(aux["speculative_stats"]["target_calls"][row])
     assert np.count_nonzero(trace["emitted"][row]) == calls
+
+
+# --- typed statistics, trace, decoded lengths ----------------------------------------------------
+def _stats(**fields):
+  return decoding.SpeculativeStats(**{name: np.asarray(value) for name, value in fields.items()})
+
+
+# Two rows at gamma = 4, by hand: 3 and 2 target calls, 5 and 1 accepted drafts; beta summed over
+# 7 and 3 verified positions. Pooled: alpha = (4.5 + 1.5) / (7 + 3) = 0.6 (the mean of the rows'
+# means would be 0.571); tokens per call = (6 + 5) / 5 = 2.2; acceptance rate = 6 / 20 = 0.3.
+ROWS = dict(target_calls=[3, 2], drafter_calls=[12, 8], drafted_tokens=[12, 8],
+            accepted_tokens=[5, 1], beta_sum=[4.5, 1.5], beta_count=[7, 3])
+
+
+def test_stats_pool_the_rows():
+  stats = _stats(**ROWS)
+  assert stats.alpha == pytest.approx(0.6)
+  assert stats.tokens_per_call == pytest.approx(2.2)
+  assert stats.acceptance_rate == pytest.approx(0.3)
+  assert stats.totals() == {"target_calls": 5, "drafter_calls": 20, "drafted_tokens": 20,
+                            "accepted_tokens": 6, "beta_sum": 6.0, "beta_count": 10}
+  assert stats.summary() == pytest.approx(dict(
+      stats.totals(), alpha=0.6, acceptance_rate=0.3, tokens_per_target_call=2.2))
+  nothing_drafted = _stats(**dict(ROWS, drafted_tokens=[0, 0]))
+  with pytest.raises(ValueError, match="no drafted tokens"):
+    nothing_drafted.acceptance_rate  # pylint: disable=pointless-statement
+
+
+def test_stats_from_dict_as_dict_and_concatenate():
+  stats = decoding.SpeculativeStats.from_dict(ROWS)
+  assert tuple(stats.as_dict()) == STAT_NAMES
+  assert set(STAT_NAMES) == set(ROWS)
+  for name, value in stats.as_dict().items():
+    np.testing.assert_array_equal(value, ROWS[name])
+  missing = {name: value for name, value in ROWS.items() if name != "beta_count"}
+  with pytest.raises(ValueError, match="beta_count"):
+    decoding.SpeculativeStats.from_dict(missing)
+  # [2] and [1, 2] rows (e.g. [B, N] of another decode) flattened into one [4] set.
+  other = _stats(**{name: [[value[1], value[0]]] for name, value in ROWS.items()})
+  both = decoding.SpeculativeStats.concatenate([stats, other])
+  np.testing.assert_array_equal(both.target_calls, [3, 2, 2, 3])
+  np.testing.assert_array_equal(both.beta_sum, [4.5, 1.5, 1.5, 4.5])
+  assert both.alpha == pytest.approx(0.6)
+  with pytest.raises(ValueError, match="no speculative stats"):
+    decoding.SpeculativeStats.concatenate([])
+  zeros = decoding.SpeculativeStats.zeros(3)
+  assert all(np.asarray(v).shape == (3,) and not np.any(v) for v in zeros.as_dict().values())
+
+
+def test_trace_record_writes_one_iteration():
+  trace = decoding.SpeculativeTrace.zeros(2, 4, 3)
+  record = jax.jit(lambda trace, i: trace.record(i, jnp.array([[1, 2, 3], [4, 5, 6]]),
+                                                 jnp.array([2, 0]), jnp.array([7, 8]),
+                                                 jnp.array([3, 1])))
+  trace = record(trace, jnp.int32(1))
+  drafts = np.zeros((2, 4, 3), np.int32)
+  drafts[:, 1] = [[1, 2, 3], [4, 5, 6]]
+  np.testing.assert_array_equal(trace.drafts, drafts)
+  np.testing.assert_array_equal(trace.accepted, [[0, 2, 0, 0], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(trace.token, [[0, 7, 0, 0], [0, 8, 0, 0]])
+  np.testing.assert_array_equal(trace.emitted, [[0, 3, 0, 0], [0, 1, 0, 0]])
+
+
+def test_decoded_lengths():
+  decodes = np.array([[5, 1, 3, 0], [2, 2, 2, 2], [1, 1, 0, 0], [4, 4, 4, 1]])
+  expected = [2, 4, 1, 4]  # up to and including the first EOS (1), else all 4
+  lengths = decoding.decoded_lengths(decodes, 1)
+  assert isinstance(lengths, np.ndarray)
+  np.testing.assert_array_equal(lengths, expected)
+  lengths = decoding.decoded_lengths(jnp.asarray(decodes), 1)
+  assert isinstance(lengths, jax.Array)
+  np.testing.assert_array_equal(lengths, expected)
+  np.testing.assert_array_equal(decoding.decoded_lengths(decodes, 2), [4, 1, 4, 4])
+  np.testing.assert_array_equal(decoding.decoded_lengths(decodes.reshape(2, 2, 4), 1),
+                                [[2, 4], [1, 4]])  # [B, N, L] -> [B, N]
+  assert int(decoding.decoded_lengths(decodes[0], 1)) == 2
+
+
+# --- the model's decode_fn and verifier ----------------------------------------------------------
+def test_the_models_decode_fn_is_its_decoding_path():
+  calls = []
+
+  def my_fn(*, inputs, num_decodes, **kwargs):
+    calls.append(dict(kwargs, inputs=inputs, num_decodes=num_decodes))
+    batch, length = inputs.shape
+    stats = jax.tree.map(lambda x: x.reshape(batch, num_decodes),
+                         decoding.SpeculativeStats.zeros(batch * num_decodes))
+    return decoding.SpeculativeOutput(jnp.full((batch, num_decodes, length), 7, jnp.int32),
+                                      jnp.zeros((batch, num_decodes)), stats)
+
+  verifier = speculative.TokenVerifier()
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY), drafters.UnigramDrafter(), _vocab(61), _vocab(61), gamma=2,
+      verifier=verifier, decode_fn=my_fn)
+  assert model.decode_fn is my_fn
+  target, _ = _tiny_params()
+  params = {"target": target, "drafter": {"marker": np.ones(1)}}
+  decodes, aux = jax.jit(lambda params, batch: model.predict_batch_with_aux(
+      params, batch, decoder_params={"temperature": 0.5}))(params, _batch(_random_inputs(3)))
+  np.testing.assert_array_equal(decodes, np.full((3, GREEDY_L), 7))
+  assert set(aux["speculative_stats"]) == set(STAT_NAMES)
+  assert len(calls) == 1
+  call = calls[0]
+  assert call["drafter"] is model.drafter and call["drafter"].vocab_size == 61
+  assert call["verifier"] is verifier and call["gamma"] == 2 and call["eos_id"] == EOS
+  assert call["drafter_params"]["marker"].shape == (1,) and call["temperature"] == 0.5
+  assert call["inputs"].shape == (3, GREEDY_L) and call["num_decodes"] == 1
+
+
+class _AcceptsEverything(speculative.TokenVerifier):
+  """Wrong on purpose: keeps all gamma drafts, then the target's next token."""
+
+  def verify(self, p, q, drafts, u, draw=sampling.sample):
+    gamma = drafts.shape[1]
+    _, _, beta = super().verify(p, q, drafts, u, draw)
+    return jnp.full(drafts.shape[:1], gamma, jnp.int32), draw(u[:, gamma], p[:, gamma]), beta
+
+  def verify_greedy(self, target_tokens, drafts):
+    gamma = drafts.shape[1]
+    _, _, beta = super().verify_greedy(target_tokens, drafts)
+    return jnp.full(drafts.shape[:1], gamma, jnp.int32), target_tokens[:, gamma], beta
+
+
+def _drafts_5(vocab_size):
+  """A unigram drafter that drafts 5 (all but certainly when sampling), and its params."""
+  drafter = drafters.UnigramDrafter(vocab_size=vocab_size, smoothing=1e-6)
+  return drafter, drafter.fit_params([np.full(9, 5)])
+
+
+COUNTING = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("verifier, temperature, expected", [
+    pytest.param(speculative.TokenVerifier(), 0.0, COUNTING, id="algorithm_1"),
+    pytest.param(_AcceptsEverything(), 0.0, [5, 5, 5, 6, 5, 5, 5, 6], id="accepts_everything"),
+    pytest.param(_AcceptsEverything(), 1.0, [5, 5, 5, 6, 5, 5, 5, 6],
+                 id="accepts_everything_sampled")])
+def test_the_verifier_decides_what_the_loop_keeps(verifier, temperature, expected):
+  """A counting target whose next token is the previous one + 1 (a margin of 100 in the logits:
+  one-hot also when sampled), decoded from BOS: 1 2 3 ... 8. Algorithm 1 keeps it whatever the
+  drafter; a verifier accepting everything keeps the drafts 5 5 5 and the target's 6 after them."""
+  vocab, length = 16, 8
+  drafter, params = _drafts_5(vocab)
+
+  def counting_target(tokens, cache, index):
+    del index
+    return 100.0 * jax.nn.one_hot((tokens + 1) % vocab, vocab), cache
+
+  output = jax.jit(lambda params: decoding.speculative_sample(
+      jnp.zeros((2, length), jnp.int32), (), counting_target, drafter, params, (), vocab - 1,
+      gamma=3, verifier=verifier, temperature=temperature))(params)
+  np.testing.assert_array_equal(np.asarray(output.decodes)[:, 0], [expected] * 2)
+
+
+def test_the_models_verifier_reaches_the_loop():
+  """The same wrong verifier given to the model: its greedy decodes start with the drafts 5 5 5,
+  where the target's own (the baseline's) do not."""
+  target, _ = _tiny_params()
+  drafter, drafter_params = _drafts_5(61)
+  inputs = _batch(_random_inputs(3, seed=7))
+  rng = jax.random.PRNGKey(0)
+  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY), drafter, _vocab(61),
+                                                _vocab(61), gamma=3, verifier=_AcceptsEverything())
+  wrong, _ = model.jit_predict()({"target": target, "drafter": drafter_params}, inputs, rng, 0.0)
+  base, _ = _baseline()(target, inputs, rng, 0.0)
+  np.testing.assert_array_equal(np.asarray(wrong)[:, :3], 5)
+  assert not np.any(np.all(np.asarray(base)[:, :3] == 5, axis=1))
+
+
+# --- block verification and broken drafters, whole sequences ------------------------------------
+def _block_model(drafter, gamma):
+  return models.SpeculativeEncoderDecoderModel(
+      network.Transformer(SMALL_TARGET), drafter, _vocab(SMALL_V), _vocab(SMALL_V), gamma=gamma,
+      verifier=speculative.BlockVerifier())
+
+
+@pytest.mark.parametrize("kind, gamma, temperature, topk", [
+    ("t5", 3, 1.0, 0), ("t5", 3, 0.7, 3), ("bigram", 2, 1.0, 0), ("bigram", 3, 0.7, 3)])
+def test_block_verifier_samples_the_exact_target_distribution(kind, gamma, temperature, topk):
+  _, t5_params = _small_params()
+  drafter, params = {"t5": (network.Transformer(SMALL_DRAFTER), t5_params),
+                     "bigram": (drafters.BigramDrafter(vocab_size=SMALL_V),
+                                _fitted_tables()["bigram"])}[kind]
+  decodes, aux = _sample_small(_block_model(drafter, gamma), params, temperature, topk, seed=5)
+  _assert_matches_target(decodes, _exact_law(temperature, topk))
+  stats = aux["speculative_stats"]
+  assert 0 < np.sum(stats["accepted_tokens"]) < np.sum(stats["drafted_tokens"])
+
+
+class _OutOfVocabularyDrafter(drafters.UnigramDrafter):
+  """Proposes ids beyond the vocabulary (and negative ones) at every other position."""
+
+  def propose(self, params, state, sequences, length, gamma, u, standardize):
+    drafts, q, state = super().propose(params, state, sequences, length, gamma, u, standardize)
+    broken = jnp.where(jnp.arange(gamma) % 2 == 0, self.vocab_size + 7, -3)
+    return jnp.where(jnp.arange(gamma)[None] % 2 == 1, drafts, broken[None]), q, state
+
+
+def _broken_drafters():
+  """name -> (drafter, params) of drafters that are broken but must not change the output."""
+  _, t5_params = _small_params()
+  nan_params = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), t5_params)
+  return {"nan_weights": (network.Transformer(SMALL_DRAFTER), nan_params),
+          "out_of_vocabulary": (_OutOfVocabularyDrafter(vocab_size=SMALL_V),
+                                _fitted_tables()["unigram"]),
+          "lookup_fallback_out_of_vocabulary": (
+              drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3,
+                                           fallback_token=SMALL_V + 2), {})}
+
+
+@pytest.mark.parametrize("name, verifier", [
+    ("nan_weights", speculative.TokenVerifier()), ("nan_weights", speculative.BlockVerifier()),
+    ("out_of_vocabulary", speculative.TokenVerifier()),
+    ("lookup_fallback_out_of_vocabulary", speculative.TokenVerifier())])
+def test_a_broken_drafter_samples_the_exact_target_distribution(name, verifier):
+  drafter, params = _broken_drafters()[name]
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(SMALL_TARGET), drafter, _vocab(SMALL_V), _vocab(SMALL_V), gamma=2,
+      verifier=verifier)
+  decodes, _ = _sample_small(model, params, 1.0, seed=9)
+  _assert_matches_target(decodes, _exact_law(1.0))
+
+
+@pytest.mark.parametrize("name", ["nan_weights", "out_of_vocabulary",
+                                  "lookup_fallback_out_of_vocabulary"])
+def test_a_broken_drafter_gives_the_baselines_greedy_output(name):
+  drafter, params = _broken_drafters()[name]
+  target, _ = _small_params()
+  batch = {"encoder_input_tokens": SMALL_INPUTS,
+           "decoder_input_tokens": np.zeros((len(SMALL_INPUTS), 8), np.int32)}
+  base = models.EncoderDecoderModel(network.Transformer(SMALL_TARGET), _vocab(SMALL_V),
+                                    _vocab(SMALL_V))
+  expected, _ = base.jit_predict()(target, batch, jax.random.PRNGKey(0), 0.0)
+  got, aux = _small_model(drafter, 3).jit_predict()(
+      {"target": target, "drafter": params}, batch, jax.random.PRNGKey(0), 0.0)
+  np.testing.assert_array_equal(got, expected)
+  assert np.all(np.isfinite(np.asarray(aux["scores"])))
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_block_verifier_greedy_equals_baseline(gamma):
+  target, drafter = _tiny_params()
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY), network.Transformer(TINY_DRAFTER), _vocab(61), _vocab(61),
+      gamma=gamma, verifier=speculative.BlockVerifier())
+  fn = model.jit_predict()
+  inputs = _random_inputs(45, seed=40 + gamma)
+  for i in range(0, len(inputs), 3):
+    base, _ = _baseline()(target, _batch(inputs[i:i + 3]), jax.random.PRNGKey(0), 0.0)
+    spec, _ = fn({"target": target, "drafter": drafter}, _batch(inputs[i:i + 3]),
+                 jax.random.PRNGKey(0), 0.0)
+    np.testing.assert_array_equal(spec, base, err_msg=f"inputs {i}..{i + 2}")

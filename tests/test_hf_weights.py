@@ -10,14 +10,12 @@ import torch
 import transformers
 from flax import traverse_util
 
-from conftest import FIXTURE_CONFIG, fixture_path
+from conftest import FIXTURE_CONFIG, fixture_path, tiny_config
 from speculative_t5x import checkpoints
 from speculative_t5x import hf_weights
 from speculative_t5x import network
 
-T5_1_1 = network.T5Config(vocab_size=48, emb_dim=16, num_heads=2, num_encoder_layers=2,
-                          num_decoder_layers=3, head_dim=4, mlp_dim=24,
-                          mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+T5_1_1 = tiny_config(48, head_dim=4, mlp_dim=24, num_encoder_layers=2, num_decoder_layers=3)
 # T5 1.0-style: one relu `wi` and the head tied to the embedding (rescaled by emb_dim**-0.5).
 T5_1_0 = T5_1_1.replace(mlp_activations=("relu",), logits_via_embedding=True)
 

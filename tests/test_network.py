@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from conftest import FIXTURE_CONFIG, fixture_path
+from conftest import FIXTURE_CONFIG, fixture_path, tiny_config
 from speculative_t5x import network
 
 # T5X's minimal T5 1.1 tree (reference/t5x.md section 3), written out by hand.
@@ -22,9 +22,7 @@ _T5X_LAYER_PATHS = {
                ["pre_mlp_layer_norm/scale", "mlp/wi_0/kernel", "mlp/wi_1/kernel", "mlp/wo/kernel"],
 }
 
-TINY = network.T5Config(vocab_size=61, emb_dim=16, num_heads=2, num_encoder_layers=2,
-                        num_decoder_layers=2, head_dim=8, mlp_dim=32,
-                        mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+TINY = tiny_config(61, num_encoder_layers=2)
 
 
 
@@ -104,7 +102,8 @@ def test_cached_blocks_with_rollback_match_teacher_forcing():
   enc[2, 3:] = 0
   targets = rng.integers(1, TINY.vocab_size, (batch, length)).astype(np.int32)
   dec_inputs = np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], axis=1)
-  expected = np.asarray(network.Transformer(TINY).apply({"params": params}, enc, dec_inputs, targets))
+  expected = np.asarray(network.Transformer(TINY).apply({"params": params}, enc, dec_inputs,
+                                                        targets))
 
   cache = _init_cache(params, enc, length + 5)
   index = np.array([0, 2, 1], np.int32)

@@ -21,13 +21,13 @@ import pytest
 import seqio
 from jax.sharding import PartitionSpec as P
 
+from conftest import tiny_config
 from speculative_t5x import drafters, models, network, partitioning
 
 HERE = pathlib.Path(__file__).resolve().parent
 MESHES = {"1x8": 8, "2x4": 4, "8x1": 1}  # mesh name -> size of the 'model' axis
-TINY = network.T5Config(vocab_size=64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64,
-                        num_encoder_layers=1, num_decoder_layers=1,
-                        mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+TINY = tiny_config(64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64, num_encoder_layers=1,
+                   num_decoder_layers=1)
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,17 @@
 For context-free distributions (p_i and q_i not depending on earlier tokens), the emitted block
 x_1..x_n, t followed by fresh samples from p_{n+2}, ..., p_{gamma+1} must be distributed exactly as
 independent samples y_j ~ p_j. The enumeration below uses the module's own acceptance probability
-and adjusted distribution, and the sampling tests check that `accept` follows them.
+and adjusted distribution, and the sampling tests check that `accept` follows them. The
+`Verifier` strategy the loop calls: `TokenVerifier` is `accept` / `accept_greedy`.
+
+Block verification is checked the same way on distributions that depend on the whole prefix
+(`_prefix_tables`), against a deliberately wrong variant, and on the paper's worked example. Broken
+drafts (out of the vocabulary, q not a distribution) must be rejected.
 """
+import collections
 import itertools
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +22,7 @@ import pytest
 from conftest import chisquare_pvalue
 from speculative_t5x import sampling
 from speculative_t5x import speculative
+from speculative_t5x import theory
 
 SIGNIFICANCE = 1e-3  # goodness-of-fit tests reject at this level; seeds are fixed.
 
@@ -180,3 +188,277 @@ def test_no_nan_when_p_equals_q_or_the_residual_underflows():
                                                    jnp.full((64,), k, jnp.int32))
       assert np.all(np.isfinite(np.asarray(adjusted)))
       np.testing.assert_allclose(np.asarray(adjusted).sum(-1), 1.0, rtol=1e-5)
+
+
+# --- the Verifier strategy -----------------------------------------------------------------------
+def _random_block(seed, rows=64, gamma=3, vocab=6):
+  rng = np.random.default_rng(seed)
+  p = jnp.asarray(_random_dists(rng, (rows, gamma + 1, vocab)), jnp.float32)
+  q = jnp.asarray(_random_dists(rng, (rows, gamma, vocab)), jnp.float32)
+  drafts = jnp.asarray(rng.integers(0, vocab, (rows, gamma)), jnp.int32)
+  u = sampling.uniforms(jax.random.PRNGKey(seed), (rows, gamma + 1))
+  return p, q, drafts, u
+
+
+def test_token_verifier_is_algorithm_1():
+  p, q, drafts, u = _random_block(0)
+  verifier = speculative.TokenVerifier()
+
+  def mode(u, probs):  # a draw other than the default: the most likely token of p'
+    del u
+    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+
+  @jax.jit
+  def both(p, q, drafts, u):
+    return (verifier.verify(p, q, drafts, u), speculative.accept(p, q, drafts, u),
+            verifier.verify(p, q, drafts, u, mode), speculative.accept(p, q, drafts, u, mode))
+
+  got, expected, got_mode, expected_mode = both(p, q, drafts, u)
+  assert len(set(np.asarray(expected[0]))) > 1  # several acceptance counts occur
+  for g, want in zip(got + got_mode, expected + expected_mode):
+    np.testing.assert_array_equal(g, want)
+  assert not np.array_equal(got_mode[1], got[1])  # the draw it is given is the one it uses
+
+
+def test_token_verifier_greedy_is_accept_greedy():
+  rng = np.random.default_rng(1)
+  target = jnp.asarray(rng.integers(0, 4, (100, 4)), jnp.int32)
+  drafts = jnp.where(jnp.asarray(rng.random((100, 3)) < 0.7), target[:, :3],
+                     jnp.asarray(rng.integers(0, 4, (100, 3)), jnp.int32))
+  got = speculative.TokenVerifier().verify_greedy(target, drafts)
+  want = speculative.accept_greedy(target, drafts)
+  assert set(np.asarray(want[0])) == {0, 1, 2, 3}
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
+
+
+def test_a_verifier_missing_a_method_cannot_be_made():
+  class GreedyOnly(speculative.Verifier):
+    def verify_greedy(self, target_tokens, drafts):
+      return speculative.accept_greedy(target_tokens, drafts)
+
+  with pytest.raises(TypeError, match="verify"):
+    GreedyOnly()
+  with pytest.raises(TypeError):
+    speculative.Verifier()  # pylint: disable=abstract-class-instantiated
+
+
+@gin.configurable(module="test_speculative")
+def _configured_verifier(verifier=gin.REQUIRED):
+  return verifier
+
+
+def test_gin_binds_the_token_verifier():
+  gin.clear_config()
+  try:
+    gin.parse_config("VERIFIER = @speculative.TokenVerifier()\n"
+                     "test_speculative._configured_verifier.verifier = %VERIFIER")
+    verifier = _configured_verifier()
+  finally:
+    gin.clear_config()
+  assert isinstance(verifier, speculative.TokenVerifier)
+  assert verifier == speculative.TokenVerifier()  # a frozen dataclass: hashable, one trace
+  assert hash(verifier) == hash(speculative.TokenVerifier())
+
+
+# --- block verification --------------------------------------------------------------------------
+def _prefix_tables(rng, gamma, vocab, kind):
+  """Distributions that depend on the whole prefix: p[prefix] for prefixes of length 0..gamma,
+  q[prefix] for 0..gamma-1 (kind: 'random', 'q_zero_where_p_positive', 'one_hot_q',
+  'p_equals_q')."""
+  p, q = {}, {}
+  for i in range(gamma + 1):
+    for prefix in itertools.product(range(vocab), repeat=i):
+      p[prefix] = _random_dists(rng, (vocab,))
+      if i == gamma:
+        continue
+      if kind == "random":
+        q[prefix] = _random_dists(rng, (vocab,))
+      elif kind == "q_zero_where_p_positive":
+        x = _random_dists(rng, (vocab,))
+        x[0] = 0
+        q[prefix] = x / x.sum()
+      elif kind == "one_hot_q":
+        q[prefix] = np.eye(vocab)[rng.integers(vocab)]
+      else:
+        q[prefix] = p[prefix].copy()
+  return p, q
+
+
+def _block_arrays(p, q, gamma, vocab):
+  """Every draft block x [V^gamma, gamma], its p and q rows [V^gamma, gamma(+1), V], and its
+  probability under the drafter [V^gamma]."""
+  drafts = np.array(list(itertools.product(range(vocab), repeat=gamma)), np.int32)
+  p_rows = np.stack([np.stack([p[tuple(x[:i])] for i in range(gamma + 1)]) for x in drafts])
+  q_rows = np.stack([np.stack([q[tuple(x[:i])] for i in range(gamma)]) for x in drafts])
+  q_drafts = np.prod(np.take_along_axis(q_rows, drafts[..., None], -1)[..., 0], axis=1)
+  return (drafts, jnp.asarray(p_rows, jnp.float32), jnp.asarray(q_rows, jnp.float32), q_drafts)
+
+
+def _accepted_length_law(p_rows, q_rows, drafts, rule):
+  """P(n = i | drafts) [V^gamma, gamma+1] of block verification ('block'), or of Algorithm 1's
+  token-by-token test ('token'), from their per-position probabilities (independent uniforms)."""
+  gamma = drafts.shape[1]
+  if rule == "block":
+    h = np.asarray(speculative.block_thresholds(
+        p_rows, q_rows, speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))),
+                   np.float64)
+    # n = max{i : eta_i < h_i}: P(n = i) = h_i prod_{j > i} (1 - h_j), P(n = 0) = prod_j (1 - h_j).
+    return np.stack([np.prod(1 - h[:, i:], axis=1) * (1.0 if i == 0 else h[:, i - 1])
+                     for i in range(gamma + 1)], axis=1)
+  a = np.asarray(speculative.acceptance_probability(p_rows, q_rows, jnp.asarray(drafts)),
+                 np.float64)
+  return np.stack([np.prod(a[:, :i], axis=1) * (1 - a[:, i] if i < gamma else 1.0)
+                   for i in range(gamma + 1)], axis=1)
+
+
+def _block_output_law(p, q, gamma, vocab, rule="block"):
+  """Exact law of y_1..y_{gamma+1}: the block verifier's n accepted drafts and its token from the
+  weighted residual, continued by sampling p. rule='token' keeps that residual but accepts token
+  by token: the mistake one port of block verification shipped."""
+  drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, gamma, vocab)
+  length_law = _accepted_length_law(p_rows, q_rows, drafts, rule)
+  weights = np.pad(np.asarray(speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))),
+                   ((0, 0), (1, 0)), constant_values=1.0)
+  law = collections.defaultdict(float)
+  for d, x in enumerate(drafts):
+    for n in range(gamma + 1):
+      if q_drafts[d] * length_law[d, n] == 0:
+        continue
+      residual = np.asarray(speculative.adjusted_distribution(
+          p_rows[d:d + 1], q_rows[d:d + 1], jnp.array([n]),
+          jnp.asarray(weights[d:d + 1, n], jnp.float32)))[0]
+      for token, rest in itertools.product(range(vocab),
+                                           itertools.product(range(vocab), repeat=gamma - n)):
+        y = tuple(int(t) for t in x[:n]) + (token,) + rest
+        law[y] += q_drafts[d] * length_law[d, n] * residual[token] * np.prod(
+            [p[y[:j]][y[j]] for j in range(n + 1, gamma + 1)])
+  return law
+
+
+def _target_law(p, gamma, vocab):
+  return {y: np.prod([p[y[:j]][y[j]] for j in range(gamma + 1)])
+          for y in itertools.product(range(vocab), repeat=gamma + 1)}
+
+
+BLOCK_CASES = ["random", "q_zero_where_p_positive", "one_hot_q", "p_equals_q"]
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+@pytest.mark.parametrize("case", BLOCK_CASES)
+def test_block_output_law_is_exactly_the_target(gamma, case):
+  p, q = _prefix_tables(np.random.default_rng(gamma), gamma, 3, case)
+  target = _target_law(p, gamma, 3)
+  law = _block_output_law(p, q, gamma, 3)
+  assert max(abs(law[y] - target[y]) for y in target) < 2e-6
+
+
+@pytest.mark.parametrize("case", ["random", "q_zero_where_p_positive"])
+def test_token_acceptance_with_the_block_residual_is_not_exact(case):
+  p, q = _prefix_tables(np.random.default_rng(2), 2, 3, case)
+  target = _target_law(p, 2, 3)
+  law = _block_output_law(p, q, 2, 3, rule="token")
+  assert max(abs(law[y] - target[y]) for y in target) > 1e-2
+
+
+@pytest.mark.parametrize("gamma", [2, 3, 4])
+def test_block_accepts_at_least_as_many_as_token_verification(gamma):
+  for seed in range(4):
+    p, q = _prefix_tables(np.random.default_rng(10 * gamma + seed), gamma, 3, "random")
+    drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, gamma, 3)
+    lengths = np.arange(gamma + 1)
+    expected = {rule: float(np.sum(q_drafts[:, None] * lengths
+                                   * _accepted_length_law(p_rows, q_rows, drafts, rule)))
+                for rule in ("block", "token")}
+    assert expected["block"] >= expected["token"] - 1e-6, (seed, expected)
+
+
+def test_block_verification_on_the_papers_example():
+  """Sun et al.'s motivating example: context-independent p = (1/3, 2/3), q = (2/3, 1/3) on
+  {a, b}, gamma = 2: token verification accepts 10/9 drafts per block on average, block
+  verification 11/9."""
+  p = {prefix: np.array([1 / 3, 2 / 3]) for i in range(3)
+       for prefix in itertools.product(range(2), repeat=i)}
+  q = {prefix: np.array([2 / 3, 1 / 3]) for prefix in p if len(prefix) < 2}
+  drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, 2, 2)
+  for rule, expected in (("token", 10 / 9), ("block", 11 / 9)):
+    law = _accepted_length_law(p_rows, q_rows, drafts, rule)
+    np.testing.assert_allclose(np.sum(q_drafts[:, None] * np.arange(3) * law), expected,
+                               rtol=1e-6)
+
+
+def test_block_is_token_verification_on_one_hot_distributions():
+  rng = np.random.default_rng(0)
+  gamma, vocab, rows = 4, 5, 64
+  target = rng.integers(0, vocab, (rows, gamma + 1))
+  drafts = np.where(rng.random((rows, gamma)) < 0.7, target[:, :gamma],
+                    rng.integers(0, vocab, (rows, gamma))).astype(np.int32)
+  p = jnp.asarray(np.eye(vocab)[target], jnp.float32)
+  q = jnp.asarray(np.eye(vocab)[drafts], jnp.float32)
+  u = jax.random.uniform(jax.random.PRNGKey(0), (rows, gamma + 1))
+  for got, want in zip(speculative.accept_block(p, q, jnp.asarray(drafts), u),
+                       speculative.accept(p, q, jnp.asarray(drafts), u)):
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", ["random", "q_zero_where_p_positive"])
+def test_block_verifier_samples_follow_the_target(case):
+  """BlockVerifier.verify's blocks, continued by sampling p, against the target's exact law."""
+  gamma, vocab, samples = 2, 3, 20000
+  p, q = _prefix_tables(np.random.default_rng(5), gamma, vocab, case)
+  drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, gamma, vocab)
+  rng = np.random.default_rng(6)
+  picked = rng.choice(len(drafts), size=samples, p=q_drafts / q_drafts.sum())
+  u = jax.random.uniform(jax.random.PRNGKey(7), (samples, gamma + 1))
+  n, token, _ = jax.jit(speculative.BlockVerifier().verify)(
+      p_rows[picked], q_rows[picked], jnp.asarray(drafts[picked]), u)
+  outcomes = list(itertools.product(range(vocab), repeat=gamma + 1))
+  counts = np.zeros(len(outcomes))
+  for x, accepted, t in zip(drafts[picked], np.asarray(n), np.asarray(token)):
+    y = tuple(int(v) for v in x[:accepted]) + (int(t),)
+    while len(y) < gamma + 1:
+      y += (int(rng.choice(vocab, p=p[y])),)
+    counts[outcomes.index(y)] += 1
+  target = _target_law(p, gamma, vocab)
+  assert chisquare_pvalue(counts, [target[y] for y in outcomes]) > SIGNIFICANCE
+
+
+def test_invalid_drafts_are_rejected_and_their_position_drawn_from_p():
+  """Out-of-vocabulary drafts, NaN rows of q and q(x) = 0 are treated as not drafted."""
+  vocab, gamma = 4, 3
+  p = jnp.asarray(np.full((4, gamma + 1, vocab), 0.25), jnp.float32)
+  q = np.full((4, gamma, vocab), 0.25)
+  drafts = np.array([[1, 2, vocab], [1, -1, 2], [1, 2, 3], [1, 2, 3]], np.int32)
+  q[2, 1] = np.nan  # a NaN row at the second draft of row 2
+  q[3, 1] = [1.0, 0.0, 0.0, 0.0]  # q(x_2) = 0 at row 3: a sampler never drew it
+  q = jnp.asarray(q, jnp.float32)
+  q_valid, valid = speculative.valid_drafts(q, jnp.asarray(drafts))
+  np.testing.assert_array_equal(valid, [[1, 1, 0], [1, 0, 1], [1, 0, 1], [1, 0, 1]])
+  assert np.all(np.asarray(q_valid)[~np.asarray(valid)] == 0)
+  np.testing.assert_allclose(speculative.acceptance_probability(p, q, jnp.asarray(drafts)),
+                             np.where(np.asarray(valid), 1.0, 0.0))
+  u = jnp.zeros((4, gamma + 1))  # every valid draft passes its test
+  for verifier in (speculative.TokenVerifier(), speculative.BlockVerifier()):
+    n, token, beta = verifier.verify(p, q, jnp.asarray(drafts), u)
+    np.testing.assert_array_equal(n, [2, 1, 1, 1])
+    assert np.all((np.asarray(token) >= 0) & (np.asarray(token) < vocab))
+    assert np.all(np.isfinite(np.asarray(beta)))
+  # The position of the first invalid draft draws from p itself: u = 0.9 picks token 3 of p.
+  _, token, _ = speculative.accept(p, q, jnp.asarray(drafts), jnp.full((4, gamma + 1), 0.9))
+  assert int(token[1]) == 3
+
+
+def test_block_verifier_realizes_the_theorys_expected_tokens():
+  """The mean accepted length of `BlockVerifier.verify` on context-independent p and q matches
+  `theory.block_expected_tokens` (a measurement of the formula; 4 standard errors)."""
+  gamma, vocab, samples = 3, 4, 40000
+  rng = np.random.default_rng(11)
+  p1, q1 = rng.dirichlet(np.ones(vocab)), rng.dirichlet(np.ones(vocab))
+  drafts = rng.choice(vocab, size=(samples, gamma), p=q1).astype(np.int32)
+  p = jnp.broadcast_to(jnp.asarray(p1, jnp.float32), (samples, gamma + 1, vocab))
+  q = jnp.broadcast_to(jnp.asarray(q1, jnp.float32), (samples, gamma, vocab))
+  u = jax.random.uniform(jax.random.PRNGKey(3), (samples, gamma + 1))
+  n = np.asarray(jax.jit(speculative.accept_block)(p, q, jnp.asarray(drafts), u)[0])
+  expected = theory.block_expected_tokens(p1, q1, gamma) - 1
+  assert abs(n.mean() - expected) < 4 * n.std() / np.sqrt(samples), (n.mean(), expected)
+  assert expected > theory.expected_tokens(np.minimum(p1, q1).sum(), gamma) - 1

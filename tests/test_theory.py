@@ -248,3 +248,25 @@ def test_alpha_and_tokens_from_stats():
 def test_invalid_inputs_raise(call, message):
   with pytest.raises(ValueError, match=message):
     call()
+
+
+def test_block_expected_tokens_on_the_papers_example():
+  """Sun et al.'s example (p = (1/3, 2/3), q = (2/3, 1/3), gamma = 2): 10/9 accepted drafts per
+  block with token verification, 11/9 with block verification."""
+  assert theory.block_expected_tokens([1 / 3, 2 / 3], [2 / 3, 1 / 3], 2) == pytest.approx(20 / 9)
+  assert theory.expected_tokens(2 / 3, 2) == pytest.approx(19 / 9)
+
+
+def test_block_expected_tokens_bounds():
+  rng = np.random.default_rng(0)
+  for gamma in (1, 3, 5):
+    p, q = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))
+    token = theory.expected_tokens(np.minimum(p, q).sum(), gamma)
+    block = theory.block_expected_tokens(p, q, gamma)
+    if gamma == 1:
+      assert block == pytest.approx(token)  # one draft: the two rules coincide
+    else:
+      assert token < block <= gamma + 1
+  assert theory.block_expected_tokens(p, p, 4) == pytest.approx(5.0)  # p == q: all accepted
+  with pytest.raises(ValueError, match="distribution"):
+    theory.block_expected_tokens([0.5, 0.6], [0.5, 0.5], 2)

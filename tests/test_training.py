@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import seqio
 
+from conftest import tiny_config
 from speculative_t5x import checkpoints
 from speculative_t5x import models
 from speculative_t5x import network
@@ -24,9 +25,7 @@ LENGTHS = {"inputs": 24, "targets": 16}
 PAIRS = [("open file", "datei offen"), ("save file", "datei sichern"), ("close", "schliessen"),
          ("open window", "fenster offen"), ("quit", "beenden"), ("help", "hilfe"),
          ("new window", "neues fenster"), ("save as", "sichern als")]
-TINY = network.T5Config(vocab_size=26, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
-                        num_encoder_layers=1, num_decoder_layers=1,
-                        mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+TINY = tiny_config(26, num_decoder_layers=1)
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,12 @@ import numpy as np
 import pytest
 import seqio
 
-from speculative_t5x import models, network, visualize
+from conftest import tiny_config
+from speculative_t5x import decoding, models, network, visualize
 from speculative_t5x.visualize import Step
 
 EOS = 1
-TARGET = network.T5Config(vocab_size=37, emb_dim=16, num_heads=2, num_encoder_layers=1,
-                          num_decoder_layers=2, head_dim=8, mlp_dim=32,
-                          mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+TARGET = tiny_config(37)
 DRAFTER = TARGET.replace(emb_dim=8, num_decoder_layers=1, mlp_dim=16)
 SENTENCEPIECE_MODEL = (pathlib.Path(__file__).resolve().parents[1] / "data" / "demo_ende" /
                        "sentencepiece.model")
@@ -26,7 +25,7 @@ def _trace(*iterations, length=5):
   for i, (drafts, accepted, token, emitted) in enumerate(iterations):
     trace["drafts"][0, i] = drafts
     trace["accepted"][0, i], trace["token"][0, i], trace["emitted"][0, i] = accepted, token, emitted
-  return trace
+  return decoding.SpeculativeTrace(**trace)
 
 
 def test_steps_of_rejection_bonus_and_eos():
