@@ -3,11 +3,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from conftest import tiny_config
 from speculative_t5x import alpha, drafters, network
 
-CFG = network.T5Config(vocab_size=23, emb_dim=16, num_heads=2, num_encoder_layers=1,
-                       num_decoder_layers=2, head_dim=8, mlp_dim=32,
-                       mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+CFG = tiny_config(23)
 EOS = 1
 
 

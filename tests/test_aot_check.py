@@ -14,14 +14,14 @@ import sys
 import jax
 import numpy as np
 
+from conftest import tiny_config
 from speculative_t5x import drafters
 from speculative_t5x import network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 64
-TINY = network.T5Config(vocab_size=VOCAB_SIZE, emb_dim=8, num_heads=4, num_encoder_layers=2,
-                        num_decoder_layers=2, head_dim=3, mlp_dim=16,
-                        mlp_activations=("gelu", "linear"), dropout_rate=0.0)  # t5_1_1_tiny.gin
+TINY = tiny_config(VOCAB_SIZE, emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16,
+                   num_encoder_layers=2, num_decoder_layers=2)  # t5_1_1_tiny.gin
 MODEL_PARALLEL = {"vocab", "mlp", "heads", "joined_kv"}  # split over 'model' by the standard rules
 BFLOAT16 = 2
 

@@ -18,6 +18,7 @@ import pytest
 import seqio
 import tensorflow_datasets as tfds
 
+from conftest import tiny_config
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
@@ -32,9 +33,7 @@ TEST_VOCABULARY = (pathlib.Path(seqio.__file__).parent / "test_data" / "sentence
 SUFFIX = "_infer_test"
 VOCAB_SIZE = 32  # covers the 26 pieces; ids 26..31 decode as UNK.
 LENGTHS = {"inputs": 16, "targets": 8}
-TINY = network.T5Config(vocab_size=VOCAB_SIZE, emb_dim=8, num_heads=2, num_encoder_layers=1,
-                        num_decoder_layers=1, head_dim=4, mlp_dim=16,
-                        mlp_activations=("gelu", "linear"), dropout_rate=0.0)
+TINY = tiny_config(VOCAB_SIZE, emb_dim=8, head_dim=4, mlp_dim=16, num_decoder_layers=1)
 STAT_KEYS = {"target_calls", "drafter_calls", "accepted_tokens", "drafted_tokens", "beta_sum",
              "beta_count"}
 
