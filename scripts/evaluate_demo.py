@@ -32,6 +32,7 @@ from speculative_t5x import checkpoints
 from speculative_t5x import decoding
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import pairs
 from speculative_t5x import tasks
 from speculative_t5x import training
 
@@ -65,24 +66,22 @@ def export_pair(pair_dir: pathlib.Path, target_run: str, drafter_run: str) -> No
   shutil.copy(tasks.demo_data_dir() / tasks.DEMO_VOCABULARY_FILE, pair_dir)
 
 
-def greedy_check(target_config, drafter_config, params, examples: training.EvalSet,
-                 vocabulary, gammas) -> dict:
+def greedy_check(pair: pairs.Pair, examples: training.EvalSet, vocabulary, gammas) -> dict:
   """Greedy speculative decodes vs the baseline's on `examples.batches[0]`, per gamma."""
   batch, n = examples.batches[0], examples.rows[0]
-  target = network.Transformer(target_config)
+  target = network.Transformer(pair.target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
-  expected = np.asarray(baseline(params["target"], batch, jax.random.PRNGKey(0), 0.0)[0])[:n]
+  expected = np.asarray(baseline(pair.target_params, batch, jax.random.PRNGKey(0), 0.0)[0])[:n]
   results = {}
   for gamma in gammas:
-    model = models.SpeculativeEncoderDecoderModel(target, network.Transformer(drafter_config),
-                                                  vocabulary, vocabulary, gamma=gamma)
-    decodes, aux = model.jit_predict()(params, batch, jax.random.PRNGKey(0), 0.0)
-    stats = {k: np.asarray(v)[:n] for k, v in aux["speculative_stats"].items()}
-    summary = decoding.stats_summary(stats)
+    model = models.SpeculativeEncoderDecoderModel(target, pair.drafter, vocabulary, vocabulary,
+                                                  gamma=gamma)
+    decodes, aux = model.jit_predict()(pair.params, batch, jax.random.PRNGKey(0), 0.0)
+    stats = decoding.SpeculativeStats.from_dict(
+        {k: np.asarray(v)[:n] for k, v in aux["speculative_stats"].items()})
     results[gamma] = {"identical_rows": int(np.all(np.asarray(decodes)[:n] == expected, axis=1)
-                                            .sum()), "rows": n,
-                      "alpha": summary["alpha"],
-                      "tokens_per_target_call": summary["tokens_per_target_call"]}
+                                            .sum()), "rows": n, "alpha": stats.alpha,
+                      "tokens_per_target_call": stats.tokens_per_call}
     print(f"gamma {gamma}: {results[gamma]}", file=sys.stderr)
   return results
 
@@ -96,16 +95,15 @@ def main(argv):
     raise app.UsageError("give both --target_run and --drafter_run (to export a pair) or neither.")
   if FLAGS.target_run:
     export_pair(pair_dir, FLAGS.target_run, FLAGS.drafter_run)
-  (target_params, target_config), (drafter_params, drafter_config) = (
-      checkpoints.restore_pair(pair_dir))
   vocabulary = tasks.get_vocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
+  pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(pair_dir), vocabulary.eos_id)
   task = tasks.register_demo_task(vocabulary=vocabulary)
 
   report = {"pair_dir": str(pair_dir), "split": FLAGS.split}
   examples = training.eval_set(task, FLAGS.split, FEATURE_LENGTHS, FLAGS.batch_size,
                                FLAGS.max_examples)
-  for member, params, config in (("target", target_params, target_config),
-                                 ("drafter", drafter_params, drafter_config)):
+  for member, params, config in (("target", pair.target_params, pair.target_config),
+                                 ("drafter", pair.drafter_params, pair.drafter.config)):
     model = models.EncoderDecoderModel(network.Transformer(config), vocabulary, vocabulary)
     metrics, predictions = training.evaluate(model, params, examples)
     report[member] = {"parameters": int(sum(np.size(x) for x in jax.tree.leaves(params))),
@@ -116,9 +114,7 @@ def main(argv):
 
   check = training.eval_set(task, FLAGS.split, FEATURE_LENGTHS, FLAGS.check_examples,
                             FLAGS.check_examples)
-  report["greedy_check"] = greedy_check(
-      target_config, drafter_config, {"target": target_params, "drafter": drafter_params}, check,
-      vocabulary, [int(g) for g in FLAGS.gammas])
+  report["greedy_check"] = greedy_check(pair, check, vocabulary, [int(g) for g in FLAGS.gammas])
 
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,11 @@ Writes PNGs into --output_dir:
   speedup_operations.png     Figure 4 and Table 1 (c = c_hat = 0): speedup and the operations factor
                              (Theorem 3.11) against alpha, and speedup against operations.
   measured_vs_predicted.png  only with --benchmark_json: each benchmark row's measured speedup
-                             against its prediction.
+                             against its prediction, beside the paper's Table 2 rows (measured
+                             on a TPU-v4, against Table 4's Theorem 3.8 values).
 
---benchmark_json is a JSON list of records, one per benchmark row, each an object with
+--benchmark_json is scripts/benchmark.py's results.json (its "rows", `report.SpeedupRow.as_dict`),
+or a JSON list of records, one per benchmark row, each an object with
   alpha        acceptance rate measured in the run (mean beta),
   gamma        drafted tokens per iteration,
   c            drafter step time over target step time, measured in the run,
@@ -22,7 +24,7 @@ tokens in place of one step). Other keys are ignored. For example:
 
 Usage:
   python scripts/plot_theory.py --output_dir=/tmp/theory \
-    [--benchmark_json=/tmp/benchmark/benchmark.json]
+    [--benchmark_json=/tmp/speculative_t5x/benchmark/results.json]
 """
 import json
 import math
@@ -37,14 +39,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 
+from speculative_t5x import paper  # noqa: E402
 from speculative_t5x import theory  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Directory the PNGs are written to (created if absent).")
 flags.DEFINE_string("benchmark_json", None,
-                    "Optional benchmark results: a JSON list of records with keys alpha, gamma, "
-                    "c, speedup, predicted and optionally predicted_hw (see the module "
-                    "docstring); adds measured_vs_predicted.png.")
+                    "Optional benchmark results: scripts/benchmark.py's results.json, or a JSON "
+                    "list of records with keys alpha, gamma, c, speedup, predicted and "
+                    "optionally predicted_hw (see the module docstring); adds "
+                    "measured_vs_predicted.png.")
 flags.mark_flag_as_required("output_dir")
 
 FIGURE_2_GAMMAS = (1, 2, 3, 5, 7, 10, math.inf)
@@ -52,7 +56,7 @@ FIGURE_3_COSTS = (0.01, 0.02, 0.05, 0.1, 0.2)
 FIGURE_4_GAMMAS = (1, 2, 3, 5, 7, 10)
 TABLE_1_POINTS = ((0.6, 2), (0.7, 3), (0.8, 2), (0.8, 5), (0.9, 2), (0.9, 10))
 BENCHMARK_KEYS = ("alpha", "gamma", "c", "speedup", "predicted")
-# Issue 6's performance target: measured speedup at least 0.9 of the hardware-aware prediction.
+# The performance target: measured speedup at least 0.9 of the hardware-aware prediction.
 EFFICIENCY_TARGET = 0.9
 DPI = 150
 
@@ -127,11 +131,13 @@ def plot_speedup_operations(path):
 
 
 def load_benchmark(path):
-  """Benchmark records from a JSON list (the format in this module's docstring)."""
+  """Benchmark records from a results.json or a JSON list (formats in this module's docstring)."""
   records = json.loads(pathlib.Path(path).read_text())
+  if isinstance(records, dict) and "rows" in records:
+    records = records["rows"]
   if not isinstance(records, list) or not records:
-    raise ValueError(f"{path}: expected a non-empty JSON list of records with keys "
-                     f"{', '.join(BENCHMARK_KEYS)}")
+    raise ValueError(f"{path}: expected scripts/benchmark.py's results.json or a non-empty JSON "
+                     f"list of records with keys {', '.join(BENCHMARK_KEYS)}")
   for index, record in enumerate(records):
     missing = [key for key in BENCHMARK_KEYS if not isinstance(record, dict) or key not in record]
     if missing:
@@ -141,10 +147,13 @@ def load_benchmark(path):
 
 
 def plot_measured_vs_predicted(records, path):
-  """Measured speedup against Theorem 3.8 (and the hardware-aware prediction where given)."""
+  """Measured speedup against Theorem 3.8 (and the hardware-aware prediction where given), with
+  the paper's Table 2 speedups against its Table 4 predictions for reference."""
   fig, ax = plt.subplots(figsize=(6, 5.5))
   predicted = [record["predicted"] for record in records]
   measured = [record["speedup"] for record in records]
+  ax.plot([row.expected_speedup for row in paper.TABLE_2], [row.speedup for row in paper.TABLE_2],
+          "x", color="gray", label="paper, Table 2 (TPU-v4) vs Table 4")
   ax.plot(predicted, measured, "o", label="Theorem 3.8 prediction")
   hardware_aware = [(r["predicted_hw"], r["speedup"]) for r in records if "predicted_hw" in r]
   if hardware_aware:
@@ -153,7 +162,8 @@ def plot_measured_vs_predicted(records, path):
     ax.annotate(f"γ={record['gamma']}, α={record['alpha']:.2f}, c={record['c']:.2g}",
                 (record["predicted"], record["speedup"]), fontsize=7, xytext=(4, 4),
                 textcoords="offset points")
-  top = 1.1 * max(predicted + measured + [value for value, _ in hardware_aware])
+  top = 1.1 * max(predicted + measured + [value for value, _ in hardware_aware]
+                  + [row.speedup for row in paper.TABLE_2])
   ax.plot([0, top], [0, top], color="gray", label="measured = predicted")
   ax.plot([0, top], [0, EFFICIENCY_TARGET * top], color="gray", linestyle=":",
           label=f"efficiency {EFFICIENCY_TARGET}")

@@ -29,9 +29,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import seqio  # noqa: E402
 
-from speculative_t5x import checkpoints, models, network  # noqa: E402
+from speculative_t5x import benchmark  # noqa: E402
+from speculative_t5x import models  # noqa: E402
+from speculative_t5x import network  # noqa: E402
+from speculative_t5x import pairs  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+EOS_ID = 1
+INPUT_LENGTH = 24
 _PAIR_DIR = flags.DEFINE_string("pair_dir", str(REPO / "demo_models"), "A save_pair directory.")
 _GAMMA = flags.DEFINE_integer("gamma", 2, "Drafts per target call.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
@@ -62,19 +67,15 @@ def thunk_times(trace_dir: str) -> tuple[collections.Counter, collections.Counte
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  (target_params, target_cfg), (drafter_params, drafter_cfg) = checkpoints.restore_pair(
-      _PAIR_DIR.value)
-  vocab = seqio.PassThroughVocabulary(target_cfg.vocab_size, eos_id=1)
+  pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(_PAIR_DIR.value), EOS_ID)
+  vocab = seqio.PassThroughVocabulary(pair.target_config.vocab_size, eos_id=EOS_ID)
   model = models.SpeculativeEncoderDecoderModel(
-      network.Transformer(target_cfg), network.Transformer(drafter_cfg), vocab, vocab,
-      gamma=_GAMMA.value)
+      network.Transformer(pair.target_config), pair.drafter, vocab, vocab, gamma=_GAMMA.value)
   predict = model.jit_predict(max_decode_steps=_STEPS.value)
-  rng = np.random.default_rng(0)
-  encoder = rng.integers(3, target_cfg.vocab_size, (1, 24)).astype(np.int32)
-  encoder[0, -1] = 1
-  batch = {"encoder_input_tokens": encoder,
+  batch = {"encoder_input_tokens": benchmark.random_inputs(pair.target_config.vocab_size, 1,
+                                                           INPUT_LENGTH, eos_id=EOS_ID),
            "decoder_input_tokens": np.zeros((1, 2 * _STEPS.value), np.int32)}
-  params = {"target": target_params, "drafter": drafter_params}
+  params = pair.params
   key = jax.random.PRNGKey(0)
   _, aux = jax.block_until_ready(predict(params, batch, key, _TEMPERATURE.value))
   iterations = int(aux["speculative_stats"]["target_calls"][0])

@@ -5,12 +5,12 @@ single-step time is extrapolated: a least-squares line of step time against para
 through the T5 1.1 small, base and large step times measured by `scripts/benchmark.py
 --costs_only` (--costs_dirs, one per size; each directory's target is the size, its drafter
 anything). c for each Table 2 drafter (T5-small, -base, -large) is then its measured step time
-over that extrapolated XXL step time. The row's alpha and gamma are the paper's (Table 2); the
-hardware-aware column also divides by the verification cost measured for the largest timed target
-at that gamma (a proxy: the XXL's is not measurable here).
+over that extrapolated XXL step time. The row's alpha and gamma are the paper's (Table 2,
+`paper.TABLE_2`); the hardware-aware column also divides by the verification cost measured for
+the largest timed target at that gamma (a proxy: the XXL's is not measurable here).
 
   python scripts/project_paper.py --costs_dirs=small:/tmp/costs_small,base:/tmp/costs_base,\
-large:/tmp/costs_large --output=docs/projection.md
+large:/tmp/costs_large
 """
 from __future__ import annotations
 
@@ -21,20 +21,13 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from speculative_t5x import paper
 from speculative_t5x import theory
 
 _COSTS_DIRS = flags.DEFINE_list("costs_dirs", None, "size:dir pairs (sizes small, base, large).")
 
 # T5 1.1 parameter counts (millions) with T5X's dimensions, vocab 32128.
 PARAMS_M = {"small": 77.0, "base": 247.6, "large": 783.2, "xxl": 11135.3}
-# The paper's Table 2: (task, drafter, temperature, gamma, alpha, measured speedup).
-TABLE_2 = [
-    ("EnDe", "small", 0, 7, 0.75, 3.4), ("EnDe", "base", 0, 7, 0.80, 2.8),
-    ("EnDe", "large", 0, 7, 0.82, 1.7), ("EnDe", "small", 1, 7, 0.62, 2.6),
-    ("EnDe", "base", 1, 5, 0.68, 2.4), ("EnDe", "large", 1, 3, 0.71, 1.4),
-    ("CNNDM", "small", 0, 5, 0.65, 3.1), ("CNNDM", "base", 0, 5, 0.73, 3.0),
-    ("CNNDM", "large", 0, 3, 0.74, 2.2), ("CNNDM", "small", 1, 5, 0.53, 2.3),
-    ("CNNDM", "base", 1, 3, 0.55, 2.2), ("CNNDM", "large", 1, 3, 0.56, 1.7)]
 
 
 def _target_costs(directory: str) -> dict:
@@ -68,19 +61,20 @@ def main(argv):
            "| task | drafter | temp | gamma | alpha (paper) | c here | verify here | "
            "Thm 3.8 here | hw-aware here | paper measured |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-  for task, drafter, temperature, gamma, alpha, paper in TABLE_2:
-    steps = step_ms.get(temperature)
-    if steps is None or drafter not in steps:
+  for row in paper.TABLE_2:
+    steps = step_ms.get(row.temperature)
+    if steps is None or row.drafter not in steps:
       continue
-    c = steps[drafter] / xxl_ms[temperature]
+    c = steps[row.drafter] / xxl_ms[row.temperature]
     largest = max(steps, key=PARAMS_M.get)
-    if gamma not in verify[temperature][largest]:
-      raise app.UsageError(f"{largest}'s costs have no verification cost at gamma={gamma}: run "
-                           "benchmark.py --costs_only with --gammas=3,5,7.")
-    v = verify[temperature][largest][gamma]
-    lines.append(f"| {task} | T5-{drafter} | {temperature} | {gamma} | {alpha} | {c:.3f} | "
-                 f"{v:.2f} | {theory.speedup(alpha, gamma, c):.2f}x | "
-                 f"{theory.speedup_hardware_aware(alpha, gamma, c, v):.2f}x | {paper}x |")
+    if row.gamma not in verify[row.temperature][largest]:
+      raise app.UsageError(f"{largest}'s costs have no verification cost at gamma={row.gamma}: "
+                           "run benchmark.py --costs_only with --gammas=3,5,7.")
+    v = verify[row.temperature][largest][row.gamma]
+    lines.append(f"| {row.task} | T5-{row.drafter} | {row.temperature:g} | {row.gamma} | "
+                 f"{row.alpha} | {c:.3f} | {v:.2f} | {theory.speedup(row.alpha, row.gamma, c):.2f}x"
+                 f" | {theory.speedup_hardware_aware(row.alpha, row.gamma, c, v):.2f}x | "
+                 f"{row.speedup}x |")
   print("\n".join(lines))
 
 

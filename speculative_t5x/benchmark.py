@@ -1,9 +1,10 @@
-"""Timing harness shared by the scripts: wall time of jitted calls, and the cost ratios of Thm 3.8.
+"""Timing harness shared by the scripts: wall time of jitted calls, the cost ratios of Thm 3.8,
+and the random or text inputs they run on.
 
-Every measurement follows DESIGN.md's standards of evidence: the first call (compilation) is
-excluded, then `warmup` untimed calls, then `repeats` timed rounds, each call ended by
-`jax.block_until_ready`; calls that are compared are timed in the same rounds (`time_calls`);
-results are the median, minimum, maximum and interquartile range.
+Every measurement excludes the first call (compilation), then makes `warmup` untimed calls, then
+`repeats` timed rounds, each call ended by `jax.block_until_ready`; calls that are compared are
+timed in the same rounds (`time_calls`); results are the median, minimum, maximum and
+interquartile range.
 
 Decode steps are timed the way the decoding loops run them: cached decode steps inside one jitted
 `lax.fori_loop`, the cache carried (and written in place) from step to step, each step's logits
@@ -113,7 +114,7 @@ def time_rounds(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]
 
 
 # ----------------------------------------------------------------------------------------------
-# Random weights and inputs
+# Random weights, and inputs (random or text)
 # ----------------------------------------------------------------------------------------------
 def random_params(config: network.T5Config, seed: int) -> dict:
   """float32 parameters from `network.init_params` (activations follow `config.dtype`).
@@ -124,17 +125,39 @@ def random_params(config: network.T5Config, seed: int) -> dict:
 
 
 def random_drafter(kind: str, target_config: network.T5Config, target_params: dict,
-                   drafter_config: network.T5Config, seed: int) -> tuple[network.T5Config, dict]:
+                   drafter_config: network.T5Config, drafter_params: dict
+                   ) -> tuple[network.T5Config, dict]:
   """A random-weight drafter of one of RANDOM_DRAFTER_KINDS -> (config, params).
 
-  'independent' initialises `drafter_config` from `seed`; 'copy' returns the target's config and
-  its very parameters (alpha ~ 1: the drafter proposes what the target would sample).
+  'independent' is the drafter with its own (random) parameters; 'copy' is the target's config
+  and its very parameters (alpha ~ 1: the drafter proposes what the target would sample).
   """
   if kind == "independent":
-    return drafter_config, random_params(drafter_config, seed)
+    return drafter_config, drafter_params
   if kind == "copy":
     return target_config, target_params
   raise ValueError(f"unknown random drafter kind {kind!r}: use one of {RANDOM_DRAFTER_KINDS}.")
+
+
+def truncated_copy_pair(config: network.T5Config, residual_scale: float,
+                        seed: int) -> tuple[dict, network.T5Config, dict]:
+  """A random target with a drafter that agrees with it often, at rates differing by row
+  -> (target params, drafter config, drafter params).
+
+  The target (`config`, random weights from `seed`) has the residual outputs of its decoder layers
+  1.. (attention `out` and MLP `wo` kernels) scaled by `residual_scale`, so that decoder layer 0
+  carries most of the signal; the drafter is that target cut after decoder layer 0 (its
+  embedding, encoder, layer 0, final norm and head: the same arrays, no copy).
+  """
+  def scaled(path, x):
+    keys = [k.key for k in path]
+    deep = keys[0] == "decoder" and keys[1].startswith("layers_") and keys[1] != "layers_0"
+    return x * residual_scale if deep and keys[-2] in ("out", "wo") else x
+
+  target = jax.tree_util.tree_map_with_path(scaled, random_params(config, seed))
+  drafter_decoder = {name: value for name, value in target["decoder"].items()
+                     if not name.startswith("layers_") or name == "layers_0"}
+  return target, config.replace(num_decoder_layers=1), dict(target, decoder=drafter_decoder)
 
 
 def random_tokens(rng: jax.Array, vocab_size: int, shape: Sequence[int]) -> jax.Array:
@@ -142,6 +165,63 @@ def random_tokens(rng: jax.Array, vocab_size: int, shape: Sequence[int]) -> jax.
   if vocab_size <= _FIRST_NON_SPECIAL_ID:
     raise ValueError(f"vocab_size {vocab_size} leaves no ordinary tokens after PAD, EOS and UNK.")
   return jax.random.randint(rng, tuple(shape), _FIRST_NON_SPECIAL_ID, vocab_size, jnp.int32)
+
+
+def random_inputs(vocab_size: int, num_examples: int, length: int, seed: int = 0,
+                  eos_id: int = 1) -> np.ndarray:
+  """Random encoder inputs -> [num_examples, length] int32: row i holds n_i - 1 random
+  non-special tokens then EOS, n_i drawn from [max(1, length // 2), length], then 0-padding."""
+  if num_examples < 1 or length < 1:
+    raise ValueError(f"random inputs need num_examples >= 1 and length >= 1, got {num_examples} "
+                     f"and {length}.")
+  tokens = np.asarray(random_tokens(jax.random.PRNGKey(seed), vocab_size, (num_examples, length)))
+  lengths = np.random.default_rng(seed).integers(max(1, length // 2), length + 1, num_examples)
+  return pad_sequences([list(row[:n - 1]) + [eos_id] for row, n in zip(tokens, lengths)], length)
+
+
+def pad_sequences(sequences: Sequence[Sequence[int]], length: int) -> np.ndarray:
+  """Token sequences, each at most `length` long -> [len(sequences), length] int32, 0-padded."""
+  inputs = np.zeros((len(sequences), length), np.int32)
+  for i, sequence in enumerate(sequences):
+    inputs[i, :len(sequence)] = sequence
+  return inputs
+
+
+def read_lines(path: str, limit: int | None = None) -> list[str]:
+  """The non-empty lines of a text file, stripped; the first `limit` of them when it is set."""
+  with open(path, encoding="utf-8") as f:
+    lines = [line for line in (line.strip() for line in f) if line]
+  if not lines:
+    raise ValueError(f"{path} has no non-empty lines: give a file with one input per line.")
+  return lines[:limit] if limit else lines
+
+
+def check_vocabulary(vocabulary: Any, vocab_size: int, source: str) -> None:
+  """Raises ValueError if `vocabulary` (from `source`) has ids the models' vocab_size lacks."""
+  if vocabulary.vocab_size > vocab_size:
+    raise ValueError(f"{source} has {vocabulary.vocab_size} pieces but the models' vocab_size is "
+                     f"{vocab_size}: use the models' vocabulary.")
+
+
+def encode_texts(texts: Sequence[str], vocabulary: Any, length: int | None = None,
+                 multiple: int = 8) -> np.ndarray:
+  """Texts tokenized by a seqio vocabulary, each followed by EOS, 0-padded
+  -> [len(texts), length] int32; with `length` None, the longest rounded up to a `multiple`.
+  Raises ValueError, naming the first, if a text does not fit `length`."""
+  if not texts:
+    raise ValueError("no texts to encode.")
+  sequences = [list(vocabulary.encode(text)) + [vocabulary.eos_id] for text in texts]
+  longest = max(len(sequence) for sequence in sequences)
+  if length is None:
+    length = -(-longest // multiple) * multiple
+  too_long = [i for i, sequence in enumerate(sequences) if len(sequence) > length]
+  if too_long:
+    first = too_long[0]
+    raise ValueError(f"{len(too_long)} of the {len(texts)} inputs (first: input {first + 1}, "
+                     f"{len(sequences[first])} tokens with EOS: {texts[first][:60]!r}) exceed the "
+                     f"'inputs' length {length}: raise the 'inputs' feature length "
+                     "(TASK_FEATURE_LENGTHS) or shorten them.")
+  return pad_sequences(sequences, length)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,9 +299,10 @@ def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
   every decode step is what the decoding loops run per call: the network, the standardized
   distribution of all k positions (`sampling.Standardizer`) and a draw (k = 1: the next token), or
   every position read at one token and one draw (k > 1: a verification); at a greedy temperature
-  the argmax of the logits at every position, as the greedy loops do. One stage [Stage(target, k)] is a
-  step of the baseline (k = 1) or a verification (k = gamma + 1); [Stage(drafter, 1, gamma),
-  Stage(target, gamma + 1)] is the network work of one speculative iteration.
+  the argmax of the logits at every position, as the greedy loops do. One stage
+  [Stage(target, k)] is a step of the baseline (k = 1) or a verification (k = gamma + 1);
+  [Stage(drafter, 1, gamma), Stage(target, gamma + 1)] is the network work of one speculative
+  iteration.
   """
   width = max(stage.k for stage in stages)
   for stage in stages:
@@ -237,12 +318,8 @@ def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
 
   @jax.jit
   def prepare(params):
-    caches = []
-    for module, p in zip(modules, params):
-      encoded = module.apply({"params": p}, encoder_tokens, method=module.encode)
-      caches.append(module.apply({"params": p}, encoded, encoder_tokens, geometry.cache_length,
-                                 method=module.init_decode_cache))
-    return caches
+    return [module.apply({"params": p}, encoder_tokens, geometry.cache_length,
+                         method=module.prefill)[1] for module, p in zip(modules, params)]
 
   steps = geometry.steps_per_call
   u = sampling.uniforms(jax.random.PRNGKey(seed), (passes * steps, batch, width))

@@ -1,5 +1,5 @@
-"""The timing harness and scripts/benchmark.py end to end. No timing is asserted: speed is measured
-by the benchmarks, never by tests."""
+"""The timing harness, its inputs, and scripts/benchmark.py end to end. No timing is asserted:
+speed is measured by the benchmarks, never by tests."""
 import json
 import os
 import pathlib
@@ -17,8 +17,9 @@ from speculative_t5x import theory
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROW_KEYS = {"task", "drafter", "temperature", "gamma", "alpha", "tokens_per_target_call", "c",
-            "verify_cost", "speedup", "predicted", "predicted_hw", "efficiency", "baseline_ms",
-            "speculative_ms", "outputs_match_baseline"}
+            "verify_cost", "speedup", "speedup_per_example", "loop_speedup", "predicted",
+            "predicted_hw", "efficiency", "baseline_ms", "speculative_ms",
+            "outputs_match_baseline"}
 
 
 def test_timing_statistics_from_known_times():
@@ -133,17 +134,79 @@ def test_decode_geometry_fits_the_timed_blocks():
 
 
 def test_random_drafter_kinds():
-  config = object()  # only passed through for 'copy'
-  params = {"w": np.ones(2)}
-  assert benchmark.random_drafter("copy", config, params, None, seed=1) == (config, params)
+  target, drafter = object(), object()  # configs, only passed through
+  target_params, drafter_params = {"w": np.ones(2)}, {"w": np.zeros(2)}
+  args = (target, target_params, drafter, drafter_params)
+  assert benchmark.random_drafter("copy", *args) == (target, target_params)
+  assert benchmark.random_drafter("independent", *args) == (drafter, drafter_params)
   with pytest.raises(ValueError, match="unknown random drafter kind 'twin'"):
-    benchmark.random_drafter("twin", config, params, None, seed=1)
+    benchmark.random_drafter("twin", *args)
 
 
 def test_random_tokens_avoid_special_ids():
   tokens = np.asarray(benchmark.random_tokens(jax.random.PRNGKey(0), 6, (4, 50)))
   assert tokens.dtype == np.int32 and tokens.shape == (4, 50)
   assert tokens.min() >= 3 and tokens.max() < 6
+
+
+def test_random_inputs_end_in_eos_then_padding():
+  inputs = benchmark.random_inputs(vocab_size=20, num_examples=5, length=8, seed=3, eos_id=1)
+  assert inputs.dtype == np.int32 and inputs.shape == (5, 8)
+  for row in inputs:
+    n = int(np.flatnonzero(row == 1)[0]) + 1  # one EOS, after n - 1 ordinary tokens
+    assert 4 <= n <= 8 and np.all(row[:n - 1] >= 3) and np.all(row[n:] == 0)
+  np.testing.assert_array_equal(inputs, benchmark.random_inputs(20, 5, 8, seed=3))
+  with pytest.raises(ValueError, match="num_examples >= 1"):
+    benchmark.random_inputs(20, 0, 8)
+
+
+class _CharVocabulary:
+  """Each character one token (its code point modulo 50, plus 3); EOS = 1."""
+  eos_id = 1
+  vocab_size = 53
+
+  def encode(self, text):
+    return [ord(ch) % 50 + 3 for ch in text]
+
+
+def test_encode_texts_pads_and_names_texts_that_do_not_fit():
+  inputs = benchmark.encode_texts(["ab", "abcdefghij"], _CharVocabulary())
+  assert inputs.shape == (2, 16)  # 11 tokens with EOS, rounded up to a multiple of 8
+  assert list(inputs[0, :4]) == [ord("a") % 50 + 3, ord("b") % 50 + 3, 1, 0]
+  assert benchmark.encode_texts(["ab"], _CharVocabulary(), length=5).shape == (1, 5)
+  with pytest.raises(ValueError, match=r"1 of the 2 inputs \(first: input 2, 11 tokens with EOS"
+                     r".*exceed the 'inputs' length 8"):
+    benchmark.encode_texts(["ab", "abcdefghij"], _CharVocabulary(), length=8)
+
+
+def test_read_lines_and_check_vocabulary(tmp_path):
+  path = tmp_path / "lines.txt"
+  path.write_text(" one \n\ntwo\nthree\n")
+  assert benchmark.read_lines(str(path)) == ["one", "two", "three"]
+  assert benchmark.read_lines(str(path), 2) == ["one", "two"]
+  path.write_text("\n \n")
+  with pytest.raises(ValueError, match="has no non-empty lines"):
+    benchmark.read_lines(str(path))
+  benchmark.check_vocabulary(_CharVocabulary(), 53, "chars")
+  with pytest.raises(ValueError, match="chars has 53 pieces but the models' vocab_size is 40"):
+    benchmark.check_vocabulary(_CharVocabulary(), 40, "chars")
+
+
+def test_truncated_copy_pair_shares_the_first_decoder_layer():
+  config = network.T5Config(vocab_size=16, emb_dim=8, num_heads=2, num_encoder_layers=1,
+                            num_decoder_layers=3, head_dim=4, mlp_dim=8, dropout_rate=0.0)
+  target, drafter_config, drafter = benchmark.truncated_copy_pair(config, 0.5, seed=0)
+  original = benchmark.random_params(config, 0)
+  assert drafter_config == config.replace(num_decoder_layers=1)
+  assert sorted(name for name in drafter["decoder"] if name.startswith("layers_")) == ["layers_0"]
+  assert drafter["decoder"]["layers_0"] is target["decoder"]["layers_0"]
+  assert drafter["encoder"] is target["encoder"]
+  for layer in ("layers_1", "layers_2"):
+    for block, kernel in (("self_attention", "out"), ("mlp", "wo")):
+      scaled = target["decoder"][layer][block][kernel]["kernel"]
+      np.testing.assert_allclose(scaled, 0.5 * original["decoder"][layer][block][kernel]["kernel"])
+  np.testing.assert_array_equal(target["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
+                                original["decoder"]["layers_0"]["mlp"]["wo"]["kernel"])
 
 
 def test_benchmark_script_end_to_end(tmp_path):
@@ -181,6 +244,7 @@ def test_benchmark_script_end_to_end(tmp_path):
     spec = [t["median_ms"] for t in row["speculative_ms"]["per_example"]]
     assert row["speedup"] == pytest.approx((sum(base) / sum(row["baseline_tokens"]))
                                            / (sum(spec) / sum(row["speculative_tokens"])))
+    assert row["speedup_per_example"] == pytest.approx(np.mean(np.divide(base, spec)))
   for row in rows:
     if row["drafter"] == "random, copy of target" and row["temperature"] == 0:
       assert row["alpha"] > 0.9  # the drafter is the target: its argmax is the target's.
@@ -234,3 +298,17 @@ def test_benchmark_inputs_from_a_task_split(tmp_path):
   assert results["run"]["task"] == "demo_ende:test" and results["run"]["num_examples"] == 2
   (row,) = results["rows"]
   assert row["outputs_match_baseline"] == 1.0 and 0.0 < row["alpha"] < 1.0
+
+
+def test_benchmark_paper_row_needs_its_checkpoints(tmp_path):
+  """A configs/paper/ row after the run file leaves the checkpoints required: the run stops with
+  a configuration error naming them, before any model is built."""
+  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
+             "--gin_file=configs/runs/benchmark.gin", "--gin_file=configs/paper/ende_small_t0.gin",
+             "--gin.INFER_OUTPUT_DIR=None", f"--output_dir={tmp_path}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                             timeout=300)
+  assert completed.returncode == 1
+  assert "CHECKPOINT_PATH, DRAFTER_CHECKPOINT_PATH are %gin.REQUIRED" in completed.stderr
+  assert not list(tmp_path.iterdir())

@@ -34,6 +34,16 @@ def test_writes_all_pngs(tmp_path):
     assert png.stat().st_size > 10_000, name  # Axes, curves and labels, not a blank canvas.
 
 
+def test_reads_the_benchmark_scripts_results_json(tmp_path):
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps({"run": {"task": "random"}, "costs": {}, "rows": [
+      {"alpha": 0.7, "gamma": 4, "c": 0.05, "speedup": 1.9, "predicted": 2.3,
+       "predicted_hw": 2.0, "loop_speedup": 2.0}]}))
+  result = _run(f"--output_dir={tmp_path / 'plots'}", f"--benchmark_json={results}")
+  assert result.returncode == 0, result.stderr
+  assert (tmp_path / "plots" / "measured_vs_predicted.png").stat().st_size > 10_000
+
+
 def test_benchmark_json_is_optional(tmp_path):
   result = _run(f"--output_dir={tmp_path}")
   assert result.returncode == 0, result.stderr

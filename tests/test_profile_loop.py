@@ -11,7 +11,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_thunk_times_groups_kinds_and_skips_non_thunks(tmp_path):
-  spec = importlib.util.spec_from_file_location("profile_loop", REPO / "scripts" / "profile_loop.py")
+  spec = importlib.util.spec_from_file_location("profile_loop",
+                                                REPO / "scripts" / "profile_loop.py")
   profile_loop = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(profile_loop)
   events = [{"ph": "X", "name": "ynn_fusion.8", "dur": 5},

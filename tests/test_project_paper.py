@@ -1,8 +1,11 @@
-"""scripts/project_paper.py: Theorem 3.8 for Table 2's rows with step times from costs.json files."""
+"""scripts/project_paper.py: Theorem 3.8 for Table 2's rows (`paper.TABLE_2`) with step times from
+costs.json files."""
 import json
 import pathlib
 import subprocess
 import sys
+
+from speculative_t5x import paper
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -28,3 +31,17 @@ def test_projection_uses_extrapolated_xxl_step(tmp_path):
   # hw-aware with verify cost 2.0: 3.5996 / (0.0484 + 2) = 1.757.
   row = next(line for line in out.splitlines() if line.startswith("| EnDe | T5-small | 0 |"))
   assert "| 0.007 | 2.00 | 3.43x | 1.76x | 3.4x |" in row
+  # One line per Table 2 row, each ending in the paper's measured speedup.
+  rows = [line for line in out.splitlines() if line.startswith(("| EnDe |", "| CNNDM |"))]
+  assert len(rows) == len(paper.TABLE_2) == 12
+  for line, row in zip(rows, paper.TABLE_2):
+    assert line.startswith(f"| {row.task} | T5-{row.drafter} | {row.temperature:g} | {row.gamma} | "
+                           f"{row.alpha} |") and line.endswith(f"| {row.speedup}x |")
+
+
+def test_table_2_rows_name_their_paper_config_files():
+  names = {row.config_name for row in paper.TABLE_2}
+  assert names == {path.stem for path in (REPO / "configs" / "paper").glob("*.gin")}
+  first = paper.TABLE_2[0]
+  assert (first.config_name, first.gamma, first.alpha, first.speedup) == ("ende_small_t0", 7, 0.75,
+                                                                          3.4)

@@ -1,7 +1,9 @@
-"""The README's main command, the Table 3 script and the network benchmark, end to end."""
+"""The README's main command, the Table 3 script, the network and batched benchmarks and the demo
+pair's evaluation, end to end."""
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -28,17 +30,20 @@ def test_demo_translates_and_checks_greedy_equality():
   out = _run("demo.py", "--num_examples=2", "--show=2", "--repeats=1", "--decode_length=24")
   assert "trained demo pair" in out
   assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2
-  assert "| temp | gamma | alpha | tokens/call | c | verify | speedup | Thm 3.8 | hw-aware |" in out
+  assert "| task | drafter | temp | gamma | alpha | tokens/call | c | verify cost |" in out
+  for temperature in (0, 1):
+    assert f"| demo_ende | demo drafter | {temperature} | 2 |" in out
   assert "identical to the baseline on all 2 examples: True" in out
 
 
 def test_measure_alpha_writes_table_3(tmp_path):
-  _run("measure_alpha.py", f"--output_dir={tmp_path}", "--num_tokens=100", "--batch_size=8",
-       "--ngram_examples=500", "--temperatures=0")
+  _run("measure_alpha.py", f"--gin.ALPHA_OUTPUT_DIR='{tmp_path}'", "--gin.NUM_TOKENS=100",
+       "--gin.BATCH_SIZE=8", "--gin.NGRAM_FIT_EXAMPLES=500", "--gin.TEMPERATURES=(0.0,)")
   results = json.loads((tmp_path / "alpha.json").read_text())["t=0"]
-  assert set(results) == {"T5 drafter (64d x 1)", "unigram", "bigram"}
-  for value in results.values():
-    assert 0.0 < value["alpha"] < 1.0 and value["tokens"] >= 100
+  assert set(results) == {"T5 drafter (64d x 1)", "unigram", "bigram", "prompt lookup"}
+  for name, value in results.items():
+    assert value["tokens"] >= 100
+    assert 0.0 <= value["alpha"] <= 1.0 if name == "prompt lookup" else 0.0 < value["alpha"] < 1.0
   assert "| unigram |" in (tmp_path / "alpha.md").read_text()
 
 
@@ -49,3 +54,53 @@ def test_bench_network_times_k_token_decodes(tmp_path):
   assert row["size"] == "tiny" and set(row["ms"]) == {"1", "3"}
   assert row["ratio_to_k1"]["1"] == 1.0 and row["ms"]["3"]["median_ms"] > 0
   assert "| tiny |" in out
+
+
+def test_bench_batched_writes_a_row_per_batch_size(tmp_path):
+  out = _run("bench_batched.py", f"--output_dir={tmp_path}", "--batch_sizes=2", "--temperatures=0",
+             "--repeats=1", "--cost_repeats=3", "--steps_per_call=8", "--gamma=2",
+             "--vocab_size=64", "--emb_dim=32", "--num_heads=2", "--mlp_dim=64",
+             "--num_encoder_layers=1", "--num_decoder_layers=2", "--input_length=8",
+             "--decode_length=8")
+  results = json.loads((tmp_path / "results.json").read_text())
+  (row,) = results["results"]
+  assert (row["batch_size"], row["temperature"], row["gamma"]) == (2, 0.0, 2)
+  assert row["outputs_match_baseline"] == 1.0  # greedy: identical to the baseline in every row
+  assert 0.0 <= row["alpha"] <= 1.0 and row["c"] > 0 and row["verify_cost"] > 0
+  base, spec = (row[key]["per_example"][0]["median_ms"]
+                for key in ("baseline_ms", "speculative_ms"))
+  (base_tokens,), (spec_tokens,) = row["baseline_tokens"], row["speculative_tokens"]
+  assert row["speedup"] == (base / base_tokens) / (spec / spec_tokens)
+  assert row["target_calls_per_row"]["max"] == row["loop_iterations"] >= 1
+  assert 0 < row["ragged_efficiency"] <= 1
+  assert set(results["costs"]) == {"batch=2"}
+  table = (tmp_path / "results.md").read_text()
+  assert "| batch | temp |" in table and "| 2 | 0 |" in table and "| yes |" in table
+  assert table in out
+
+
+def test_evaluate_demo_exports_and_evaluates_a_pair(tmp_path):
+  """Two 'training runs' made of the demo pair's members, exported into a new pair directory,
+  then evaluated on 4 test sentences."""
+  runs = {}
+  for member in ("target", "drafter"):
+    runs[member] = tmp_path / f"{member}_run"
+    shutil.copytree(REPO / "demo_models" / member, runs[member] / "model")
+    shutil.copy(REPO / "demo_models" / member / "train_summary.json", runs[member])
+  pair_dir, output_dir = tmp_path / "pair", tmp_path / "out"
+  out = _run("evaluate_demo.py", f"--target_run={runs['target']}",
+             f"--drafter_run={runs['drafter']}", f"--pair_dir={pair_dir}",
+             f"--output_dir={output_dir}", "--max_examples=4", "--batch_size=4",
+             "--check_examples=2", "--gammas=2", "--num_inputs=3")
+  assert {path.name for path in pair_dir.iterdir()} == {"target", "drafter", "sentencepiece.model"}
+  assert (pair_dir / "target" / "train_summary.json").exists()
+  report = json.loads((output_dir / "evaluation.json").read_text())
+  for member in ("target", "drafter"):
+    assert report[member]["examples"] == 4 and report[member]["bleu"] >= 0
+  assert report["target"]["parameters"] > report["drafter"]["parameters"]
+  check = report["greedy_check"]["2"]
+  assert check["identical_rows"] == check["rows"] == 2
+  assert 0.0 <= check["alpha"] <= 1.0 and check["tokens_per_target_call"] >= 1.0
+  lines = (output_dir / "test_inputs.txt").read_text().splitlines()
+  assert len(lines) == 3 and all(line.startswith("translate English to German: ") for line in lines)
+  assert json.loads(out)["target"]["parameters"] == report["target"]["parameters"]

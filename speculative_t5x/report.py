@@ -1,0 +1,541 @@
+r"""The paper's Table 2 row, measured and predicted, and the sweep that measures it.
+
+This module holds the one definition of "speedup" that every script and the notebook report.
+
+What is measured (`sweep`), for a target, its drafters and every (temperature, gamma), on
+identical inputs with the same rng, per example, every setting of one example timed side by side
+in the same rounds (`benchmark.time_calls`):
+  - the wall time of the baseline (`models.EncoderDecoderModel`, `decoding.temperature_sample`)
+    and of speculative decoding (`models.SpeculativeEncoderDecoderModel`): compilation excluded,
+    `warmup` untimed calls, the median (and IQR) of `repeats` calls, each ended by
+    `block_until_ready`;
+  - the wall time of each one's prefill (`model.prefill`: encoders and caches, the work before the
+    decoding loop);
+  - the decoded tokens, each row's up to and including its first EOS (`decoding.decoded_lengths`);
+  - the speculative decode's own statistics (`decoding.SpeculativeStats`): alpha (mean beta),
+    tokens per target call, acceptance rate;
+and per drafter and temperature, on compiled decode steps at the run's encoder and cache lengths
+(`benchmark.DecodeCosts`), timed between the examples (ceil(cost_repeats / examples) rounds after
+each example's decodes, so the costs and the decodes sample the same minutes of the machine):
+  - c, the drafter's single-token step time over the target's (Definition 3.7);
+  - the verification cost, the target on gamma + 1 tokens over the target on 1 token;
+  - the iteration cost, gamma drafter steps and the verification timed together in one loop, over
+    the target's step (apart they cost gamma * c + verification cost).
+
+What a `SpeedupRow` reports from them:
+  speedup                baseline time per decoded token over speculative time per decoded token,
+                         times and tokens summed over the examples (median time per example):
+                         sampled decodes of the two differ in length, so time per call would
+                         compare different amounts of work;
+  speedup_per_example    the mean over examples of baseline time / speculative time (medians):
+                         the per-call view, weighing every example alike where `speedup` weighs
+                         them by their time (at temperature 1 it also compares decodes of
+                         different lengths);
+  loop_speedup           `speedup` with each call's prefill time taken off its decode time: the
+                         decoding loop, which Theorem 3.8 models;
+  predicted              Theorem 3.8 at the measured alpha and c (`theory.speedup`), which assumes
+                         verification costs one target step;
+  predicted_hw           the hardware-aware prediction with the measured verification cost
+                         (`theory.speedup_hardware_aware`);
+  predicted_hw_realized  predicted_hw with the tokens per target call the run realized in place of
+                         E[tokens](alpha): over a few hundred tokens the acceptances drawn, and the
+                         drafts cut by EOS, move the two apart;
+  predicted_in_situ      E[tokens](alpha) / iteration cost: the iteration's network work timed
+                         together (the two networks evicting each other's weights included);
+  efficiency             loop_speedup / predicted_hw; efficiency_realized and efficiency_in_situ
+                         divide by the other two predictions (the loop's cost without the luck of
+                         the acceptances drawn; the loop's own overhead alone: acceptance, writes,
+                         bookkeeping);
+  outputs_match_baseline the fraction of examples decoded exactly as the baseline did: 1 at
+                         temperature 0; at other temperatures the two sample the same distribution
+                         with different draws.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+import tqdm
+
+from speculative_t5x import benchmark
+from speculative_t5x import decoding
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import tasks
+from speculative_t5x import theory
+
+BASELINE = "baseline"  # the settings' key of the baseline; speculative ones are (drafter, gamma).
+RANDOM_TASK = "random"  # the task label of random inputs.
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExampleResult:
+  """One setting's decode of one example.
+
+  timing: the decode call; prefill: the setting's prefill call on the same example; decodes:
+  [B, L] int32 (the example's B rows, 1 at batch 1); tokens: the decoded tokens of its rows, each
+  up to and including its first EOS; stats: the speculative decode's per-row statistics (None for
+  the baseline).
+  """
+  timing: benchmark.Timing
+  prefill: benchmark.Timing
+  decodes: np.ndarray
+  tokens: int
+  stats: decoding.SpeculativeStats | None = None
+
+  @classmethod
+  def from_decode(cls, timing: benchmark.Timing, prefill: benchmark.Timing, decodes: Any,
+                  aux: Mapping[str, Any], eos_id: int) -> "ExampleResult":
+    """From a predict call's output: decodes [B, L] and aux (with 'speculative_stats' for a
+    speculative decode)."""
+    decodes = np.asarray(jax.device_get(decodes))
+    stats = aux.get("speculative_stats")
+    return cls(timing, prefill, decodes, int(np.sum(decoding.decoded_lengths(decodes, eos_id))),
+               None if stats is None else decoding.SpeculativeStats.from_dict(
+                   jax.device_get(stats)))
+
+
+def _per_token_ms(timings: Sequence[benchmark.Timing], tokens: Sequence[int],
+                  prefills: Sequence[benchmark.Timing] | None = None) -> float:
+  """Median times summed over the examples (each less its prefill's median, if given) over the
+  tokens summed over them, in ms per token."""
+  ms = sum(t.median_ms for t in timings) - sum(p.median_ms for p in prefills or ())
+  return ms / sum(tokens)
+
+
+def _summarize(timings: Sequence[benchmark.Timing]) -> dict:
+  """Per-example timings -> the mean of their medians and IQRs (ms), and each one."""
+  return {"mean_median_ms": float(np.mean([t.median_ms for t in timings])),
+          "mean_iqr_ms": float(np.mean([t.iqr_ms for t in timings])),
+          "per_example": [t.as_dict() for t in timings]}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedupRow:
+  """One Table 2 row: a (task, drafter, temperature, gamma) setting against the baseline.
+
+  Fields are what was measured (see the module docstring); the speedups, predictions and
+  efficiencies are properties computed from them, each by one formula. Per-example fields hold
+  one entry per example, in order: times of the decodes and of their prefills, decoded tokens.
+  """
+  task: str
+  drafter: str
+  temperature: float
+  gamma: int
+  alpha: float
+  tokens_per_target_call: float
+  acceptance_rate: float
+  stat_totals: Mapping[str, float]
+  c: float
+  verify_cost: float
+  iteration_cost: float
+  interference_ms: float
+  baseline_ms: tuple[benchmark.Timing, ...]
+  speculative_ms: tuple[benchmark.Timing, ...]
+  baseline_prefill_ms: tuple[benchmark.Timing, ...]
+  speculative_prefill_ms: tuple[benchmark.Timing, ...]
+  baseline_tokens: tuple[int, ...]
+  speculative_tokens: tuple[int, ...]
+  outputs_match_baseline: float
+
+  def __post_init__(self):
+    counts = {len(getattr(self, name)) for name in (
+        "baseline_ms", "speculative_ms", "baseline_prefill_ms", "speculative_prefill_ms",
+        "baseline_tokens", "speculative_tokens")}
+    if len(counts) != 1 or 0 in counts:
+      raise ValueError(f"a row needs the same non-zero number of examples in every per-example "
+                       f"field, got {sorted(counts)}.")
+
+  @classmethod
+  def from_results(cls, task: str, drafter: str, temperature: float, gamma: int,
+                   costs: benchmark.DecodeCosts, baseline: Sequence[ExampleResult],
+                   speculative: Sequence[ExampleResult]) -> "SpeedupRow":
+    """The row of one setting from its per-example results and the baseline's on the same
+    examples (in the same order), with the step costs of its drafter at its temperature; alpha
+    and tokens per target call pool the speculative results' statistics over all their rows."""
+    if len(baseline) != len(speculative) or not baseline:
+      raise ValueError(f"need the baseline's and the speculative decode's results on the same "
+                       f"examples, got {len(baseline)} and {len(speculative)}.")
+    if any(result.stats is None for result in speculative):
+      raise ValueError("a speculative result has no stats: build it from a speculative decode's "
+                       "aux (ExampleResult.from_decode).")
+    stats = decoding.SpeculativeStats.concatenate([result.stats for result in speculative])
+    matches = [np.array_equal(b.decodes, s.decodes) for b, s in zip(baseline, speculative)]
+    return cls(
+        task=task, drafter=drafter, temperature=float(temperature), gamma=int(gamma),
+        alpha=stats.alpha, tokens_per_target_call=stats.tokens_per_call,
+        acceptance_rate=stats.acceptance_rate, stat_totals=stats.totals(), c=costs.c,
+        verify_cost=costs.verify_cost(gamma), iteration_cost=costs.iteration_cost(gamma),
+        interference_ms=costs.interference_ms(gamma),
+        baseline_ms=tuple(r.timing for r in baseline),
+        speculative_ms=tuple(r.timing for r in speculative),
+        baseline_prefill_ms=tuple(r.prefill for r in baseline),
+        speculative_prefill_ms=tuple(r.prefill for r in speculative),
+        baseline_tokens=tuple(r.tokens for r in baseline),
+        speculative_tokens=tuple(r.tokens for r in speculative),
+        outputs_match_baseline=float(np.mean(matches)))
+
+  # ---- measured
+  @property
+  def speedup(self) -> float:
+    """Baseline ms per decoded token over speculative ms per decoded token."""
+    return (_per_token_ms(self.baseline_ms, self.baseline_tokens)
+            / _per_token_ms(self.speculative_ms, self.speculative_tokens))
+
+  @property
+  def speedup_per_example(self) -> float:
+    """The mean over examples of baseline time over speculative time (medians)."""
+    return float(np.mean([b.median_ms / s.median_ms
+                          for b, s in zip(self.baseline_ms, self.speculative_ms)]))
+
+  @property
+  def loop_speedup(self) -> float:
+    """`speedup` with each call's prefill time taken off: the decoding loops alone."""
+    return (_per_token_ms(self.baseline_ms, self.baseline_tokens, self.baseline_prefill_ms)
+            / _per_token_ms(self.speculative_ms, self.speculative_tokens,
+                            self.speculative_prefill_ms))
+
+  # ---- predicted
+  @property
+  def predicted(self) -> float:
+    """Theorem 3.8 at the measured alpha and c."""
+    return theory.speedup(self.alpha, self.gamma, self.c)
+
+  @property
+  def predicted_hw(self) -> float:
+    """Theorem 3.8 with the measured verification cost in place of one target step."""
+    return theory.speedup_hardware_aware(self.alpha, self.gamma, self.c, self.verify_cost)
+
+  @property
+  def predicted_hw_realized(self) -> float:
+    """`predicted_hw` with the realized tokens per target call in place of E[tokens](alpha)."""
+    return (self.predicted_hw * self.tokens_per_target_call
+            / theory.expected_tokens(self.alpha, self.gamma))
+
+  @property
+  def predicted_in_situ(self) -> float:
+    """E[tokens](alpha) over the iteration's network work timed together."""
+    return theory.expected_tokens(self.alpha, self.gamma) / self.iteration_cost
+
+  # ---- measured over predicted
+  @property
+  def efficiency(self) -> float:
+    return self.loop_speedup / self.predicted_hw
+
+  @property
+  def efficiency_realized(self) -> float:
+    return self.loop_speedup / self.predicted_hw_realized
+
+  @property
+  def efficiency_in_situ(self) -> float:
+    return self.loop_speedup / self.predicted_in_situ
+
+  def as_dict(self) -> dict:
+    """The row as results.json writes it (times in ms: per-example timings and their means)."""
+    return {
+        "task": self.task, "drafter": self.drafter, "temperature": self.temperature,
+        "gamma": self.gamma, "alpha": self.alpha,
+        "tokens_per_target_call": self.tokens_per_target_call,
+        "acceptance_rate": self.acceptance_rate, "c": self.c, "verify_cost": self.verify_cost,
+        "speedup": self.speedup, "speedup_per_example": self.speedup_per_example,
+        "loop_speedup": self.loop_speedup, "predicted": self.predicted,
+        "predicted_hw": self.predicted_hw, "efficiency": self.efficiency,
+        "predicted_hw_realized": self.predicted_hw_realized,
+        "efficiency_realized": self.efficiency_realized, "iteration_cost": self.iteration_cost,
+        "interference_ms": self.interference_ms, "predicted_in_situ": self.predicted_in_situ,
+        "efficiency_in_situ": self.efficiency_in_situ,
+        "baseline_ms": _summarize(self.baseline_ms),
+        "speculative_ms": _summarize(self.speculative_ms),
+        "baseline_prefill_ms": _summarize(self.baseline_prefill_ms),
+        "speculative_prefill_ms": _summarize(self.speculative_prefill_ms),
+        "baseline_tokens": list(self.baseline_tokens),
+        "speculative_tokens": list(self.speculative_tokens),
+        "outputs_match_baseline": self.outputs_match_baseline,
+        "stats": {"alpha": self.alpha, "acceptance_rate": self.acceptance_rate,
+                  "tokens_per_target_call": self.tokens_per_target_call, **self.stat_totals},
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Markdown
+# ----------------------------------------------------------------------------------------------
+COLUMNS = ("task", "drafter", "temp", "gamma", "alpha", "tokens/call", "c", "verify cost",
+           "baseline ms (IQR)", "speculative ms (IQR)", "prefill ms (base / spec)", "speedup",
+           "speedup per example", "loop speedup", "predicted", "predicted_hw", "efficiency",
+           "efficiency (realized)", "iteration cost", "efficiency in situ")
+NOTES = (
+    "speedup: baseline over speculative time per decoded token (whole calls, median per example); "
+    "speedup per example: the mean over examples of baseline over speculative time; loop "
+    "speedup: per token with each call's prefill (encoders and caches, timed alongside) taken "
+    "off, the part Theorem 3.8 models; predicted: Theorem 3.8 at the measured alpha and c; "
+    "predicted_hw: with the measured verify cost in place of one target step; efficiency: loop "
+    "speedup / predicted_hw; efficiency (realized): the same with the tokens per target call the "
+    "run realized in place of E[tokens](alpha), the loop's cost alone. iteration cost: gamma "
+    "drafter steps and the verification timed together in one loop, over the target's step "
+    "(apart they cost gamma * c + verify cost); efficiency in situ: loop speedup / (expected "
+    "tokens per iteration / iteration cost), the speculative loop's own overhead (acceptance, "
+    "writes, bookkeeping) alone.")
+
+
+def _mean_ms(timings: Sequence[benchmark.Timing]) -> str:
+  summary = _summarize(timings)
+  return f"{summary['mean_median_ms']:.1f} ({summary['mean_iqr_ms']:.1f})"
+
+
+def markdown_table(rows: Sequence[SpeedupRow]) -> str:
+  """The rows as a Markdown table (`COLUMNS`; `NOTES` explains them), one line per row."""
+  lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+  for r in rows:
+    prefill = (f"{_summarize(r.baseline_prefill_ms)['mean_median_ms']:.1f} / "
+               f"{_summarize(r.speculative_prefill_ms)['mean_median_ms']:.1f}")
+    lines.append("| " + " | ".join([
+        r.task, r.drafter, f"{r.temperature:g}", str(r.gamma), f"{r.alpha:.3f}",
+        f"{r.tokens_per_target_call:.2f}", f"{r.c:.3f}", f"{r.verify_cost:.2f}",
+        _mean_ms(r.baseline_ms), _mean_ms(r.speculative_ms), prefill, f"{r.speedup:.2f}",
+        f"{r.speedup_per_example:.2f}", f"{r.loop_speedup:.2f}", f"{r.predicted:.2f}",
+        f"{r.predicted_hw:.2f}", f"{r.efficiency:.2f}", f"{r.efficiency_realized:.2f}",
+        f"{r.iteration_cost:.2f}", f"{r.efficiency_in_situ:.2f}"]) + " |")
+  return "\n".join(lines) + "\n"
+
+
+CostsByTemperature = Mapping[float, Mapping[str, benchmark.DecodeCosts]]
+
+
+def costs_table(costs_by_temperature: CostsByTemperature) -> str:
+  """The decode-step costs, one line per temperature and drafter, as a Markdown table."""
+  lines = ["| temp | drafter | target step ms | drafter step ms | c | verify cost by gamma | "
+           "iteration cost by gamma | interference ms by gamma |", "|---" * 8 + "|"]
+  for temperature, costs in costs_by_temperature.items():
+    for name, cost in costs.items():
+      gammas = sorted(cost.verify)
+      by_gamma = [", ".join(f"{g}: {f(g):.{digits}f}" for g in gammas) for f, digits in (
+          (cost.verify_cost, 2), (cost.iteration_cost, 2), (cost.interference_ms, 3))]
+      lines.append(f"| {temperature:g} | {name} | {cost.target_step.median_ms:.3f} | "
+                   f"{cost.drafter_step.median_ms:.3f} | {cost.c:.3f} | "
+                   + " | ".join(by_gamma) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def costs_as_dict(costs_by_temperature: CostsByTemperature) -> dict:
+  """{'t=<temperature>': {drafter: DecodeCosts.as_dict()}}, as results.json and costs.json hold
+  them."""
+  return {f"t={t:g}": {name: cost.as_dict() for name, cost in costs.items()}
+          for t, costs in costs_by_temperature.items()}
+
+
+def results_markdown(rows: Sequence[SpeedupRow], costs_by_temperature: CostsByTemperature,
+                     header: str) -> str:
+  """A run's report: the header, the rows' table and its notes, then the step costs."""
+  return "\n".join([
+      header, "", markdown_table(rows), NOTES, "",
+      "Decode-step costs (marginal time per step incl. standardization and draw, median over the "
+      "timed rounds):", "", costs_table(costs_by_temperature)])
+
+
+# ----------------------------------------------------------------------------------------------
+# The sweep
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """One way to decode: `predict(params, batch, rng, temperature) -> (decodes [B, L], aux)` and
+  `prefill(params, batch)`, both jitted, and their params."""
+  predict: Callable[..., Any]
+  prefill: Callable[..., Any]
+  params: Any
+
+
+Drafters = Mapping[str, tuple[network.T5Config, Any]]
+
+
+def build_settings(target_config: network.T5Config, target_params: Any, drafters: Drafters,
+             gammas: Sequence[int], vocabulary: seqio.Vocabulary) -> dict[Hashable, Setting]:
+  """BASELINE and (drafter name, gamma) -> Setting; drafters of one config share compiled
+  functions (their parameters are arguments).
+
+  Args:
+    drafters: name -> (config, params) of a T5 drafter.
+  """
+  target = network.Transformer(target_config)
+  baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary)
+  result = {BASELINE: Setting(baseline.jit_predict(), jax.jit(baseline.prefill), target_params)}
+  functions = {}
+  for name, (drafter_config, drafter_params) in drafters.items():
+    for gamma in gammas:
+      if (drafter_config, gamma) not in functions:
+        model = models.SpeculativeEncoderDecoderModel(
+            target, network.Transformer(drafter_config), vocabulary, vocabulary, gamma=gamma)
+        functions[drafter_config, gamma] = (model.jit_predict(), jax.jit(model.prefill))
+      result[name, gamma] = Setting(*functions[drafter_config, gamma],
+                                    {"target": target_params, "drafter": drafter_params})
+  return result
+
+
+def time_example(decoders: Mapping[Hashable, Setting], batch: Mapping[str, jax.Array],
+                 rng: jax.Array, temperature: float, eos_id: int, *, repeats: int,
+                 warmup: int = benchmark.DEFAULT_WARMUP) -> dict[Hashable, ExampleResult]:
+  """Every setting's decode of one example, and its prefill, timed side by side
+  (`benchmark.time_calls`) -> key -> ExampleResult.
+
+  Args:
+    batch: {'encoder_input_tokens': [B, Le], 'decoder_input_tokens': [B, L]}.
+  """
+  temperature = jnp.float32(temperature)
+  calls = {}
+  for key, setting in decoders.items():
+    calls["decode", key] = (setting.predict, (setting.params, batch, rng, temperature))
+    calls["prefill", key] = (setting.prefill, (setting.params, batch))
+  timings = benchmark.time_calls(calls, repeats=repeats, warmup=warmup)
+  results = {}
+  for key in decoders:
+    fn, args = calls["decode", key]
+    decodes, aux = fn(*args)
+    results[key] = ExampleResult.from_decode(timings["decode", key], timings["prefill", key],
+                                             decodes, aux, eos_id)
+  return results
+
+
+def load_inputs(vocab_size: int, task_feature_lengths: Mapping[str, int], *,
+                task: str | None = None, split: str = "test", input_file: str | None = None,
+                sentencepiece_model: str | None = None,
+                num_examples: int = 0, seed: int = 0,
+                eos_id: int = 1) -> tuple[str, seqio.Vocabulary, np.ndarray]:
+  """A sweep's examples, from one of three sources:
+    - `task`: the 'inputs' of its `split` through the task's pipeline (truncated as in T5X), in
+      the task's vocabulary;
+    - `input_file`: its non-empty lines, tokenized with `sentencepiece_model`;
+    - neither: `num_examples` random ones (`benchmark.random_inputs`, seeded by `seed`).
+  `num_examples` caps the first two (0: all).
+
+  Args:
+    vocab_size: the models' vocabulary size (a task's or file's vocabulary must fit it).
+    task_feature_lengths: {'inputs': Le, 'targets': ...}.
+  Returns:
+    (task label, vocabulary, encoder inputs [N, Le] int32, EOS-ended and 0-padded).
+  """
+  length = int(task_feature_lengths["inputs"])
+  if task and input_file:
+    raise ValueError(f"give a task ({task}) or an input file ({input_file}), not both.")
+  if task:
+    seqio_task = tasks.get_task(task)
+    vocabulary = seqio_task.output_features["targets"].vocabulary
+    benchmark.check_vocabulary(vocabulary, vocab_size, f"task {task}")
+    return (f"{task}:{split}", vocabulary, tasks.feature_arrays(
+        seqio_task, split, "inputs", task_feature_lengths, num_examples or None))
+  if input_file:
+    if not sentencepiece_model:
+      raise ValueError(f"{input_file} needs a sentencepiece model to tokenize it.")
+    vocabulary = seqio.SentencePieceVocabulary(sentencepiece_model)
+    benchmark.check_vocabulary(vocabulary, vocab_size, sentencepiece_model)
+    lines = benchmark.read_lines(input_file, num_examples or None)
+    return (pathlib.Path(input_file).stem, vocabulary,
+            benchmark.encode_texts(lines, vocabulary, length))
+  if num_examples < 1:
+    raise ValueError(f"random inputs need num_examples >= 1, got {num_examples}.")
+  return (RANDOM_TASK, seqio.PassThroughVocabulary(vocab_size, eos_id=eos_id),
+          benchmark.random_inputs(vocab_size, num_examples, length, seed, eos_id))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """What `sweep` measured.
+
+  rows: one per drafter, gamma and temperature (in that nesting); costs: temperature -> drafter ->
+  DecodeCosts; results: temperature -> setting (BASELINE or (drafter, gamma)) -> one
+  ExampleResult per example; cost_rounds: the timed rounds behind each step cost.
+  """
+  rows: list[SpeedupRow]
+  costs: dict[float, dict[str, benchmark.DecodeCosts]]
+  results: dict[float, dict[Hashable, list[ExampleResult]]]
+  cost_rounds: int
+
+
+def _check_sweep(target_config, drafters, gammas, temperatures, encoder_inputs, decode_length,
+                 repeats, cost_repeats) -> None:
+  if not drafters:
+    raise ValueError("no drafters to sweep: give at least one name -> (config, params).")
+  for name, (config, _) in drafters.items():
+    if config.vocab_size != target_config.vocab_size:
+      raise ValueError(f"drafter {name!r} has vocab_size {config.vocab_size} but the target has "
+                       f"{target_config.vocab_size}: speculative decoding needs one vocabulary.")
+  if not gammas or min(gammas) < 1:
+    raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {list(gammas)}.")
+  if not temperatures:
+    raise ValueError("no temperatures to sweep: give at least one (0 is greedy).")
+  if np.ndim(encoder_inputs) != 3 or min(np.shape(encoder_inputs)) < 1:
+    raise ValueError(f"encoder_inputs must be [examples, batch, length] with every size >= 1, got "
+                     f"shape {np.shape(encoder_inputs)} (one batch-1 example per row of x [N, Le]: "
+                     "pass x[:, None]).")
+  if min(decode_length, repeats, cost_repeats) < 1:
+    raise ValueError(f"decode_length, repeats and cost_repeats must be >= 1, got {decode_length}, "
+                     f"{repeats} and {cost_repeats}.")
+
+
+def sweep(target_config: network.T5Config, target_params: Any, drafters: Drafters,
+          gammas: Sequence[int], temperatures: Sequence[float], encoder_inputs: np.ndarray,
+          decode_length: int, *, vocabulary: seqio.Vocabulary, task: str, seed: int = 0,
+          repeats: int = 3, warmup: int = benchmark.DEFAULT_WARMUP,
+          cost_repeats: int = benchmark.DEFAULT_REPEATS,
+          steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
+          progress: bool = False) -> Sweep:
+  """Measures every (drafter, gamma, temperature) against the baseline (the module docstring).
+
+  For each temperature, each example's decodes (the baseline and every speculative setting, with
+  the rng fold_in(PRNGKey(seed), example)) are timed side by side (`time_example`); after them,
+  ceil(cost_repeats / examples) rounds of the decode steps behind the costs
+  (`benchmark.cost_steps`, at the examples' batch size, encoder length and cache length, with the
+  temperature's standardization and draw).
+
+  Args:
+    drafters: name -> (config, params) of a T5 drafter.
+    encoder_inputs: [examples, B, Le] int32: each example a batch of B rows (1 for Table 2).
+    decode_length: tokens decoded per row (the decoder input length).
+    vocabulary: the models' output vocabulary (its eos_id ends the decodes).
+    task: the rows' task label.
+    progress: show a progress bar over the examples.
+  Returns:
+    The rows, the costs, every example's results and the cost rounds.
+  """
+  gammas, temperatures = sorted({int(g) for g in gammas}), [float(t) for t in temperatures]
+  _check_sweep(target_config, drafters, gammas, temperatures, encoder_inputs, decode_length,
+               repeats, cost_repeats)
+  examples, batch_size, encoder_length = np.shape(encoder_inputs)
+  geometry = benchmark.DecodeGeometry.for_decoding(encoder_length, decode_length, max(gammas) + 1,
+                                                   steps_per_call)
+  decoders = build_settings(target_config, target_params, drafters, gammas, vocabulary)
+  steps = benchmark.cost_steps(target_config, target_params, drafters, gammas)
+  batches = [{"encoder_input_tokens": jnp.asarray(x, jnp.int32),
+              "decoder_input_tokens": jnp.zeros((batch_size, decode_length), jnp.int32)}
+             for x in encoder_inputs]
+  rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(examples)]
+  cost_rounds = max(1, math.ceil(cost_repeats / examples))
+  results = {t: {key: [] for key in decoders} for t in temperatures}
+  costs = {}
+  bar = tqdm.tqdm(total=len(temperatures) * examples, desc="examples", unit="example",
+                  disable=not progress)
+  for temperature in temperatures:
+    calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature,
+                                        batch=batch_size)
+    seconds = {key: [] for key in calls}
+    for i, (batch, rng) in enumerate(zip(batches, rngs)):
+      for key, result in time_example(decoders, batch, rng, temperature, vocabulary.eos_id,
+                                      repeats=repeats, warmup=warmup).items():
+        results[temperature][key].append(result)
+      for key, times in benchmark.time_rounds(calls, repeats=cost_rounds,
+                                              warmup=warmup if i == 0 else 0,
+                                              compiled=i > 0).items():
+        seconds[key].append(times)
+      bar.update()
+    timings = benchmark.marginal_step_timings(
+        {key: np.concatenate(times) for key, times in seconds.items()}, geometry)
+    costs[temperature] = benchmark.costs_from_timings(timings, list(drafters), gammas, geometry)
+  bar.close()
+  rows = [SpeedupRow.from_results(task, name, t, gamma, costs[t][name], results[t][BASELINE],
+                                  results[t][name, gamma])
+          for name in drafters for gamma in gammas for t in temperatures]
+  return Sweep(rows, costs, results, cost_rounds * examples)

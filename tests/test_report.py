@@ -1,0 +1,226 @@
+"""report.py: the Table 2 row's formulas on given timings, its Markdown, the sweep's wiring and
+its inputs. Every expected number is worked out by hand in the comments; no timing is measured."""
+import json
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+import seqio
+
+from speculative_t5x import benchmark
+from speculative_t5x import decoding
+from speculative_t5x import network
+from speculative_t5x import report
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GEOMETRY = benchmark.DecodeGeometry(4, 8, 0, 1)
+
+
+def ms(value):
+  return benchmark.Timing(value, value, value, 0.0, 3)
+
+
+def stats(target_calls, accepted, beta_sum, beta_count, gamma=2):
+  return decoding.SpeculativeStats(
+      target_calls=np.array([target_calls]), drafter_calls=np.array([gamma * target_calls]),
+      drafted_tokens=np.array([gamma * target_calls]), accepted_tokens=np.array([accepted]),
+      beta_sum=np.array([beta_sum], np.float32), beta_count=np.array([beta_count]))
+
+
+# c = 0.5 / 2 = 0.25; verify cost = 3 / 2 = 1.5; iteration cost = 5 / 2 = 2.5; interference =
+# 5 - (2 * 0.5 + 3) = 1 ms.
+COSTS = benchmark.DecodeCosts(GEOMETRY, target_step=ms(2.0), drafter_step=ms(0.5),
+                              verify={2: ms(3.0)}, iteration={2: ms(5.0)})
+
+
+def two_examples():
+  """Baseline: 10 and 30 ms (prefills 2 and 4 ms), 10 and 20 tokens. Speculative: 4 and 15 ms
+  (prefills 1 and 3 ms), 10 and 25 tokens (a sampled decode of another length); the first
+  example's decode equals the baseline's, the second's does not. Stats: 4 + 10 target calls, 6 + 15
+  accepted drafts, beta 6/8 + 12/16."""
+  baseline = [
+      report.ExampleResult(ms(10.0), ms(2.0), np.array([[5, 6, 1, 0]]), 10),
+      report.ExampleResult(ms(30.0), ms(4.0), np.array([[7, 1, 0, 0]]), 20)]
+  speculative = [
+      report.ExampleResult(ms(4.0), ms(1.0), np.array([[5, 6, 1, 0]]), 10, stats(4, 6, 6.0, 8)),
+      report.ExampleResult(ms(15.0), ms(3.0), np.array([[8, 1, 0, 0]]), 25,
+                           stats(10, 15, 12.0, 16))]
+  return baseline, speculative
+
+
+def make_row():
+  baseline, speculative = two_examples()
+  return report.SpeedupRow.from_results("task", "d", 0.0, 2, COSTS, baseline, speculative)
+
+
+def test_row_measured_values_from_known_inputs():
+  row = make_row()
+  # alpha = (6 + 12) / (8 + 16); tokens per call = (21 accepted + 14 calls) / 14 calls;
+  # acceptance = 21 accepted / 28 drafted.
+  assert (row.alpha, row.tokens_per_target_call, row.acceptance_rate) == (0.75, 2.5, 0.75)
+  assert row.stat_totals["target_calls"] == 14 and row.stat_totals["beta_count"] == 24
+  assert (row.c, row.verify_cost, row.iteration_cost) == (0.25, 1.5, 2.5)
+  assert row.interference_ms == pytest.approx(1.0)
+  assert row.outputs_match_baseline == 0.5
+  assert row.baseline_tokens == (10, 20) and row.speculative_tokens == (10, 25)
+
+
+def test_per_token_and_per_example_speedups_are_different_quantities():
+  row = make_row()
+  # Per token: (40 ms / 30 tokens) / (19 ms / 35 tokens) = 140 / 57.
+  assert row.speedup == pytest.approx(140 / 57)
+  # Per example: mean(10 / 4, 30 / 15) = mean(2.5, 2.0).
+  assert row.speedup_per_example == pytest.approx(2.25)
+  # Loop: ((40 - 6) ms / 30 tokens) / ((19 - 4) ms / 35 tokens) = 119 / 45.
+  assert row.loop_speedup == pytest.approx(119 / 45)
+
+
+def test_row_predictions_and_efficiencies_from_known_inputs():
+  row = make_row()
+  # E[tokens](0.75, 2) = (1 - 0.75^3) / 0.25 = 2.3125.
+  assert row.predicted == pytest.approx(2.3125 / (2 * 0.25 + 1))  # Theorem 3.8: 37 / 24
+  assert row.predicted_hw == pytest.approx(2.3125 / (2 * 0.25 + 1.5))  # 37 / 32
+  assert row.predicted_hw_realized == pytest.approx(2.5 / (2 * 0.25 + 1.5))  # 1.25
+  assert row.predicted_in_situ == pytest.approx(2.3125 / 2.5)  # 0.925
+  assert row.efficiency == pytest.approx((119 / 45) / (37 / 32))
+  assert row.efficiency_realized == pytest.approx((119 / 45) / 1.25)
+  assert row.efficiency_in_situ == pytest.approx((119 / 45) / 0.925)
+
+
+def test_identical_examples_give_one_speedup_per_token_and_per_example():
+  baseline = [report.ExampleResult(ms(12.0), ms(2.0), np.array([[4, 1]]), 8)] * 2
+  speculative = [report.ExampleResult(ms(4.0), ms(1.0), np.array([[4, 1]]), 8,
+                                      stats(3, 5, 5.0, 6))] * 2
+  row = report.SpeedupRow.from_results("t", "d", 0.0, 2, COSTS, baseline, speculative)
+  assert row.speedup == pytest.approx(3.0) and row.speedup_per_example == pytest.approx(3.0)
+  assert row.loop_speedup == pytest.approx(10 / 3) and row.outputs_match_baseline == 1.0
+
+
+def test_as_dict_is_the_results_json_row():
+  row = make_row()
+  record = json.loads(json.dumps(row.as_dict()))
+  assert {"task", "drafter", "temperature", "gamma", "alpha", "tokens_per_target_call", "c",
+          "verify_cost", "speedup", "speedup_per_example", "loop_speedup", "predicted",
+          "predicted_hw", "efficiency", "predicted_hw_realized", "efficiency_realized",
+          "iteration_cost", "interference_ms", "predicted_in_situ", "efficiency_in_situ",
+          "outputs_match_baseline", "baseline_tokens", "speculative_tokens",
+          "stats"} <= set(record)
+  assert record["speedup"] == pytest.approx(140 / 57)
+  assert record["baseline_ms"]["mean_median_ms"] == 20.0
+  assert record["speculative_prefill_ms"]["mean_median_ms"] == 2.0
+  assert [t["median_ms"] for t in record["speculative_ms"]["per_example"]] == [4.0, 15.0]
+  assert record["stats"]["alpha"] == 0.75 and record["stats"]["accepted_tokens"] == 21
+
+
+def test_row_needs_matching_examples_and_stats():
+  baseline, speculative = two_examples()
+  with pytest.raises(ValueError, match="same examples, got 2 and 1"):
+    report.SpeedupRow.from_results("t", "d", 0.0, 2, COSTS, baseline, speculative[:1])
+  no_stats = [report.ExampleResult(r.timing, r.prefill, r.decodes, r.tokens) for r in speculative]
+  with pytest.raises(ValueError, match="has no stats"):
+    report.SpeedupRow.from_results("t", "d", 0.0, 2, COSTS, baseline, no_stats)
+  with pytest.raises(ValueError, match="no timing for gamma=3"):
+    report.SpeedupRow.from_results("t", "d", 0.0, 3, COSTS, baseline, speculative)
+
+
+def test_example_result_from_a_decode():
+  decodes = np.array([[5, 6, 1, 0], [7, 8, 9, 9]])  # 3 tokens up to EOS; no EOS: all 4.
+  aux = {"scores": np.zeros(2), "speculative_stats": stats(4, 6, 6.0, 8).as_dict()}
+  result = report.ExampleResult.from_decode(ms(1.0), ms(0.5), decodes, aux, eos_id=1)
+  assert result.tokens == 7 and result.stats.tokens_per_call == 2.5
+  assert report.ExampleResult.from_decode(ms(1.0), ms(0.5), decodes, {}, 1).stats is None
+
+
+def test_markdown_table_and_costs_table():
+  row = make_row()
+  table = report.markdown_table([row])
+  assert table.startswith("| " + " | ".join(report.COLUMNS) + " |\n")
+  assert ("| task | d | 0 | 2 | 0.750 | 2.50 | 0.250 | 1.50 | 20.0 (0.0) | 9.5 (0.0) | "
+          "3.0 / 2.0 | 2.46 | 2.25 | 2.64 | 1.54 | 1.16 | 2.29 | 2.12 | 2.50 | 2.86 |") in table
+  costs = report.costs_table({0.0: {"d": COSTS}})
+  assert "| 0 | d | 2.000 | 0.500 | 0.250 | 2: 1.50 | 2: 2.50 | 2: 1.000 |" in costs
+  full = report.results_markdown([row], {0.0: {"d": COSTS}}, "Header.")
+  assert full.startswith("Header.\n\n| task |") and report.NOTES in full and costs in full
+  assert report.costs_as_dict({1.0: {"d": COSTS}})["t=1"]["d"]["c"] == 0.25
+
+
+def _tiny_pair():
+  config = network.T5Config(vocab_size=32, emb_dim=8, num_heads=2, num_encoder_layers=1,
+                            num_decoder_layers=1, head_dim=4, mlp_dim=16, dropout_rate=0.0)
+  return config, network.init_params(config, jax.random.PRNGKey(0))
+
+
+def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
+  """Real decodes of a tiny pair (the drafter a copy of the target), with the timers replaced by
+  known times: baseline decodes 10 ms, speculative 4 ms, prefills 1 ms; decode steps (per
+  marginal step) target 2 ms, target on 3 tokens 3 ms, iteration 5 ms."""
+  step_ms = {("target", 1): 2.0, ("target", 3): 3.0, ("iteration", "copy", 2): 5.0}
+  rounds = []
+
+  def time_calls(calls, repeats, warmup):
+    return {key: ms(1.0 if key[0] == "prefill" else 10.0 if key[1] == report.BASELINE else 4.0)
+            for key in calls}
+
+  def decode_step_calls(steps, geometry, temperature, batch):
+    assert set(steps) == set(step_ms) and batch == 1 and temperature == 0.0
+    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
+
+  def time_rounds(calls, repeats, warmup, compiled):
+    rounds.append((repeats, warmup, compiled))
+    return {(name, passes): np.full(repeats, passes * step_ms[name] * 1e-3)
+            for name, passes in calls}
+
+  monkeypatch.setattr(benchmark, "time_calls", time_calls)
+  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(benchmark, "time_rounds", time_rounds)
+  config, params = _tiny_pair()
+  inputs = benchmark.random_inputs(config.vocab_size, 2, 6, seed=0)
+  vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
+  sweep = report.sweep(config, params, {"copy": (config, params)}, [2], [0.0], inputs[:, None],
+                       4, vocabulary=vocabulary, task="random", repeats=3, warmup=1,
+                       cost_repeats=3, steps_per_call=1)
+  assert rounds == [(2, 1, False), (2, 0, True)]  # ceil(3 / 2) rounds after each example
+  assert sweep.cost_rounds == 4
+  (row,) = sweep.rows
+  assert (row.task, row.drafter, row.temperature, row.gamma) == ("random", "copy", 0.0, 2)
+  assert (row.c, row.verify_cost, row.iteration_cost) == (1.0, 1.5, 2.5)
+  assert row.alpha == 1.0 and row.outputs_match_baseline == 1.0  # the drafter is the target
+  assert row.speedup == pytest.approx(2.5) and row.loop_speedup == pytest.approx(3.0)
+  assert [len(sweep.results[0.0][key]) for key in (report.BASELINE, ("copy", 2))] == [2, 2]
+  assert sweep.costs[0.0]["copy"].verify_cost(2) == 1.5
+
+
+def test_sweep_rejects_bad_arguments_before_compiling():
+  config, params = _tiny_pair()
+  vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
+  inputs = np.ones((2, 6), np.int32)
+  with pytest.raises(ValueError, match=r"pass x\[:, None\]"):
+    report.sweep(config, params, {"d": (config, params)}, [2], [0.0], inputs, 4,
+                 vocabulary=vocabulary, task="t")
+  with pytest.raises(ValueError, match="gammas must be a non-empty list"):
+    report.sweep(config, params, {"d": (config, params)}, [0], [0.0], inputs[:, None], 4,
+                 vocabulary=vocabulary, task="t")
+  with pytest.raises(ValueError, match="drafter 'd' has vocab_size 33"):
+    report.sweep(config, params, {"d": (config.replace(vocab_size=33), params)}, [2], [0.0],
+                 inputs[:, None], 4, vocabulary=vocabulary, task="t")
+
+
+def test_load_inputs_random_and_from_a_file(tmp_path):
+  task, vocabulary, inputs = report.load_inputs(50, {"inputs": 8, "targets": 4}, num_examples=3)
+  assert task == report.RANDOM_TASK and vocabulary.eos_id == 1 and inputs.shape == (3, 8)
+  assert all(1 in row for row in inputs)
+
+  spm = str(REPO / "demo_models" / "sentencepiece.model")
+  lines = tmp_path / "inputs.txt"
+  lines.write_text("Open the file\n\nSave\n")
+  task, vocabulary, inputs = report.load_inputs(8000, {"inputs": 8}, input_file=str(lines),
+                                                sentencepiece_model=spm)
+  assert task == "inputs" and inputs.shape == (2, 8)
+  assert list(inputs[1][inputs[1] > 0]) == vocabulary.encode("Save") + [vocabulary.eos_id]
+  with pytest.raises(ValueError, match="not both"):
+    report.load_inputs(8000, {"inputs": 8}, task="demo_ende", input_file=str(lines))
+  with pytest.raises(ValueError, match="has 8000 pieces but the models' vocab_size is 100"):
+    report.load_inputs(100, {"inputs": 8}, input_file=str(lines), sentencepiece_model=spm)
+  with pytest.raises(ValueError, match="num_examples >= 1"):
+    report.load_inputs(50, {"inputs": 8}, num_examples=0)
