@@ -25,6 +25,7 @@ from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import inference
 from speculative_t5x import network
+from speculative_t5x import paper
 from speculative_t5x import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -44,20 +45,11 @@ REQUIRED_VALUES = {
 }
 T5_CONFIG_DEFAULTS = ["network.T5Config.vocab_size = 32"]
 # (paper file, task, drafter emb_dim, temperature, gamma): Table 2 of the paper, row by row.
-TABLE_2 = [
-    ("ende_small_t0", "wmt_t2t_ende_v003", 512, 0.0, 7),
-    ("ende_base_t0", "wmt_t2t_ende_v003", 768, 0.0, 7),
-    ("ende_large_t0", "wmt_t2t_ende_v003", 1024, 0.0, 7),
-    ("ende_small_t1", "wmt_t2t_ende_v003", 512, 1.0, 7),
-    ("ende_base_t1", "wmt_t2t_ende_v003", 768, 1.0, 5),
-    ("ende_large_t1", "wmt_t2t_ende_v003", 1024, 1.0, 3),
-    ("cnndm_small_t0", "cnn_dailymail_v002", 512, 0.0, 5),
-    ("cnndm_base_t0", "cnn_dailymail_v002", 768, 0.0, 5),
-    ("cnndm_large_t0", "cnn_dailymail_v002", 1024, 0.0, 3),
-    ("cnndm_small_t1", "cnn_dailymail_v002", 512, 1.0, 5),
-    ("cnndm_base_t1", "cnn_dailymail_v002", 768, 1.0, 3),
-    ("cnndm_large_t1", "cnn_dailymail_v002", 1024, 1.0, 3),
-]
+# Each Table 2 row's gin file: (name, seqio task, drafter emb_dim, temperature, gamma).
+_TASKS = {"EnDe": "wmt_t2t_ende_v003", "CNNDM": "cnn_dailymail_v002"}
+_DRAFTER_EMB_DIM = {"small": 512, "base": 768, "large": 1024}
+TABLE_2 = [(row.config_name, _TASKS[row.task], _DRAFTER_EMB_DIM[row.drafter], row.temperature,
+            row.gamma) for row in paper.TABLE_2]
 _BINDING = re.compile(r"^([A-Za-z_][\w./]*)\.\w+ = ", re.MULTILINE)
 _MACRO = re.compile(r"^(\w+) = ", re.MULTILINE)
 _INCLUDE = re.compile(r"^include '([^']+)'", re.MULTILINE)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from speculative_t5x import paper
 from speculative_t5x import theory
 
 INF = math.inf
@@ -23,22 +24,10 @@ TABLE_1 = [
     (0.9, 10, 1.60, 6.86, 1.6031, 6.8619),
 ]
 
-# Table 4: task/drafter/temperature, gamma, alpha, c, EXP (printed, one decimal), and paper.md's
-# [derived] Theorem 3.8 from the rounded inputs (three decimals).
-TABLE_4 = [
-    ("EnDe small t0", 7, 0.75, 0.02, 3.2, 3.157),
-    ("EnDe base t0", 7, 0.80, 0.04, 3.3, 3.251),
-    ("EnDe large t0", 7, 0.82, 0.11, 2.5, 2.497),
-    ("EnDe small t1", 7, 0.62, 0.02, 2.3, 2.258),
-    ("EnDe base t1", 5, 0.68, 0.04, 2.4, 2.347),
-    ("EnDe large t1", 3, 0.71, 0.11, 2.0, 1.934),
-    ("CNNDM small t0", 5, 0.65, 0.02, 2.4, 2.402),
-    ("CNNDM base t0", 5, 0.73, 0.04, 2.6, 2.619),
-    ("CNNDM large t0", 3, 0.74, 0.11, 2.0, 2.025),
-    ("CNNDM small t1", 5, 0.53, 0.02, 1.9, 1.891),
-    ("CNNDM base t1", 3, 0.55, 0.04, 1.8, 1.803),
-    ("CNNDM large t1", 3, 0.56, 0.11, 1.6, 1.541),
-]
+# Theorem 3.8 derived by hand from each Table 2 / Table 4 row's rounded alpha, gamma and c (three
+# decimals), in the order of paper.TABLE_2; the printed EXP is paper.TABLE_2's expected_speedup.
+TABLE_4_DERIVED = (3.157, 3.251, 2.497, 2.258, 2.347, 1.934, 2.402, 2.619, 2.025, 1.891, 1.803,
+                   1.541)
 # EXP was computed from unrounded alpha and c: three rows differ from the derived column by more
 # than EXP's own rounding (2.4 vs 2.347, 2.0 vs 1.934, 1.6 vs 1.541), by at most 0.066.
 TABLE_4_EXP_TOLERANCE = 0.07
@@ -91,11 +80,12 @@ def test_table_1(alpha, gamma, ops, speed, ops_exact, speed_exact):
   assert theory.speedup(alpha, gamma, 0.0) == pytest.approx(speed_exact, abs=5e-5)
 
 
-@pytest.mark.parametrize("row,gamma,alpha,c,exp,derived", TABLE_4)
-def test_table_4_expected_speedup(row, gamma, alpha, c, exp, derived):
-  del row  # Only names the case.
-  assert theory.speedup(alpha, gamma, c) == pytest.approx(derived, abs=5e-4)
-  assert theory.speedup(alpha, gamma, c) == pytest.approx(exp, abs=TABLE_4_EXP_TOLERANCE)
+@pytest.mark.parametrize("row, derived", zip(paper.TABLE_2, TABLE_4_DERIVED),
+                         ids=[row.config_name for row in paper.TABLE_2])
+def test_table_4_expected_speedup(row, derived):
+  speedup = theory.speedup(row.alpha, row.gamma, row.c)
+  assert speedup == pytest.approx(derived, abs=5e-4)
+  assert speedup == pytest.approx(row.expected_speedup, abs=TABLE_4_EXP_TOLERANCE)
 
 
 @pytest.mark.parametrize("row,gamma,alpha,c,tokens,best_gamma,best_speedup", TABLE_4_SMALL)
