@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test
+.PHONY: demo lint test
 
 $(STAMP): setup.py
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
@@ -14,5 +14,10 @@ $(STAMP): setup.py
 demo: $(STAMP)
 	$(VENV)/bin/python scripts/demo.py
 
-test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q tests
+# Google-style formatting (pyink, 2-space indents) and lint (ruff); configured in pyproject.toml.
+lint: $(STAMP)
+	$(VENV)/bin/pyink --check --quiet speculative_t5x scripts tests setup.py
+	$(VENV)/bin/ruff check --quiet speculative_t5x scripts tests setup.py
+
+test: lint
+	$(VENV)/bin/python -m pytest -q --durations=15 tests

@@ -1,4 +1,5 @@
 """speculative_t5x: exact speculative decoding for T5 1.1 in JAX/Flax, the T5X way."""
+
 import setuptools
 
 setuptools.setup(
@@ -10,8 +11,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["speculative_t5x", "speculative_t5x.*"])
     + ["speculative_t5x.configs", "speculative_t5x.data"],
     package_dir={"speculative_t5x.configs": "configs", "speculative_t5x.data": "data"},
-    package_data={"speculative_t5x.configs": ["*/*.gin"],
-                  "speculative_t5x.data": ["demo_ende/*"]},
+    package_data={"speculative_t5x.configs": ["*/*.gin"], "speculative_t5x.data": ["demo_ende/*"]},
     python_requires=">=3.11",
     install_requires=[
         "jax>=0.4.30",

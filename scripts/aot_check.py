@@ -24,6 +24,7 @@ Usage (--gin.NAME=value is short for --gin_bindings='NAME = value'):
   python scripts/aot_check.py --gin_file=configs/runs/aot_xxl.gin \
     --gin_file=configs/drafters/bigram.gin                # another drafter
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,8 +57,9 @@ EOS_ID = 1
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None, f"Gin run files (default {DEFAULT_GIN_FILE}).")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
-flags.DEFINE_integer("num_devices", 4, "Simulated CPU devices (XLA_FLAGS device count), set "
-                     "before JAX starts.")
+flags.DEFINE_integer(
+    "num_devices", 4, "Simulated CPU devices (XLA_FLAGS device count), set " "before JAX starts."
+)
 
 
 @gin.configurable(module="aot_script")
@@ -66,6 +68,7 @@ class AotSetup:
   """What is compiled: a target config and a drafter, feature lengths, batch, gamma, the
   parameter dtype (T5X restores inference checkpoints as bfloat16), the HBM per device, and where
   the report goes."""
+
   target_config: network.T5Config
   drafter: drafters_lib.Drafter
   task_feature_lengths: Mapping[str, int]
@@ -79,35 +82,56 @@ class AotSetup:
     pairs.check_drafter(self.drafter)
 
 
-def _abstract_params(model: models.SpeculativeEncoderDecoderModel,
-                     partitioner: partitioning.Partitioner, dtype: Any,
-                     input_shapes: Mapping[str, tuple]) -> Any:
+def _abstract_params(
+    model: models.SpeculativeEncoderDecoderModel,
+    partitioner: partitioning.Partitioner,
+    dtype: Any,
+    input_shapes: Mapping[str, tuple],
+) -> Any:
   """{'target': ..., 'drafter': ...} as ShapeDtypeStructs (floating-point leaves of `dtype`)
   carrying the partitioner's shardings; a drafter sharded as a whole (no `param_axes`) gives its
   one sharding to every leaf. Nothing is allocated."""
   shapes = jax.eval_shape(
-      lambda rng: model.get_initial_variables(rng, input_shapes)["params"], jax.random.PRNGKey(0))
+      lambda rng: model.get_initial_variables(rng, input_shapes)["params"], jax.random.PRNGKey(0)
+  )
 
   def place(sharding, subtree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=sharding),
-                        subtree)
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=sharding
+        ),
+        subtree,
+    )
 
   return jax.tree.map(place, partitioner.params_shardings(model), shapes)
 
 
-def _abstract_inputs(setup: AotSetup, model: models.SpeculativeEncoderDecoderModel,
-                     partitioner: partitioning.Partitioner) -> tuple:
+def _abstract_inputs(
+    setup: AotSetup,
+    model: models.SpeculativeEncoderDecoderModel,
+    partitioner: partitioning.Partitioner,
+) -> tuple:
   """(params, batch, rng, temperature) as ShapeDtypeStructs with the partitioner's shardings."""
-  lengths = {"encoder_input_tokens": setup.task_feature_lengths["inputs"],
-             "decoder_input_tokens": setup.task_feature_lengths["targets"],
-             "decoder_target_tokens": setup.task_feature_lengths["targets"]}
-  params = _abstract_params(model, partitioner, jnp.dtype(setup.param_dtype),
-                            {name: (setup.batch_size, lengths[name])
-                             for name in ("encoder_input_tokens", "decoder_input_tokens")})
-  batch = {name: jax.ShapeDtypeStruct((setup.batch_size, length), jnp.int32,
-                                      sharding=partitioner.data_sharding)
-           for name, length in lengths.items()}
+  lengths = {
+      "encoder_input_tokens": setup.task_feature_lengths["inputs"],
+      "decoder_input_tokens": setup.task_feature_lengths["targets"],
+      "decoder_target_tokens": setup.task_feature_lengths["targets"],
+  }
+  params = _abstract_params(
+      model,
+      partitioner,
+      jnp.dtype(setup.param_dtype),
+      {
+          name: (setup.batch_size, lengths[name])
+          for name in ("encoder_input_tokens", "decoder_input_tokens")
+      },
+  )
+  batch = {
+      name: jax.ShapeDtypeStruct(
+          (setup.batch_size, length), jnp.int32, sharding=partitioner.data_sharding
+      )
+      for name, length in lengths.items()
+  }
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=partitioner.replicated)
   temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=partitioner.replicated)
   return params, batch, rng, temperature
@@ -136,8 +160,9 @@ def _module_problems(hlo_text: str) -> list[str]:
 def check(setup: AotSetup, partitioner: partitioning.Partitioner) -> dict:
   """Lowers and compiles the speculative decode for `partitioner`'s mesh -> a report dict."""
   vocab = seqio.PassThroughVocabulary(setup.target_config.vocab_size, eos_id=EOS_ID)
-  model = models.SpeculativeEncoderDecoderModel(network.Transformer(setup.target_config),
-                                                setup.drafter, vocab, vocab, gamma=setup.gamma)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(setup.target_config), setup.drafter, vocab, vocab, gamma=setup.gamma
+  )
   args = _abstract_inputs(setup, model, partitioner)
   start = time.perf_counter()
   lowered = partitioner.partition_predict(model).lower(*args)
@@ -147,8 +172,10 @@ def check(setup: AotSetup, partitioner: partitioning.Partitioner) -> dict:
   compiled = lowered.compile()
   compile_seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
-  sizes = {name: int(getattr(memory, f"{name}_size_in_bytes"))
-           for name in ("argument", "output", "temp", "alias", "generated_code")}
+  sizes = {
+      name: int(getattr(memory, f"{name}_size_in_bytes"))
+      for name in ("argument", "output", "temp", "alias", "generated_code")
+  }
   peak = sizes["argument"] + sizes["output"] + sizes["temp"] - sizes["alias"]
   fits = peak <= setup.hbm_gib * GIB
   return {
@@ -170,36 +197,53 @@ def check(setup: AotSetup, partitioner: partitioning.Partitioner) -> dict:
 def _markdown(setup: AotSetup, report: dict, command: str) -> str:
   gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
   sizes = report["memory_analysis_bytes"]
-  rows = [("target params (analytic, this device's shards)",
-           report["target_params_per_device_bytes"]),
-          ("drafter params (analytic, this device's shards)",
-           report["drafter_params_per_device_bytes"]),
-          ("XLA arguments", sizes["argument"]), ("XLA outputs", sizes["output"]),
-          ("XLA temporaries", sizes["temp"]), ("XLA aliased (subtracted)", sizes["alias"]),
-          ("XLA generated code (not counted)", sizes["generated_code"]),
-          ("**peak per device** (arguments + outputs + temporaries - aliased)",
-           report["peak_per_device_bytes"])]
-  lines = [f"Command: `{command}`", "",
-           f"Mesh {report['mesh']}, target {setup.target_config.emb_dim}-d / "
-           f"{setup.target_config.num_decoder_layers} decoder layers, drafter "
-           f"{type(setup.drafter).__name__}, params {setup.param_dtype}, batch "
-           f"{setup.batch_size}, gamma {setup.gamma}, lengths {dict(setup.task_feature_lengths)}.",
-           "", "| per device | GiB |", "| --- | ---: |"]
+  rows = [
+      ("target params (analytic, this device's shards)", report["target_params_per_device_bytes"]),
+      (
+          "drafter params (analytic, this device's shards)",
+          report["drafter_params_per_device_bytes"],
+      ),
+      ("XLA arguments", sizes["argument"]),
+      ("XLA outputs", sizes["output"]),
+      ("XLA temporaries", sizes["temp"]),
+      ("XLA aliased (subtracted)", sizes["alias"]),
+      ("XLA generated code (not counted)", sizes["generated_code"]),
+      (
+          "**peak per device** (arguments + outputs + temporaries - aliased)",
+          report["peak_per_device_bytes"],
+      ),
+  ]
+  lines = [
+      f"Command: `{command}`",
+      "",
+      f"Mesh {report['mesh']}, target {setup.target_config.emb_dim}-d / "
+      f"{setup.target_config.num_decoder_layers} decoder layers, drafter "
+      f"{type(setup.drafter).__name__}, params {setup.param_dtype}, batch "
+      f"{setup.batch_size}, gamma {setup.gamma}, lengths {dict(setup.task_feature_lengths)}.",
+      "",
+      "| per device | GiB |",
+      "| --- | ---: |",
+  ]
   lines += [f"| {name} | {gib(value)} |" for name, value in rows]
   verdict = "fits" if report["fits"] else "DOES NOT FIT"
   module = ", ".join(report["module_problems"]) or "no host callbacks, no dynamic shapes"
-  lines += ["", f"Against {setup.hbm_gib:g} GiB of HBM: {verdict} "
-            f"({100 * report['peak_per_device_bytes'] / report['hbm_bytes']:.1f}%). Module: "
-            f"{module}. Lowering {report['lower_seconds']:.0f} s, compilation "
-            f"{report['compile_seconds']:.0f} s."]
+  lines += [
+      "",
+      f"Against {setup.hbm_gib:g} GiB of HBM: {verdict} "
+      f"({100 * report['peak_per_device_bytes'] / report['hbm_bytes']:.1f}%). Module: "
+      f"{module}. Lowering {report['lower_seconds']:.0f} s, compilation "
+      f"{report['compile_seconds']:.0f} s.",
+  ]
   return "\n".join(lines) + "\n"
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={FLAGS.num_devices}").strip()
+  os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "")
+      + f" --xla_force_host_platform_device_count={FLAGS.num_devices}"
+  ).strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   setup = AotSetup()
@@ -207,8 +251,9 @@ def main(argv):
   command = " ".join(["python"] + sys.argv)
   output_dir = pathlib.Path(setup.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
-  (output_dir / "aot_check.json").write_text(json.dumps(
-      {"command": command, "gin_config": gin.config_str(), **report}, indent=2))
+  (output_dir / "aot_check.json").write_text(
+      json.dumps({"command": command, "gin_config": gin.config_str(), **report}, indent=2)
+  )
   markdown = _markdown(setup, report, command)
   (output_dir / "aot_check.md").write_text(markdown)
   print(markdown)

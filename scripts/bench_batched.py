@@ -25,6 +25,7 @@ Usage:
   python scripts/bench_batched.py --output_dir=/tmp/bench_batched
   python scripts/bench_batched.py --batch_sizes=1,4 --temperatures=0 --repeats=3
 """
+
 from __future__ import annotations
 
 import json
@@ -47,16 +48,26 @@ DRAFTER = "truncated copy (decoder layer 0)"
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batch_sizes", ["1", "4", "16"], "Batch sizes.")
-flags.DEFINE_list("temperatures", ["0"], "Sampling temperatures (above 0 the two decodes sample "
-                  "different sequences, so their lengths, and work, can differ).")
+flags.DEFINE_list(
+    "temperatures",
+    ["0"],
+    "Sampling temperatures (above 0 the two decodes sample "
+    "different sequences, so their lengths, and work, can differ).",
+)
 flags.DEFINE_integer("gamma", 4, "Drafted tokens per target call.")
 flags.DEFINE_integer("input_length", 32, "Encoder input length (random tokens).")
 flags.DEFINE_integer("decode_length", 32, "Decoded tokens per row (max_decode_len).")
-flags.DEFINE_integer("repeats", 7, "Timed rounds (baseline and speculative side by side) per "
-                     "setting; medians are reported.")
+flags.DEFINE_integer(
+    "repeats",
+    7,
+    "Timed rounds (baseline and speculative side by side) per " "setting; medians are reported.",
+)
 flags.DEFINE_integer("cost_repeats", 20, "Timed rounds per decode-step cost (c, verification).")
-flags.DEFINE_integer("steps_per_call", benchmark.DEFAULT_STEPS_PER_CALL,
-                     "Decode steps per timed call when measuring c and the verification cost.")
+flags.DEFINE_integer(
+    "steps_per_call",
+    benchmark.DEFAULT_STEPS_PER_CALL,
+    "Decode steps per timed call when measuring c and the verification cost.",
+)
 flags.DEFINE_float("residual_scale", 0.1, "Scale of the target's decoder layers 1.. outputs.")
 flags.DEFINE_integer("vocab_size", 512, "Target and drafter vocabulary.")
 flags.DEFINE_integer("emb_dim", 512, "Target emb_dim.")
@@ -69,44 +80,79 @@ flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/bench_batched", "Where r
 
 
 def _spread(values: np.ndarray) -> dict:
-  return {"min": float(values.min()), "median": float(np.median(values)),
-          "max": float(values.max())}
+  return {
+      "min": float(values.min()),
+      "median": float(np.median(values)),
+      "max": float(values.max()),
+  }
 
 
-def batched_result(batch_size: int, row: report.SpeedupRow,
-                   speculative: report.ExampleResult) -> dict:
+def batched_result(
+    batch_size: int, row: report.SpeedupRow, speculative: report.ExampleResult
+) -> dict:
   """One table line: the row and what only a batch has (per-row spread, ragged efficiency)."""
   calls = np.asarray(speculative.stats.target_calls, np.float64)
   per_row = (np.asarray(speculative.stats.accepted_tokens) + calls) / np.maximum(calls, 1)
-  return {"batch_size": batch_size, **row.as_dict(),
-          "tokens_per_call_per_row": _spread(per_row), "target_calls_per_row": _spread(calls),
-          "loop_iterations": int(calls.max()),
-          "ragged_efficiency": float(calls.mean() / calls.max())}
+  return {
+      "batch_size": batch_size,
+      **row.as_dict(),
+      "tokens_per_call_per_row": _spread(per_row),
+      "target_calls_per_row": _spread(calls),
+      "loop_iterations": int(calls.max()),
+      "ragged_efficiency": float(calls.mean() / calls.max()),
+  }
 
 
-_COLUMNS = ("batch", "temp", "baseline ms (min / median)", "speculative ms (min / median)",
-            "speedup (per token; loop)", "efficiency", "alpha", "c", "verify cost", "Thm 3.8",
-            "hw-aware", "tokens/call per row (min/med/max)", "ragged eff.", "identical")
+_COLUMNS = (
+    "batch",
+    "temp",
+    "baseline ms (min / median)",
+    "speculative ms (min / median)",
+    "speedup (per token; loop)",
+    "efficiency",
+    "alpha",
+    "c",
+    "verify cost",
+    "Thm 3.8",
+    "hw-aware",
+    "tokens/call per row (min/med/max)",
+    "ragged eff.",
+    "identical",
+)
 _TEXT_COLUMNS = ("tokens/call per row (min/med/max)", "identical")  # left-aligned
 
 
 def markdown(results: list[dict], command: str) -> str:
-  lines = [f"Command: `{command}`", "", "| " + " | ".join(_COLUMNS) + " |",
-           "| " + " | ".join("---" if name in _TEXT_COLUMNS else "---:" for name in _COLUMNS)
-           + " |"]
+  lines = [
+      f"Command: `{command}`",
+      "",
+      "| " + " | ".join(_COLUMNS) + " |",
+      "| " + " | ".join("---" if name in _TEXT_COLUMNS else "---:" for name in _COLUMNS) + " |",
+  ]
   for r in results:
     (base,), (spec,) = r["baseline_ms"]["per_example"], r["speculative_ms"]["per_example"]
     rows = r["tokens_per_call_per_row"]
-    identical = "yes" if r["outputs_match_baseline"] == 1 else (
-        "no" if r["temperature"] == 0 else "n/a (sampled)")
-    cells = [f"{r['batch_size']}", f"{r['temperature']:g}",
-             f"{base['min_ms']:.0f} / {base['median_ms']:.0f}",
-             f"{spec['min_ms']:.0f} / {spec['median_ms']:.0f}",
-             f"**{r['speedup']:.2f}x**; {r['loop_speedup']:.2f}x", f"{r['efficiency']:.2f}",
-             f"{r['alpha']:.2f}", f"{r['c']:.2f}", f"{r['verify_cost']:.2f}",
-             f"{r['predicted']:.2f}x", f"{r['predicted_hw']:.2f}x",
-             f"{rows['min']:.2f} / {rows['median']:.2f} / {rows['max']:.2f}",
-             f"{r['ragged_efficiency']:.2f}", identical]
+    identical = (
+        "yes"
+        if r["outputs_match_baseline"] == 1
+        else ("no" if r["temperature"] == 0 else "n/a (sampled)")
+    )
+    cells = [
+        f"{r['batch_size']}",
+        f"{r['temperature']:g}",
+        f"{base['min_ms']:.0f} / {base['median_ms']:.0f}",
+        f"{spec['min_ms']:.0f} / {spec['median_ms']:.0f}",
+        f"**{r['speedup']:.2f}x**; {r['loop_speedup']:.2f}x",
+        f"{r['efficiency']:.2f}",
+        f"{r['alpha']:.2f}",
+        f"{r['c']:.2f}",
+        f"{r['verify_cost']:.2f}",
+        f"{r['predicted']:.2f}x",
+        f"{r['predicted_hw']:.2f}x",
+        f"{rows['min']:.2f} / {rows['median']:.2f} / {rows['max']:.2f}",
+        f"{r['ragged_efficiency']:.2f}",
+        identical,
+    ]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
@@ -114,35 +160,66 @@ def markdown(results: list[dict], command: str) -> str:
 def main(argv):
   del argv
   target_config = network.T5Config(
-      vocab_size=FLAGS.vocab_size, emb_dim=FLAGS.emb_dim, num_heads=FLAGS.num_heads, head_dim=64,
-      mlp_dim=FLAGS.mlp_dim, num_encoder_layers=FLAGS.num_encoder_layers,
-      num_decoder_layers=FLAGS.num_decoder_layers, mlp_activations=("gelu", "linear"),
-      dropout_rate=0.0)
+      vocab_size=FLAGS.vocab_size,
+      emb_dim=FLAGS.emb_dim,
+      num_heads=FLAGS.num_heads,
+      head_dim=64,
+      mlp_dim=FLAGS.mlp_dim,
+      num_encoder_layers=FLAGS.num_encoder_layers,
+      num_decoder_layers=FLAGS.num_decoder_layers,
+      mlp_activations=("gelu", "linear"),
+      dropout_rate=0.0,
+  )
   target_params, drafter_config, drafter_params = benchmark.truncated_copy_pair(
-      target_config, FLAGS.residual_scale, FLAGS.seed)
+      target_config, FLAGS.residual_scale, FLAGS.seed
+  )
   vocabulary = seqio.PassThroughVocabulary(FLAGS.vocab_size, eos_id=EOS_ID)
   results, costs = [], {}
   for batch_size in [int(b) for b in FLAGS.batch_sizes]:
-    inputs = benchmark.random_tokens(jax.random.PRNGKey(FLAGS.seed), FLAGS.vocab_size,
-                                     (1, batch_size, FLAGS.input_length))
+    inputs = benchmark.random_tokens(
+        jax.random.PRNGKey(FLAGS.seed), FLAGS.vocab_size, (1, batch_size, FLAGS.input_length)
+    )
     sweep = report.sweep(
-        target_config, target_params, {DRAFTER: (drafter_config, drafter_params)}, [FLAGS.gamma],
-        FLAGS.temperatures, np.asarray(inputs), FLAGS.decode_length, vocabulary=vocabulary,
-        task="random", seed=FLAGS.seed, repeats=FLAGS.repeats, cost_repeats=FLAGS.cost_repeats,
-        steps_per_call=FLAGS.steps_per_call, progress=True)
-    results += [batched_result(batch_size, row,
-                               sweep.results[row.temperature][DRAFTER, FLAGS.gamma][0])
-                for row in sweep.rows]
+        target_config,
+        target_params,
+        {DRAFTER: (drafter_config, drafter_params)},
+        [FLAGS.gamma],
+        FLAGS.temperatures,
+        np.asarray(inputs),
+        FLAGS.decode_length,
+        vocabulary=vocabulary,
+        task="random",
+        seed=FLAGS.seed,
+        repeats=FLAGS.repeats,
+        cost_repeats=FLAGS.cost_repeats,
+        steps_per_call=FLAGS.steps_per_call,
+        progress=True,
+    )
+    results += [
+        batched_result(batch_size, row, sweep.results[row.temperature][DRAFTER, FLAGS.gamma][0])
+        for row in sweep.rows
+    ]
     costs[f"batch={batch_size}"] = report.costs_as_dict(sweep.costs)
   command = " ".join(["python"] + sys.argv)
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
-  (output_dir / "results.json").write_text(json.dumps(
-      {"command": command, "machine": platform.processor() or platform.machine(),
-       "jax": jax.__version__, "devices": [str(d) for d in jax.devices()],
-       "target_config": target_config.__dict__, "drafter": DRAFTER,
-       "residual_scale": FLAGS.residual_scale, "results": results, "costs": costs},
-      indent=2, default=str))
+  (output_dir / "results.json").write_text(
+      json.dumps(
+          {
+              "command": command,
+              "machine": platform.processor() or platform.machine(),
+              "jax": jax.__version__,
+              "devices": [str(d) for d in jax.devices()],
+              "target_config": target_config.__dict__,
+              "drafter": DRAFTER,
+              "residual_scale": FLAGS.residual_scale,
+              "results": results,
+              "costs": costs,
+          },
+          indent=2,
+          default=str,
+      )
+  )
   table = markdown(results, command)
   (output_dir / "results.md").write_text(table)
   print(table)

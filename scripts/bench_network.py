@@ -17,6 +17,7 @@ Usage:
   python scripts/bench_network.py --output_dir=/tmp/bench_network
   python scripts/bench_network.py --output_dir=/tmp/bench_network --sizes=tiny --repeats=5
 """
+
 import dataclasses
 import json
 import pathlib
@@ -39,10 +40,17 @@ flags.DEFINE_string("output_dir", None, "Directory for bench_network.json and be
 flags.DEFINE_list("sizes", ["tiny", "small", "base"], f"Model sizes, from {SIZES}.")
 flags.DEFINE_list("ks", ["1", "4", "8"], "Tokens per decode call; must include 1.")
 flags.DEFINE_integer("repeats", 20, "Timed rounds per size; the median is reported.")
-flags.DEFINE_integer("steps_per_call", benchmark.DEFAULT_STEPS_PER_CALL,
-                     "Decode steps per timed call (in a fori_loop); 1 times a single call.")
-flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16", "config"),
-                  "Activation dtype; 'config' keeps the gin file's (bfloat16 for small and up).")
+flags.DEFINE_integer(
+    "steps_per_call",
+    benchmark.DEFAULT_STEPS_PER_CALL,
+    "Decode steps per timed call (in a fori_loop); 1 times a single call.",
+)
+flags.DEFINE_enum(
+    "dtype",
+    "float32",
+    ("float32", "bfloat16", "config"),
+    "Activation dtype; 'config' keeps the gin file's (bfloat16 for small and up).",
+)
 flags.DEFINE_integer("encoder_length", 64, "Encoder input length.")
 flags.DEFINE_integer("decode_length", 64, "Decode length; the cache holds it plus max(ks) tokens.")
 flags.DEFINE_integer("seed", 0, "Seed of the random weights and tokens.")
@@ -60,21 +68,26 @@ def load_config(size: str) -> network.T5Config:
   if size not in SIZES:
     raise ValueError(f"unknown size {size!r}: use one of {SIZES}.")
   gin.clear_config()
-  gin.parse_config_files_and_bindings([str(MODEL_GIN_DIR / f"t5_1_1_{size}.gin")],
-                                      [f"model_config.config = %T5_1_1_{size.upper()}"])
+  gin.parse_config_files_and_bindings(
+      [str(MODEL_GIN_DIR / f"t5_1_1_{size}.gin")], [f"model_config.config = %T5_1_1_{size.upper()}"]
+  )
   return model_config()
 
 
 def markdown(rows: list[dict], ks: list[int]) -> str:
   """The table: per-step median (IQR) in ms for each k, then time(k)/time(1)."""
   others = [k for k in ks if k != 1]
-  header = (["size", "dtype", "params (M)"] + [f"k={k} ms (IQR)" for k in ks] +
-            [f"t({k})/t(1)" for k in others])
+  header = (
+      ["size", "dtype", "params (M)"]
+      + [f"k={k} ms (IQR)" for k in ks]
+      + [f"t({k})/t(1)" for k in others]
+  )
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for row in rows:
     cells = [row["size"], row["dtype"], f"{row['params_millions']:.1f}"]
-    cells += [f"{row['ms'][str(k)]['median_ms']:.3f} ({row['ms'][str(k)]['iqr_ms']:.3f})"
-              for k in ks]
+    cells += [
+        f"{row['ms'][str(k)]['median_ms']:.3f} ({row['ms'][str(k)]['iqr_ms']:.3f})" for k in ks
+    ]
     cells += [f"{row['ratio_to_k1'][str(k)]:.2f}" for k in others]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
@@ -85,8 +98,9 @@ def main(argv):
   ks = sorted({int(k) for k in FLAGS.ks})
   if 1 not in ks:
     raise ValueError(f"--ks={FLAGS.ks} must include 1: every ratio is time(k)/time(1).")
-  geometry = benchmark.DecodeGeometry.for_decoding(FLAGS.encoder_length, FLAGS.decode_length,
-                                                   max(ks), FLAGS.steps_per_call)
+  geometry = benchmark.DecodeGeometry.for_decoding(
+      FLAGS.encoder_length, FLAGS.decode_length, max(ks), FLAGS.steps_per_call
+  )
   rows = []
   for size in FLAGS.sizes:
     config = load_config(size)
@@ -94,19 +108,32 @@ def main(argv):
       config = config.replace(dtype=FLAGS.dtype)
     params = benchmark.random_params(config, FLAGS.seed)
     # Every k of one size timed side by side: their ratios are the point.
-    ms = benchmark.time_decode_steps({k: [benchmark.Stage(config, params, k)] for k in ks},
-                                     geometry, repeats=FLAGS.repeats, seed=FLAGS.seed)
+    ms = benchmark.time_decode_steps(
+        {k: [benchmark.Stage(config, params, k)] for k in ks},
+        geometry,
+        repeats=FLAGS.repeats,
+        seed=FLAGS.seed,
+    )
     logging.info("%s: %s", size, ms)
-    rows.append({
-        "size": size, "dtype": config.dtype,
-        "params_millions": sum(x.size for x in jax.tree.leaves(params)) / 1e6,
-        "ms": {str(k): t.as_dict() for k, t in ms.items()},
-        "ratio_to_k1": {str(k): ms[k].median_ms / ms[1].median_ms for k in ks},
-    })
+    rows.append(
+        {
+            "size": size,
+            "dtype": config.dtype,
+            "params_millions": sum(x.size for x in jax.tree.leaves(params)) / 1e6,
+            "ms": {str(k): t.as_dict() for k, t in ms.items()},
+            "ratio_to_k1": {str(k): ms[k].median_ms / ms[1].median_ms for k in ks},
+        }
+    )
   table = markdown(rows, ks)
-  run = {"geometry": dataclasses.asdict(geometry), "repeats": FLAGS.repeats, "seed": FLAGS.seed,
-         "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
-         "jax": jax.__version__, "machine": platform.platform()}
+  run = {
+      "geometry": dataclasses.asdict(geometry),
+      "repeats": FLAGS.repeats,
+      "seed": FLAGS.seed,
+      "backend": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()],
+      "jax": jax.__version__,
+      "machine": platform.platform(),
+  }
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
   (output_dir / "bench_network.json").write_text(json.dumps({"run": run, "rows": rows}, indent=2))
@@ -115,7 +142,8 @@ def main(argv):
       f"{geometry.encoder_length}, cache length {geometry.cache_length}, steps from position "
       f"{geometry.position}; marginal time per step (calls of {geometry.steps_per_call} and "
       f"{(1 + benchmark.EXTRA_PASSES) * geometry.steps_per_call} steps), median over "
-      f"{FLAGS.repeats} rounds ({jax.default_backend()}).\n\n{table}")
+      f"{FLAGS.repeats} rounds ({jax.default_backend()}).\n\n{table}"
+  )
   print(table)
 
 

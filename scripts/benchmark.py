@@ -28,6 +28,7 @@ Usage:
   python scripts/benchmark.py --gin_file=configs/runs/benchmark_small.gin --gammas=4 \
     --temperatures=0 --gin.TASK_FEATURE_LENGTHS="{'inputs': 128, 'targets': 32}"
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,10 +44,10 @@ import gin
 import jax
 
 from speculative_t5x import benchmark
-from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import gin_utils
 from speculative_t5x import pairs
 from speculative_t5x import report
+from speculative_t5x import speculative
 
 DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
 EOS_ID = 1
@@ -55,26 +56,44 @@ RANDOM_DRAFTER_LABELS = {"independent": "random, independent", "copy": "random, 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None, f"Gin run files (default {DEFAULT_GIN_FILE}).")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
-flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/benchmark",
-                    "Directory for results.json and results.md (created if absent).")
+flags.DEFINE_string(
+    "output_dir",
+    "/tmp/speculative_t5x/benchmark",
+    "Directory for results.json and results.md (created if absent).",
+)
 flags.DEFINE_list("gammas", None, "Gammas, e.g. 1,2,4,7 (default: BenchmarkSetup.gammas).")
-flags.DEFINE_list("temperatures", None,
-                  "Temperatures, e.g. 0,1 (default: BenchmarkSetup.temperatures).")
+flags.DEFINE_list(
+    "temperatures", None, "Temperatures, e.g. 0,1 (default: BenchmarkSetup.temperatures)."
+)
 flags.DEFINE_integer("num_examples", 2, "Examples (batch 1 each); all lines of --input_file if 0.")
 flags.DEFINE_integer("repeats", 3, "Timed decodes per example and setting.")
 flags.DEFINE_integer("warmup", 1, "Untimed decodes after the compiling one.")
-flags.DEFINE_integer("cost_repeats", benchmark.DEFAULT_REPEATS,
-                     "Timed rounds per decode-step measurement (c and the verification cost), "
-                     "spread over the examples (at least one round after each).")
-flags.DEFINE_integer("steps_per_call", benchmark.DEFAULT_STEPS_PER_CALL,
-                     "Decode steps per timed call when measuring c and the verification cost.")
+flags.DEFINE_integer(
+    "cost_repeats",
+    benchmark.DEFAULT_REPEATS,
+    "Timed rounds per decode-step measurement (c and the verification cost), "
+    "spread over the examples (at least one round after each).",
+)
+flags.DEFINE_integer(
+    "steps_per_call",
+    benchmark.DEFAULT_STEPS_PER_CALL,
+    "Decode steps per timed call when measuring c and the verification cost.",
+)
 flags.DEFINE_string("input_file", None, "Text file, one input per line (default: random tokens).")
-flags.DEFINE_string("task", None, "seqio task whose split provides the inputs (e.g. demo_ende), "
-                    "tokenized at TASK_FEATURE_LENGTHS with the task's vocabulary.")
+flags.DEFINE_string(
+    "task",
+    None,
+    "seqio task whose split provides the inputs (e.g. demo_ende), "
+    "tokenized at TASK_FEATURE_LENGTHS with the task's vocabulary.",
+)
 flags.DEFINE_string("split", "test", "The --task split.")
 flags.DEFINE_string("sentencepiece_model", None, "Sentencepiece model that tokenizes --input_file.")
-flags.DEFINE_bool("costs_only", False, "Only time the decode steps (c and the verification cost, "
-                  "per temperature) and write costs.json / costs.md: no decoding.")
+flags.DEFINE_bool(
+    "costs_only",
+    False,
+    "Only time the decode steps (c and the verification cost, "
+    "per temperature) and write costs.json / costs.md: no decoding.",
+)
 
 
 @gin.configurable(module="benchmark_script")
@@ -88,13 +107,17 @@ class BenchmarkSetup:
   gammas, temperatures: the settings swept.
   random_drafters: kinds from `benchmark.RANDOM_DRAFTER_KINDS`.
   seed: random inputs and decode rngs (random weights: the pair's RANDOM_INIT_SEED).
+  verifiers: label -> speculative.Verifier, each measured with every drafter, side by side
+    (None: Algorithm 1 alone), e.g. configs/runs/benchmark_verifiers.gin.
   """
+
   pair: pairs.PairConfig
   task_feature_lengths: Mapping[str, int]
   gammas: Sequence[int]
   temperatures: Sequence[float]
   random_drafters: Sequence[str] = benchmark.RANDOM_DRAFTER_KINDS
   seed: int = 0
+  verifiers: Mapping[str, speculative.Verifier] | None = None
 
 
 def load_setup() -> BenchmarkSetup:
@@ -109,16 +132,19 @@ def load_setup() -> BenchmarkSetup:
   setup = dataclasses.replace(setup, **overrides)
   for name in ("inputs", "targets"):
     if int(setup.task_feature_lengths.get(name, 0)) < 1:
-      raise gin_utils.ConfigError(f"TASK_FEATURE_LENGTHS {setup.task_feature_lengths} needs a "
-                                  f"positive '{name}' length.")
-  if not isinstance(setup.pair.drafter, drafters_lib.T5Drafter):
+      raise gin_utils.ConfigError(
+          f"TASK_FEATURE_LENGTHS {setup.task_feature_lengths} needs a " f"positive '{name}' length."
+      )
+  if setup.pair.drafter is None or setup.pair.drafter.network_config is None:
     raise gin_utils.ConfigError(
-        f"DRAFTER is {setup.pair.drafter!r}: scripts/benchmark.py times T5 drafters (c and the "
-        "verification cost come from their decode steps); include configs/drafters/t5.gin and "
-        "set DRAFTER_CONFIG.")
+        f"DRAFTER is {setup.pair.drafter!r}: scripts/benchmark.py times drafters that run a T5 "
+        "network (c and the verification cost come from their decode steps); include "
+        "configs/drafters/t5.gin and set DRAFTER_CONFIG."
+    )
   if not (setup.pair.drafter_checkpoint_path or setup.random_drafters):
-    raise gin_utils.ConfigError("no DRAFTER_CHECKPOINT_PATH and no "
-                                "BenchmarkSetup.random_drafters: nothing to benchmark.")
+    raise gin_utils.ConfigError(
+        "no DRAFTER_CHECKPOINT_PATH and no " "BenchmarkSetup.random_drafters: nothing to benchmark."
+    )
   return setup
 
 
@@ -126,24 +152,36 @@ def load_models(setup: BenchmarkSetup) -> tuple[pairs.Pair, dict[str, tuple]]:
   """-> the pair (`pairs.load_pair`), {drafter label: (config, params)}: the checkpointed
   drafter, else one per kind in `setup.random_drafters`."""
   pair = pairs.load_pair(setup.pair, EOS_ID)
-  drafter_config = pair.drafter.config
+  drafter_config = pair.drafter.network_config
   if setup.pair.drafter_checkpoint_path:
     name = pathlib.PurePath(str(setup.pair.drafter_checkpoint_path).rstrip("/")).name
     return pair, {name: (drafter_config, pair.drafter_params)}
-  return pair, {RANDOM_DRAFTER_LABELS.get(kind, kind): benchmark.random_drafter(
-      kind, pair.target_config, pair.target_params, drafter_config, pair.drafter_params)
-                for kind in setup.random_drafters}
+  return pair, {
+      RANDOM_DRAFTER_LABELS.get(kind, kind): benchmark.random_drafter(
+          kind, pair.target_config, pair.target_params, drafter_config, pair.drafter_params
+      )
+      for kind in setup.random_drafters
+  }
 
 
 def write_costs(output_dir: pathlib.Path, costs_by_temperature, setup: BenchmarkSetup) -> None:
   """--costs_only: costs.json and costs.md."""
   target = setup.pair.target_config
-  header = (f"Target {target.emb_dim}d x {target.num_encoder_layers}+{target.num_decoder_layers} "
-            f"layers ({target.dtype}), feature lengths {dict(setup.task_feature_lengths)}, "
-            f"{jax.default_backend()}; steps include standardization and draw.")
-  (output_dir / "costs.json").write_text(json.dumps(
-      {"command": sys.argv, "target_config": dataclasses.asdict(target),
-       "costs": report.costs_as_dict(costs_by_temperature)}, indent=2))
+  header = (
+      f"Target {target.emb_dim}d x {target.num_encoder_layers}+{target.num_decoder_layers} "
+      f"layers ({target.dtype}), feature lengths {dict(setup.task_feature_lengths)}, "
+      f"{jax.default_backend()}; steps include standardization and draw."
+  )
+  (output_dir / "costs.json").write_text(
+      json.dumps(
+          {
+              "command": sys.argv,
+              "target_config": dataclasses.asdict(target),
+              "costs": report.costs_as_dict(costs_by_temperature),
+          },
+          indent=2,
+      )
+  )
   table = f"{header}\n\n{report.costs_table(costs_by_temperature)}"
   (output_dir / "costs.md").write_text(table)
   print(table)
@@ -158,46 +196,99 @@ def main(argv):
   output_dir.mkdir(parents=True, exist_ok=True)
   if FLAGS.costs_only:
     geometry = benchmark.DecodeGeometry.for_decoding(
-        setup.task_feature_lengths["inputs"], setup.task_feature_lengths["targets"],
-        max(gammas) + 1, FLAGS.steps_per_call)
+        setup.task_feature_lengths["inputs"],
+        setup.task_feature_lengths["targets"],
+        max(gammas) + 1,
+        FLAGS.steps_per_call,
+    )
     logging.info("Timing decode steps for c and the verification cost (%s).", geometry)
-    write_costs(output_dir, {t: benchmark.measure_costs(
-        pair.target_config, pair.target_params, drafters, gammas, geometry, temperature=t,
-        repeats=FLAGS.cost_repeats) for t in temperatures}, setup)
+    write_costs(
+        output_dir,
+        {
+            t: benchmark.measure_costs(
+                pair.target_config,
+                pair.target_params,
+                drafters,
+                gammas,
+                geometry,
+                temperature=t,
+                repeats=FLAGS.cost_repeats,
+            )
+            for t in temperatures
+        },
+        setup,
+    )
     return
   task, vocabulary, inputs = report.load_inputs(
-      pair.target_config.vocab_size, setup.task_feature_lengths, task=FLAGS.task,
-      split=FLAGS.split, input_file=FLAGS.input_file,
-      sentencepiece_model=FLAGS.sentencepiece_model, num_examples=FLAGS.num_examples,
-      seed=setup.seed, eos_id=EOS_ID)
+      pair.target_config.vocab_size,
+      setup.task_feature_lengths,
+      task=FLAGS.task,
+      split=FLAGS.split,
+      input_file=FLAGS.input_file,
+      sentencepiece_model=FLAGS.sentencepiece_model,
+      num_examples=FLAGS.num_examples,
+      seed=setup.seed,
+      eos_id=EOS_ID,
+  )
   result = report.sweep(
-      pair.target_config, pair.target_params, drafters, gammas, temperatures, inputs[:, None],
-      int(setup.task_feature_lengths["targets"]), vocabulary=vocabulary, task=task,
-      seed=setup.seed, repeats=FLAGS.repeats, warmup=FLAGS.warmup,
-      cost_repeats=FLAGS.cost_repeats, steps_per_call=FLAGS.steps_per_call, progress=True)
+      pair.target_config,
+      pair.target_params,
+      drafters,
+      gammas,
+      temperatures,
+      inputs[:, None],
+      int(setup.task_feature_lengths["targets"]),
+      vocabulary=vocabulary,
+      task=task,
+      seed=setup.seed,
+      repeats=FLAGS.repeats,
+      warmup=FLAGS.warmup,
+      cost_repeats=FLAGS.cost_repeats,
+      steps_per_call=FLAGS.steps_per_call,
+      progress=True,
+      verifiers=setup.verifiers,
+  )
 
-  header = (f"Batch 1, {len(inputs)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "
-            f"each (median per example); feature lengths {dict(setup.task_feature_lengths)}; "
-            f"{jax.default_backend()} backend; decode-step costs from {result.cost_rounds} rounds "
-            "timed between the examples.")
+  header = (
+      f"Batch 1, {len(inputs)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "
+      f"each (median per example); feature lengths {dict(setup.task_feature_lengths)}; "
+      f"{jax.default_backend()} backend; decode-step costs from {result.cost_rounds} rounds "
+      "timed between the examples."
+  )
   if pair.random_weights:
-    header += (" Random weights: alpha and speedups check the mechanics only ('copy of target' "
-               "drafts with the target's own weights, so alpha ~ 1 and c = 1).")
+    header += (
+        " Random weights: alpha and speedups check the mechanics only ('copy of target' "
+        "drafts with the target's own weights, so alpha ~ 1 and c = 1)."
+    )
   run_info = {
-      "command": sys.argv, "gin_config": gin.config_str(), "task": task,
-      "num_examples": len(inputs), "repeats": FLAGS.repeats, "warmup": FLAGS.warmup,
+      "command": sys.argv,
+      "gin_config": gin.config_str(),
+      "task": task,
+      "num_examples": len(inputs),
+      "repeats": FLAGS.repeats,
+      "warmup": FLAGS.warmup,
       "cost_rounds": result.cost_rounds,
       "target_config": dataclasses.asdict(pair.target_config),
       "drafter_configs": {n: dataclasses.asdict(c) for n, (c, _) in drafters.items()},
       "checkpoint_path": setup.pair.checkpoint_path,
-      "drafter_checkpoint_path": setup.pair.drafter_checkpoint_path, "weights": pair.sources,
-      "task_feature_lengths": dict(setup.task_feature_lengths), "backend": jax.default_backend(),
-      "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
+      "drafter_checkpoint_path": setup.pair.drafter_checkpoint_path,
+      "weights": pair.sources,
+      "task_feature_lengths": dict(setup.task_feature_lengths),
+      "backend": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()],
+      "jax": jax.__version__,
       "machine": platform.platform(),
   }
-  (output_dir / "results.json").write_text(json.dumps(
-      {"run": run_info, "rows": [row.as_dict() for row in result.rows],
-       "costs": report.costs_as_dict(result.costs)}, indent=2))
+  (output_dir / "results.json").write_text(
+      json.dumps(
+          {
+              "run": run_info,
+              "rows": [row.as_dict() for row in result.rows],
+              "costs": report.costs_as_dict(result.costs),
+          },
+          indent=2,
+      )
+  )
   table = report.results_markdown(result.rows, result.costs, header)
   (output_dir / "results.md").write_text(table)
   print(table)

@@ -20,6 +20,7 @@ Usage:
   python scripts/convert_checkpoint.py --mode=orbax_to_hf --input=/tmp/t5_1_1_small \
     --output=/tmp/t5_1_1_small_hf
 """
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -33,12 +34,20 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", None, MODES, "Which conversion to run.")
 flags.DEFINE_string("input", None, "Checkpoint to read (see the modes above).")
 flags.DEFINE_string("output", None, "Directory to write.")
-flags.DEFINE_integer("step", None,
-                     "t5x_to_orbax: the step to read from a model dir (default: the latest).")
-flags.DEFINE_enum("dtype", "bfloat16", ("float32", "bfloat16"),
-                  "Activation dtype stored in the written T5Config (parameters stay float32).")
-flags.DEFINE_list("mlp_activations", None,
-                  "t5x_to_orbax: override the inferred mlp_activations, e.g. gelu,linear.")
+flags.DEFINE_integer(
+    "step", None, "t5x_to_orbax: the step to read from a model dir (default: the latest)."
+)
+flags.DEFINE_enum(
+    "dtype",
+    "bfloat16",
+    ("float32", "bfloat16"),
+    "Activation dtype stored in the written T5Config (parameters stay float32).",
+)
+flags.DEFINE_list(
+    "mlp_activations",
+    None,
+    "t5x_to_orbax: override the inferred mlp_activations, e.g. gelu,linear.",
+)
 flags.DEFINE_bool("overwrite", False, "Replace an existing orbax output.")
 flags.mark_flags_as_required(["mode", "input", "output"])
 

@@ -13,6 +13,7 @@ nothing about real drafters).
 
   python scripts/demo.py [--pair_dir=demo_models] [--num_examples=24] [--gamma=2]
 """
+
 from __future__ import annotations
 
 import os
@@ -42,17 +43,24 @@ EOS_ID = 1
 RANDOM_INPUT_LENGTH = 16
 
 _PAIR_DIR = flags.DEFINE_string(
-    "pair_dir", str(REPO / "demo_models"),
-    "Directory written by checkpoints.save_pair (+ sentencepiece.model).")
-_TEST_FILE = flags.DEFINE_string("test_file", str(REPO / "data" / "demo_ende" / "test.tsv"),
-                                 "Held-out English<TAB>German pairs.")
+    "pair_dir",
+    str(REPO / "demo_models"),
+    "Directory written by checkpoints.save_pair (+ sentencepiece.model).",
+)
+_TEST_FILE = flags.DEFINE_string(
+    "test_file", str(REPO / "data" / "demo_ende" / "test.tsv"), "Held-out English<TAB>German pairs."
+)
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 24, "Sentences to decode and time.")
 _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.")
 _GAMMA = flags.DEFINE_integer("gamma", 2, "Drafted tokens per target call (2 suits the demo pair).")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Temperatures to run.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per example (median is used).")
-_COST_REPEATS = flags.DEFINE_integer("cost_repeats", 10, "Timed rounds of the decode steps behind "
-                                     "c and the verification cost, spread over the examples.")
+_COST_REPEATS = flags.DEFINE_integer(
+    "cost_repeats",
+    10,
+    "Timed rounds of the decode steps behind "
+    "c and the verification cost, spread over the examples.",
+)
 _DECODE_LENGTH = flags.DEFINE_integer("decode_length", 64, "Decoder length (max output tokens).")
 
 
@@ -61,17 +69,35 @@ def _demo_pair() -> tuple[pairs.Pair, seqio.Vocabulary | None, str]:
   pair_dir = pathlib.Path(_PAIR_DIR.value)
   if (pair_dir / "target").exists():
     vocabulary = seqio.SentencePieceVocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
-    return (pairs.load_pair(pairs.PairConfig.from_pair_dir(pair_dir), vocabulary.eos_id),
-            vocabulary, f"trained demo pair from {pair_dir}")
-  print(f"[demo] {pair_dir} holds no trained pair: using a tiny RANDOM pair instead "
-        "(mechanics only; its alpha is not meaningful).")
-  target = network.T5Config(vocab_size=512, emb_dim=64, num_heads=4, num_encoder_layers=2,
-                            num_decoder_layers=2, head_dim=16, mlp_dim=128,
-                            mlp_activations=("gelu", "linear"), dropout_rate=0.0)
-  drafter = target.replace(emb_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
-                           mlp_dim=64)
-  config = pairs.PairConfig(target_config=target, drafter=drafters.T5Drafter(drafter),
-                            restore_dtype=None, random_init_seed=0)
+    return (
+        pairs.load_pair(pairs.PairConfig.from_pair_dir(pair_dir), vocabulary.eos_id),
+        vocabulary,
+        f"trained demo pair from {pair_dir}",
+    )
+  print(
+      f"[demo] {pair_dir} holds no trained pair: using a tiny RANDOM pair instead "
+      "(mechanics only; its alpha is not meaningful)."
+  )
+  target = network.T5Config(
+      vocab_size=512,
+      emb_dim=64,
+      num_heads=4,
+      num_encoder_layers=2,
+      num_decoder_layers=2,
+      head_dim=16,
+      mlp_dim=128,
+      mlp_activations=("gelu", "linear"),
+      dropout_rate=0.0,
+  )
+  drafter = target.replace(
+      emb_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, mlp_dim=64
+  )
+  config = pairs.PairConfig(
+      target_config=target,
+      drafter=drafters.T5Drafter(drafter),
+      restore_dtype=None,
+      random_init_seed=0,
+  )
   return pairs.load_pair(config, EOS_ID), None, "random tiny pair"
 
 
@@ -82,37 +108,52 @@ def main(argv):
   target, drafter = pair.target_config, pair.drafter.config
   if vocabulary is None:
     sources = references = None
-    encoder_tokens = benchmark.random_inputs(target.vocab_size, _NUM_EXAMPLES.value,
-                                             RANDOM_INPUT_LENGTH, eos_id=EOS_ID)
+    encoder_tokens = benchmark.random_inputs(
+        target.vocab_size, _NUM_EXAMPLES.value, RANDOM_INPUT_LENGTH, eos_id=EOS_ID
+    )
   else:
     lines = benchmark.read_lines(_TEST_FILE.value, _NUM_EXAMPLES.value)
     sources, references = zip(*(line.split("\t")[:2] for line in lines))
-    encoder_tokens = benchmark.encode_texts([tasks.TRANSLATE_EN_DE_PREFIX + source
-                                             for source in sources], vocabulary)
+    encoder_tokens = benchmark.encode_texts(
+        [tasks.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
+    )
   gamma = _GAMMA.value
-  print(f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} layers, "
-        f"drafter {drafter.emb_dim}d x {drafter.num_decoder_layers} layers, gamma {gamma}, "
-        f"{len(encoder_tokens)} examples at batch 1, backend {jax.default_backend()}")
+  print(
+      f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} layers, "
+      f"drafter {drafter.emb_dim}d x {drafter.num_decoder_layers} layers, gamma {gamma}, "
+      f"{len(encoder_tokens)} examples at batch 1, backend {jax.default_backend()}"
+  )
 
   result = report.sweep(
-      target, pair.target_params, {DRAFTER: (drafter, pair.drafter_params)}, [gamma],
-      [float(t) for t in _TEMPERATURES.value], encoder_tokens[:, None], _DECODE_LENGTH.value,
+      target,
+      pair.target_params,
+      {DRAFTER: (drafter, pair.drafter_params)},
+      [gamma],
+      [float(t) for t in _TEMPERATURES.value],
+      encoder_tokens[:, None],
+      _DECODE_LENGTH.value,
       vocabulary=vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID),
-      task="demo_ende" if vocabulary else report.RANDOM_TASK, repeats=_REPEATS.value,
-      cost_repeats=_COST_REPEATS.value)
+      task="demo_ende" if vocabulary else report.RANDOM_TASK,
+      repeats=_REPEATS.value,
+      cost_repeats=_COST_REPEATS.value,
+  )
   greedy = [row for row in result.rows if sampling.is_greedy(row.temperature)]
   if greedy and vocabulary is not None:
     print("\nTranslations (temperature 0, speculative decoding):")
     outputs = result.results[greedy[0].temperature][DRAFTER, gamma]
-    for source, reference, output in list(zip(sources, references, outputs))[:_SHOW.value]:
-      print(f"  EN  {source}\n  DE  {vocabulary.decode(output.decodes[0].tolist())}\n"
-            f"  ref {reference}\n")
+    for source, reference, output in list(zip(sources, references, outputs))[: _SHOW.value]:
+      print(
+          f"  EN  {source}\n  DE  {vocabulary.decode(output.decodes[0].tolist())}\n"
+          f"  ref {reference}\n"
+      )
   print(report.markdown_table(result.rows))
   print(report.NOTES)
   if greedy:
     identical = all(row.outputs_match_baseline == 1.0 for row in greedy)
-    print(f"\nGreedy speculative output identical to the baseline on all {len(encoder_tokens)} "
-          f"examples: {identical}")
+    print(
+        f"\nGreedy speculative output identical to the baseline on all {len(encoder_tokens)} "
+        f"examples: {identical}"
+    )
     if not identical:
       sys.exit(1)
 

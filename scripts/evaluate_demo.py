@@ -16,6 +16,7 @@ and writes OUTPUT_DIR/evaluation.json, plus OUTPUT_DIR/test_inputs.txt: the firs
 source sentences of the split with the task prefix, for the timed batch-1 runs of
 scripts/benchmark.py (configs/demo/benchmark.gin), which measure alpha, c and the speedup.
 """
+
 import json
 import os
 import pathlib
@@ -44,8 +45,11 @@ flags.DEFINE_string("pair_dir", "demo_models", "Directory of the pair (checkpoin
 flags.DEFINE_string("target_run", None, "scripts/train.py model dir of the target to export.")
 flags.DEFINE_string("drafter_run", None, "scripts/train.py model dir of the drafter to export.")
 flags.DEFINE_bool("overwrite", False, "Replace an existing pair in --pair_dir when exporting.")
-flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/demo_eval",
-                    "Directory for evaluation.json and test_inputs.txt.")
+flags.DEFINE_string(
+    "output_dir",
+    "/tmp/speculative_t5x/demo_eval",
+    "Directory for evaluation.json and test_inputs.txt.",
+)
 flags.DEFINE_string("split", "test", "Split of the demo task to evaluate on.")
 flags.DEFINE_integer("max_examples", None, "Evaluate on the first examples only (default: all).")
 flags.DEFINE_integer("batch_size", 100, "Batch size of the BLEU decodes.")
@@ -74,14 +78,19 @@ def greedy_check(pair: pairs.Pair, examples: training.EvalSet, vocabulary, gamma
   expected = np.asarray(baseline(pair.target_params, batch, jax.random.PRNGKey(0), 0.0)[0])[:n]
   results = {}
   for gamma in gammas:
-    model = models.SpeculativeEncoderDecoderModel(target, pair.drafter, vocabulary, vocabulary,
-                                                  gamma=gamma)
+    model = models.SpeculativeEncoderDecoderModel(
+        target, pair.drafter, vocabulary, vocabulary, gamma=gamma
+    )
     decodes, aux = model.jit_predict()(pair.params, batch, jax.random.PRNGKey(0), 0.0)
     stats = decoding.SpeculativeStats.from_dict(
-        {k: np.asarray(v)[:n] for k, v in aux["speculative_stats"].items()})
-    results[gamma] = {"identical_rows": int(np.all(np.asarray(decodes)[:n] == expected, axis=1)
-                                            .sum()), "rows": n, "alpha": stats.alpha,
-                      "tokens_per_target_call": stats.tokens_per_call}
+        {k: np.asarray(v)[:n] for k, v in aux["speculative_stats"].items()}
+    )
+    results[gamma] = {
+        "identical_rows": int(np.all(np.asarray(decodes)[:n] == expected, axis=1).sum()),
+        "rows": n,
+        "alpha": stats.alpha,
+        "tokens_per_target_call": stats.tokens_per_call,
+    }
     print(f"gamma {gamma}: {results[gamma]}", file=sys.stderr)
   return results
 
@@ -100,31 +109,47 @@ def main(argv):
   task = tasks.register_demo_task(vocabulary=vocabulary)
 
   report = {"pair_dir": str(pair_dir), "split": FLAGS.split}
-  examples = training.eval_set(task, FLAGS.split, FEATURE_LENGTHS, FLAGS.batch_size,
-                               FLAGS.max_examples)
-  for member, params, config in (("target", pair.target_params, pair.target_config),
-                                 ("drafter", pair.drafter_params, pair.drafter.config)):
+  examples = training.eval_set(
+      task, FLAGS.split, FEATURE_LENGTHS, FLAGS.batch_size, FLAGS.max_examples
+  )
+  for member, params, config in (
+      ("target", pair.target_params, pair.target_config),
+      ("drafter", pair.drafter_params, pair.drafter.config),
+  ):
     model = models.EncoderDecoderModel(network.Transformer(config), vocabulary, vocabulary)
     metrics, predictions = training.evaluate(model, params, examples)
-    report[member] = {"parameters": int(sum(np.size(x) for x in jax.tree.leaves(params))),
-                      **metrics, "examples": len(examples.references),
-                      "samples": [{"reference": r, "prediction": p} for r, p in
-                                  zip(examples.references[:5], predictions[:5])]}
+    report[member] = {
+        "parameters": int(sum(np.size(x) for x in jax.tree.leaves(params))),
+        **metrics,
+        "examples": len(examples.references),
+        "samples": [
+            {"reference": r, "prediction": p}
+            for r, p in zip(examples.references[:5], predictions[:5])
+        ],
+    }
     print(f"{member}: {metrics}", file=sys.stderr)
 
-  check = training.eval_set(task, FLAGS.split, FEATURE_LENGTHS, FLAGS.check_examples,
-                            FLAGS.check_examples)
+  check = training.eval_set(
+      task, FLAGS.split, FEATURE_LENGTHS, FLAGS.check_examples, FLAGS.check_examples
+  )
   report["greedy_check"] = greedy_check(pair, check, vocabulary, [int(g) for g in FLAGS.gammas])
 
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
-  dataset = tasks.get_task(task).get_dataset(FEATURE_LENGTHS, split=FLAGS.split, shuffle=False,
-                                             use_cached=False).take(FLAGS.num_inputs)
+  dataset = (
+      tasks.get_task(task)
+      .get_dataset(FEATURE_LENGTHS, split=FLAGS.split, shuffle=False, use_cached=False)
+      .take(FLAGS.num_inputs)
+  )
   lines = [ex["inputs_pretokenized"].decode("utf-8") for ex in dataset.as_numpy_iterator()]
   (output_dir / "test_inputs.txt").write_text("\n".join(lines) + "\n")
   (output_dir / "evaluation.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
-  print(json.dumps({m: {k: report[m][k] for k in ("parameters", "bleu", "eval_loss")}
-                    for m in MEMBERS}, indent=1))
+  print(
+      json.dumps(
+          {m: {k: report[m][k] for k in ("parameters", "bleu", "eval_loss")} for m in MEMBERS},
+          indent=1,
+      )
+  )
 
 
 if __name__ == "__main__":

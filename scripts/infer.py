@@ -23,6 +23,7 @@ Usage (T5X's flags; --gin.NAME=value is short for --gin_bindings='NAME = value')
     --gin.RESTORE_DTYPE="'float32'" \
     --gin.INFER_OUTPUT_DIR="'/tmp/infer_tiny'"            # random weights: the mechanics only
 """
+
 import pathlib
 
 from absl import app
@@ -33,10 +34,15 @@ from speculative_t5x import gin_utils
 from speculative_t5x import inference
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("gin_file", None, "Gin files, e.g. configs/runs/infer.gin or "
-                          "configs/paper/ende_small_t0.gin; later files override earlier ones.")
-flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, applied after the files; "
-                          "--gin.NAME=value is a shorthand.")
+flags.DEFINE_multi_string(
+    "gin_file",
+    None,
+    "Gin files, e.g. configs/runs/infer.gin or "
+    "configs/paper/ende_small_t0.gin; later files override earlier ones.",
+)
+flags.DEFINE_multi_string(
+    "gin_bindings", [], "Gin bindings, applied after the files; " "--gin.NAME=value is a shorthand."
+)
 CONFIG_FILE = "config.gin"
 
 

@@ -11,6 +11,7 @@ alpha.md and config.gin into ALPHA_OUTPUT_DIR.
   python scripts/measure_alpha.py --gin.NUM_TOKENS=1000 --gin.TEMPERATURES="(0.0,)" \
     --gin.ALPHA_OUTPUT_DIR="'/tmp/alpha'"
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,6 +54,7 @@ class AlphaSetup:
     measurement (at least; whole batches). batch_size: examples per generation batch.
   output_dir: where alpha.json, alpha.md and config.gin go.
   """
+
   pair: pairs.PairConfig
   drafters: Mapping[str, drafters_lib.Drafter]
   mixture_or_task_name: str
@@ -68,13 +70,17 @@ class AlphaSetup:
 
   def __post_init__(self):
     if not self.drafters:
-      raise gin_utils.ConfigError("measure_alpha.AlphaSetup.drafters is empty: give name -> "
-                                  "drafter, e.g. {'bigram': @drafters.BigramDrafter()}")
+      raise gin_utils.ConfigError(
+          "measure_alpha.AlphaSetup.drafters is empty: give name -> "
+          "drafter, e.g. {'bigram': @drafters.BigramDrafter()}"
+      )
     unknown = sorted(set(self.drafter_checkpoint_paths) - set(self.drafters))
     if unknown:
-      raise gin_utils.ConfigError(f"measure_alpha.AlphaSetup.drafter_checkpoint_paths names "
-                                  f"{unknown}, which are not rows of AlphaSetup.drafters "
-                                  f"({sorted(self.drafters)})")
+      raise gin_utils.ConfigError(
+          f"measure_alpha.AlphaSetup.drafter_checkpoint_paths names "
+          f"{unknown}, which are not rows of AlphaSetup.drafters "
+          f"({sorted(self.drafters)})"
+      )
     self.row_pairs()  # checks every row before anything loads
 
   def row_pairs(self) -> dict[str, pairs.PairConfig]:
@@ -83,8 +89,10 @@ class AlphaSetup:
     for name, drafter in self.drafters.items():
       try:
         rows[name] = dataclasses.replace(
-            self.pair, drafter=drafter,
-            drafter_checkpoint_path=self.drafter_checkpoint_paths.get(name))
+            self.pair,
+            drafter=drafter,
+            drafter_checkpoint_path=self.drafter_checkpoint_paths.get(name),
+        )
       except gin_utils.ConfigError as e:
         raise gin_utils.ConfigError(
             f"row {name!r} of measure_alpha.AlphaSetup.drafters: {e} (a row's DRAFTER is "
@@ -101,8 +109,11 @@ def measure(setup: AlphaSetup) -> tuple[dict, str]:
     raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME: {e}") from e
   eos_id = task.output_features["targets"].vocabulary.eos_id
   lengths = dict(setup.task_feature_lengths)
-  fit_targets = functools.cache(lambda: tasks.feature_arrays(
-      task, setup.ngram_fit_split, "targets", lengths, setup.ngram_fit_examples))
+  fit_targets = functools.cache(
+      lambda: tasks.feature_arrays(
+          task, setup.ngram_fit_split, "targets", lengths, setup.ngram_fit_examples
+      )
+  )
   target_params, target_source = pairs.load_target(setup.pair)
   rows = {}
   for name, row in setup.row_pairs().items():
@@ -110,21 +121,31 @@ def measure(setup: AlphaSetup) -> tuple[dict, str]:
     logging.info("row %r: %s", name, source)
     rows[name] = (drafter, params)
   inputs = tasks.feature_arrays(task, setup.split, "inputs", lengths)
-  batches = [inputs[i:i + setup.batch_size] for i in range(0, len(inputs), setup.batch_size)]
+  batches = [inputs[i : i + setup.batch_size] for i in range(0, len(inputs), setup.batch_size)]
   results = {}
   for temperature in setup.temperatures:
     key = f"t={temperature:g}"
-    results[key] = alpha.measure(setup.pair.target_config, target_params, rows,
-                                 tqdm.tqdm(batches, desc=key), lengths["targets"],
-                                 float(temperature), eos_id, setup.num_tokens)
+    results[key] = alpha.measure(
+        setup.pair.target_config,
+        target_params,
+        rows,
+        tqdm.tqdm(batches, desc=key),
+        lengths["targets"],
+        float(temperature),
+        eos_id,
+        setup.num_tokens,
+    )
   return results, target_source
 
 
 def markdown(setup: AlphaSetup, results: dict, target_source: str) -> str:
   """The Table 3 layout: a row per drafter, a column per temperature, and the tokens counted."""
-  lines = [f"Alpha on `{setup.mixture_or_task_name}` ({setup.split}), target from "
-           f"{target_source}", "", "| drafter | " + " | ".join(results) + " | tokens |",
-           "|---|" + "---|" * (len(results) + 1)]
+  lines = [
+      f"Alpha on `{setup.mixture_or_task_name}` ({setup.split}), target from " f"{target_source}",
+      "",
+      "| drafter | " + " | ".join(results) + " | tokens |",
+      "|---|" + "---|" * (len(results) + 1),
+  ]
   for name in setup.drafters:
     cells = [f"{results[t][name]['alpha']:.3f}" for t in results]
     tokens = min(results[t][name]["tokens"] for t in results)

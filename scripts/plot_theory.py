@@ -26,6 +26,7 @@ Usage:
   python scripts/plot_theory.py --output_dir=/tmp/theory \
     [--benchmark_json=/tmp/speculative_t5x/benchmark/results.json]
 """
+
 import json
 import math
 import pathlib
@@ -44,11 +45,14 @@ from speculative_t5x import theory  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Directory the PNGs are written to (created if absent).")
-flags.DEFINE_string("benchmark_json", None,
-                    "Optional benchmark results: scripts/benchmark.py's results.json, or a JSON "
-                    "list of records with keys alpha, gamma, c, speedup, predicted and "
-                    "optionally predicted_hw (see the module docstring); adds "
-                    "measured_vs_predicted.png.")
+flags.DEFINE_string(
+    "benchmark_json",
+    None,
+    "Optional benchmark results: scripts/benchmark.py's results.json, or a JSON "
+    "list of records with keys alpha, gamma, c, speedup, predicted and "
+    "optionally predicted_hw (see the module docstring); adds "
+    "measured_vs_predicted.png.",
+)
 flags.mark_flag_as_required("output_dir")
 
 FIGURE_2_GAMMAS = (1, 2, 3, 5, 7, 10, math.inf)
@@ -79,8 +83,13 @@ def plot_expected_tokens(path):
   fig, ax = plt.subplots(figsize=(6, 4.5))
   for gamma in FIGURE_2_GAMMAS:
     ax.plot(alphas, theory.expected_tokens(alphas, gamma), label=_gamma_label(gamma))
-  ax.set(xlabel="α (acceptance rate)", ylabel="E(# generated tokens) per target call",
-         title="Expected tokens per iteration, Eq. (1)", xlim=(0, 1), ylim=(1, 12))
+  ax.set(
+      xlabel="α (acceptance rate)",
+      ylabel="E(# generated tokens) per target call",
+      title="Expected tokens per iteration, Eq. (1)",
+      xlim=(0, 1),
+      ylim=(1, 12),
+  )
   ax.grid(alpha=0.3)
   ax.legend()
   return _save(fig, path)
@@ -94,8 +103,9 @@ def plot_optimal_gamma(path):
     best_gammas, best_speedups = zip(*(theory.optimal_gamma(alpha, c) for alpha in alphas))
     gamma_ax.step(alphas, best_gammas, where="mid", label=f"c = {c}")
     speedup_ax.plot(alphas, best_speedups, label=f"c = {c}")
-  gamma_ax.set(xlabel="α", ylabel="optimal γ", title="Optimal γ (Theorem 3.8, integer search)",
-               yscale="log")
+  gamma_ax.set(
+      xlabel="α", ylabel="optimal γ", title="Optimal γ (Theorem 3.8, integer search)", yscale="log"
+  )
   speedup_ax.axhline(1.0, color="gray", linestyle=":", label="no speedup")
   speedup_ax.set(xlabel="α", ylabel="speedup at the optimal γ", title="Best walltime improvement")
   for ax in (gamma_ax, speedup_ax):
@@ -111,19 +121,27 @@ def plot_speedup_operations(path):
   for gamma in FIGURE_4_GAMMAS:
     speedups = theory.speedup(alphas, gamma, 0.0)
     operations = theory.operations_factor(alphas, gamma, 0.0)
-    line, = alpha_ax.plot(alphas, speedups, label=f"{_gamma_label(gamma)} speedup")
+    (line,) = alpha_ax.plot(alphas, speedups, label=f"{_gamma_label(gamma)} speedup")
     alpha_ax.plot(alphas, operations, color=line.get_color(), linestyle="--")
     tradeoff_ax.plot(operations, speedups, color=line.get_color(), label=_gamma_label(gamma))
   for alpha, gamma in TABLE_1_POINTS:
     operations = theory.operations_factor(alpha, gamma, 0.0)
     speedup = theory.speedup(alpha, gamma, 0.0)
     tradeoff_ax.plot(operations, speedup, "ko", markersize=4)
-    tradeoff_ax.annotate(f"({alpha}, {gamma})", (operations, speedup), fontsize=7,
-                         xytext=(5, 3), textcoords="offset points")
-  alpha_ax.set(xlabel="α", ylabel="factor",
-               title="Speedup (solid), operations (dashed); c = ĉ = 0")
-  tradeoff_ax.set(xlabel="operations factor (Theorem 3.11)", ylabel="speedup (Theorem 3.8)",
-                  title="Speed bought with operations; dots: Table 1 (α, γ)", xlim=(1, 4))
+    tradeoff_ax.annotate(
+        f"({alpha}, {gamma})",
+        (operations, speedup),
+        fontsize=7,
+        xytext=(5, 3),
+        textcoords="offset points",
+    )
+  alpha_ax.set(xlabel="α", ylabel="factor", title="Speedup (solid), operations (dashed); c = ĉ = 0")
+  tradeoff_ax.set(
+      xlabel="operations factor (Theorem 3.11)",
+      ylabel="speedup (Theorem 3.8)",
+      title="Speed bought with operations; dots: Table 1 (α, γ)",
+      xlim=(1, 4),
+  )
   for ax in (alpha_ax, tradeoff_ax):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -136,13 +154,17 @@ def load_benchmark(path):
   if isinstance(records, dict) and "rows" in records:
     records = records["rows"]
   if not isinstance(records, list) or not records:
-    raise ValueError(f"{path}: expected scripts/benchmark.py's results.json or a non-empty JSON "
-                     f"list of records with keys {', '.join(BENCHMARK_KEYS)}")
+    raise ValueError(
+        f"{path}: expected scripts/benchmark.py's results.json or a non-empty JSON "
+        f"list of records with keys {', '.join(BENCHMARK_KEYS)}"
+    )
   for index, record in enumerate(records):
     missing = [key for key in BENCHMARK_KEYS if not isinstance(record, dict) or key not in record]
     if missing:
-      raise ValueError(f"{path}: record {index} lacks {', '.join(missing)}; each record needs "
-                       f"{', '.join(BENCHMARK_KEYS)} (predicted_hw optional)")
+      raise ValueError(
+          f"{path}: record {index} lacks {', '.join(missing)}; each record needs "
+          f"{', '.join(BENCHMARK_KEYS)} (predicted_hw optional)"
+      )
   return records
 
 
@@ -152,23 +174,47 @@ def plot_measured_vs_predicted(records, path):
   fig, ax = plt.subplots(figsize=(6, 5.5))
   predicted = [record["predicted"] for record in records]
   measured = [record["speedup"] for record in records]
-  ax.plot([row.expected_speedup for row in paper.TABLE_2], [row.speedup for row in paper.TABLE_2],
-          "x", color="gray", label="paper, Table 2 (TPU-v4) vs Table 4")
+  ax.plot(
+      [row.expected_speedup for row in paper.TABLE_2],
+      [row.speedup for row in paper.TABLE_2],
+      "x",
+      color="gray",
+      label="paper, Table 2 (TPU-v4) vs Table 4",
+  )
   ax.plot(predicted, measured, "o", label="Theorem 3.8 prediction")
   hardware_aware = [(r["predicted_hw"], r["speedup"]) for r in records if "predicted_hw" in r]
   if hardware_aware:
     ax.plot(*zip(*hardware_aware), "s", fillstyle="none", label="hardware-aware prediction")
   for record in records:
-    ax.annotate(f"γ={record['gamma']}, α={record['alpha']:.2f}, c={record['c']:.2g}",
-                (record["predicted"], record["speedup"]), fontsize=7, xytext=(4, 4),
-                textcoords="offset points")
-  top = 1.1 * max(predicted + measured + [value for value, _ in hardware_aware]
-                  + [row.speedup for row in paper.TABLE_2])
+    ax.annotate(
+        f"γ={record['gamma']}, α={record['alpha']:.2f}, c={record['c']:.2g}",
+        (record["predicted"], record["speedup"]),
+        fontsize=7,
+        xytext=(4, 4),
+        textcoords="offset points",
+    )
+  top = 1.1 * max(
+      predicted
+      + measured
+      + [value for value, _ in hardware_aware]
+      + [row.speedup for row in paper.TABLE_2]
+  )
   ax.plot([0, top], [0, top], color="gray", label="measured = predicted")
-  ax.plot([0, top], [0, EFFICIENCY_TARGET * top], color="gray", linestyle=":",
-          label=f"efficiency {EFFICIENCY_TARGET}")
-  ax.set(xlabel="predicted speedup", ylabel="measured speedup", xlim=(0, top), ylim=(0, top),
-         title="Measured vs predicted speedup", aspect="equal")
+  ax.plot(
+      [0, top],
+      [0, EFFICIENCY_TARGET * top],
+      color="gray",
+      linestyle=":",
+      label=f"efficiency {EFFICIENCY_TARGET}",
+  )
+  ax.set(
+      xlabel="predicted speedup",
+      ylabel="measured speedup",
+      xlim=(0, top),
+      ylim=(0, top),
+      title="Measured vs predicted speedup",
+      aspect="equal",
+  )
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   return _save(fig, path)

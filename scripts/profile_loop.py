@@ -8,6 +8,7 @@ is the loop's own overhead (standardization, the accept step, writes, control fl
 
   python scripts/profile_loop.py [--pair_dir=demo_models] [--gamma=2] [--temperature=0]
 """
+
 from __future__ import annotations
 
 import collections
@@ -70,11 +71,15 @@ def main(argv):
   pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(_PAIR_DIR.value), EOS_ID)
   vocab = seqio.PassThroughVocabulary(pair.target_config.vocab_size, eos_id=EOS_ID)
   model = models.SpeculativeEncoderDecoderModel(
-      network.Transformer(pair.target_config), pair.drafter, vocab, vocab, gamma=_GAMMA.value)
+      network.Transformer(pair.target_config), pair.drafter, vocab, vocab, gamma=_GAMMA.value
+  )
   predict = model.jit_predict(max_decode_steps=_STEPS.value)
-  batch = {"encoder_input_tokens": benchmark.random_inputs(pair.target_config.vocab_size, 1,
-                                                           INPUT_LENGTH, eos_id=EOS_ID),
-           "decoder_input_tokens": np.zeros((1, 2 * _STEPS.value), np.int32)}
+  batch = {
+      "encoder_input_tokens": benchmark.random_inputs(
+          pair.target_config.vocab_size, 1, INPUT_LENGTH, eos_id=EOS_ID
+      ),
+      "decoder_input_tokens": np.zeros((1, 2 * _STEPS.value), np.int32),
+  }
   params = pair.params
   key = jax.random.PRNGKey(0)
   _, aux = jax.block_until_ready(predict(params, batch, key, _TEMPERATURE.value))
@@ -88,14 +93,16 @@ def main(argv):
   per_call = {k: v / _REPEATS.value / 1e3 for k, v in total.items()}  # ms
   network_ms = sum(v for k, v in per_call.items() if k.startswith("ynn_fusion") or k == "dot")
   all_ms = sum(per_call.values())
-  print(f"gamma {_GAMMA.value}, temperature {_TEMPERATURE.value:g}: {iterations} loop iterations "
-        f"per call, {sum(count.values()) / _REPEATS.value:.0f} thunks per call; thunk time "
-        f"{all_ms:.2f} ms per call = {all_ms / iterations:.3f} ms per iteration, of which matmul "
-        f"fusions and dots {network_ms / iterations:.3f} ms and the rest "
-        f"{(all_ms - network_ms) / iterations:.3f} ms")
+  print(
+      f"gamma {_GAMMA.value}, temperature {_TEMPERATURE.value:g}: {iterations} loop iterations "
+      f"per call, {sum(count.values()) / _REPEATS.value:.0f} thunks per call; thunk time "
+      f"{all_ms:.2f} ms per call = {all_ms / iterations:.3f} ms per iteration, of which matmul "
+      f"fusions and dots {network_ms / iterations:.3f} ms and the rest "
+      f"{(all_ms - network_ms) / iterations:.3f} ms"
+  )
   print("| thunk kind | ms per call | per iteration (ms) | count per call |")
   print("|---|---|---|---|")
-  for kind, ms in sorted(per_call.items(), key=lambda kv: -kv[1])[:_TOP.value]:
+  for kind, ms in sorted(per_call.items(), key=lambda kv: -kv[1])[: _TOP.value]:
     print(f"| {kind} | {ms:.3f} | {ms / iterations:.4f} | {count[kind] / _REPEATS.value:.0f} |")
 
 

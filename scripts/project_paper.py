@@ -12,6 +12,7 @@ the largest timed target at that gamma (a proxy: the XXL's is not measurable her
   python scripts/project_paper.py --costs_dirs=small:/tmp/costs_small,base:/tmp/costs_base,\
 large:/tmp/costs_large
 """
+
 from __future__ import annotations
 
 import json
@@ -46,21 +47,26 @@ def main(argv):
     for temperature, costs in _target_costs(directory).items():
       step_ms.setdefault(temperature, {})[size] = costs["target_step_ms"]["median_ms"]
       verify.setdefault(temperature, {})[size] = {
-          int(g): v for g, v in costs["verify_cost"].items()}
+          int(g): v for g, v in costs["verify_cost"].items()
+      }
   xxl_ms = {}
   lines = []
   for temperature, steps in sorted(step_ms.items()):
     sizes = sorted(steps, key=PARAMS_M.get)
     slope, intercept = np.polyfit([PARAMS_M[s] for s in sizes], [steps[s] for s in sizes], 1)
     xxl_ms[temperature] = slope * PARAMS_M["xxl"] + intercept
-    lines.append(f"t={temperature:g}: step times measured (float32, batch 1) " +
-                 ", ".join(f"T5-{s} {steps[s]:.2f} ms" for s in sizes) +
-                 f"; T5-XXL extrapolated linearly in parameters: {xxl_ms[temperature]:.0f} ms; "
-                 f"verification cost from T5-{sizes[-1]}.")
-  lines += ["",
-           "| task | drafter | temp | gamma | alpha (paper) | c here | verify here | "
-           "Thm 3.8 here | hw-aware here | paper measured |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    lines.append(
+        f"t={temperature:g}: step times measured (float32, batch 1) "
+        + ", ".join(f"T5-{s} {steps[s]:.2f} ms" for s in sizes)
+        + f"; T5-XXL extrapolated linearly in parameters: {xxl_ms[temperature]:.0f} ms; "
+        f"verification cost from T5-{sizes[-1]}."
+    )
+  lines += [
+      "",
+      "| task | drafter | temp | gamma | alpha (paper) | c here | verify here | "
+      "Thm 3.8 here | hw-aware here | paper measured |",
+      "|---|---|---|---|---|---|---|---|---|---|",
+  ]
   for row in paper.TABLE_2:
     steps = step_ms.get(row.temperature)
     if steps is None or row.drafter not in steps:
@@ -68,13 +74,17 @@ def main(argv):
     c = steps[row.drafter] / xxl_ms[row.temperature]
     largest = max(steps, key=PARAMS_M.get)
     if row.gamma not in verify[row.temperature][largest]:
-      raise app.UsageError(f"{largest}'s costs have no verification cost at gamma={row.gamma}: "
-                           "run benchmark.py --costs_only with --gammas=3,5,7.")
+      raise app.UsageError(
+          f"{largest}'s costs have no verification cost at gamma={row.gamma}: "
+          "run benchmark.py --costs_only with --gammas=3,5,7."
+      )
     v = verify[row.temperature][largest][row.gamma]
-    lines.append(f"| {row.task} | T5-{row.drafter} | {row.temperature:g} | {row.gamma} | "
-                 f"{row.alpha} | {c:.3f} | {v:.2f} | {theory.speedup(row.alpha, row.gamma, c):.2f}x"
-                 f" | {theory.speedup_hardware_aware(row.alpha, row.gamma, c, v):.2f}x | "
-                 f"{row.speedup}x |")
+    lines.append(
+        f"| {row.task} | T5-{row.drafter} | {row.temperature:g} | {row.gamma} | "
+        f"{row.alpha} | {c:.3f} | {v:.2f} | {theory.speedup(row.alpha, row.gamma, c):.2f}x"
+        f" | {theory.speedup_hardware_aware(row.alpha, row.gamma, c, v):.2f}x | "
+        f"{row.speedup}x |"
+    )
   print("\n".join(lines))
 
 

@@ -14,6 +14,7 @@ Writes orbax checkpoints to MODEL_DIR/checkpoints, the final model (checkpoints.
 MODEL_DIR/model, the summary to MODEL_DIR/train_summary.json and the gin config to
 MODEL_DIR/config.gin. See speculative_t5x/training.py for what `train` does.
 """
+
 import os
 import sys
 
@@ -26,12 +27,17 @@ from speculative_t5x import gin_utils
 from speculative_t5x import training
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("gin_file", None,
-                          "Gin files (relative to the working directory or the repository root).")
+flags.DEFINE_multi_string(
+    "gin_file", None, "Gin files (relative to the working directory or the repository root)."
+)
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
 flags.DEFINE_string("model_dir", None, "Directory for checkpoints, the exported model and logs.")
-flags.DEFINE_string("distill_from", None, "A checkpoints.save_model directory (e.g. a trained "
-                    "target's MODEL_DIR/model): train on its decodes instead of the references.")
+flags.DEFINE_string(
+    "distill_from",
+    None,
+    "A checkpoints.save_model directory (e.g. a trained "
+    "target's MODEL_DIR/model): train on its decodes instead of the references.",
+)
 flags.DEFINE_float("distill_temperature", None, "Teacher sampling temperature (0: greedy).")
 flags.mark_flags_as_required(["gin_file", "model_dir"])
 
@@ -42,8 +48,10 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO.
   bindings = list(FLAGS.gin_bindings)
   if FLAGS.distill_from:
-    bindings += [f"training.train.distill_from = '{FLAGS.distill_from}'",
-                 "training.train.pack = False"]
+    bindings += [
+        f"training.train.distill_from = '{FLAGS.distill_from}'",
+        "training.train.pack = False",
+    ]
   if FLAGS.distill_temperature is not None:
     bindings.append(f"training.train.distill_temperature = {FLAGS.distill_temperature}")
   gin_utils.parse_gin_flags(FLAGS.gin_file, bindings)
@@ -51,9 +59,12 @@ def main(argv):
   with open(os.path.join(FLAGS.model_dir, "config.gin"), "w") as f:
     f.write(gin.config_str())
   summary = training.train(FLAGS.model_dir)
-  print(f"{summary['steps']} steps in {summary['train_seconds']:.0f} s: train loss "
-        f"{summary['train'].get('loss', float('nan')):.4f}, eval {summary['eval']}; model in "
-        f"{os.path.join(FLAGS.model_dir, training.EXPORT_DIR)}", file=sys.stderr)
+  print(
+      f"{summary['steps']} steps in {summary['train_seconds']:.0f} s: train loss "
+      f"{summary['train'].get('loss', float('nan')):.4f}, eval {summary['eval']}; model in "
+      f"{os.path.join(FLAGS.model_dir, training.EXPORT_DIR)}",
+      file=sys.stderr,
+  )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ lines (no CUDA driver, CPU features, oneDNN) are written before any log level ap
 captured and dropped; every other line it writes is passed on to stderr. Import `speculative_t5x`
 before seqio or TensorFlow to keep a script's output clean.
 """
+
 import os
 import re
 import sys
@@ -17,7 +18,8 @@ _START_UP_CHATTER = re.compile(
     r"All log messages before absl::InitializeLog|cudart_stub\.cc|cpu_feature_guard\.cc"
     r"|oneDNN custom operations|rebuild TensorFlow with the appropriate compiler flags"
     r"|Unable to register cu(DNN|FFT|BLAS) factory|computation placer already registered"
-    r"|TF-TRT Warning|cuda_platform\.cc|failed call to cuInit")
+    r"|TF-TRT Warning|cuda_platform\.cc|failed call to cuInit"
+)
 
 
 def _import_tensorflow_quietly() -> None:

@@ -4,6 +4,7 @@ The target generates sequences (any decoding loop); then the target and the draf
 teacher-forced on them, and beta is taken at every generated position up to and including EOS,
 with p and q standardized by the same function (temperature, top-k or top-p) that sampling uses.
 """
+
 from __future__ import annotations
 
 import jax
@@ -26,25 +27,53 @@ def generated_positions(sequences: jax.Array, eos_id: int) -> jax.Array:
   return jnp.arange(sequences.shape[1])[None] < lengths[:, None]
 
 
-def beta_totals(target_config: network.T5Config, target_params, drafter: drafters_lib.Drafter,
-                drafter_params, encoder_input_tokens: jax.Array, sequences: jax.Array,
-                eos_id: int, temperature, topk: int = 0,
-                topp: float = 0.0) -> tuple[jax.Array, jax.Array]:
+def beta_totals(
+    target_config: network.T5Config,
+    target_params,
+    drafter: drafters_lib.Drafter,
+    drafter_params,
+    encoder_input_tokens: jax.Array,
+    sequences: jax.Array,
+    eos_id: int,
+    temperature,
+    topk: int = 0,
+    topp: float = 0.0,
+) -> tuple[jax.Array, jax.Array]:
   """-> (sum of beta [B], number of generated positions [B]) over target-generated `sequences`
   [B, L], the drafter scored through `Drafter.teacher_forced_logits`."""
   decoder_inputs = shift_right(sequences)
-  p = sampling.distribution(network.teacher_forced_logits(
-      target_config, target_params, encoder_input_tokens, decoder_inputs), temperature, topk, topp)
-  q = sampling.distribution(drafter.teacher_forced_logits(drafter_params, encoder_input_tokens,
-                                                          decoder_inputs), temperature, topk, topp)
+  p = sampling.distribution(
+      network.teacher_forced_logits(
+          target_config, target_params, encoder_input_tokens, decoder_inputs
+      ),
+      temperature,
+      topk,
+      topp,
+  )
+  q = sampling.distribution(
+      drafter.teacher_forced_logits(drafter_params, encoder_input_tokens, decoder_inputs),
+      temperature,
+      topk,
+      topp,
+  )
   beta = jnp.sum(jnp.minimum(p, q), axis=-1)
   valid = generated_positions(sequences, eos_id)
   return jnp.sum(jnp.where(valid, beta, 0.0), axis=1), jnp.sum(valid, axis=1)
 
 
-def measure(target_config: network.T5Config, target_params, drafters: dict, encoder_batches,
-            decode_length: int, temperature: float, eos_id: int, num_tokens: int,
-            topk: int = 0, topp: float = 0.0, seed: int = 0) -> dict:
+def measure(
+    target_config: network.T5Config,
+    target_params,
+    drafters: dict,
+    encoder_batches,
+    decode_length: int,
+    temperature: float,
+    eos_id: int,
+    num_tokens: int,
+    topk: int = 0,
+    topp: float = 0.0,
+    seed: int = 0,
+) -> dict:
   """Table 3's alpha of each drafter over about `num_tokens` target-generated tokens.
 
   Args:
@@ -58,22 +87,36 @@ def measure(target_config: network.T5Config, target_params, drafters: dict, enco
 
   @jax.jit
   def generate(params, encoder_tokens, rng):
-    _, cache = module.apply({"params": params}, encoder_tokens, decode_length,
-                            method=module.prefill)
+    _, cache = module.apply(
+        {"params": params}, encoder_tokens, decode_length, method=module.prefill
+    )
 
     def tokens_to_logits(state):
-      logits, new_cache = module.apply({"params": params}, state.cur_token, state.cache,
-                                       state.cur_index, method=module.decode)
+      logits, new_cache = module.apply(
+          {"params": params}, state.cur_token, state.cache, state.cur_index, method=module.decode
+      )
       return logits[:, 0], new_cache
 
     decodes, _ = decoding.temperature_sample(
-        jnp.zeros((encoder_tokens.shape[0], decode_length), jnp.int32), cache, tokens_to_logits,
-        eos_id, decode_rng=rng, temperature=temperature, topk=topk, topp=topp)
+        jnp.zeros((encoder_tokens.shape[0], decode_length), jnp.int32),
+        cache,
+        tokens_to_logits,
+        eos_id,
+        decode_rng=rng,
+        temperature=temperature,
+        topk=topk,
+        topp=topp,
+    )
     return decodes[:, -1]
 
-  scorers = {name: jax.jit(lambda tp, dp, enc, seq, d=drafter: beta_totals(
-      target_config, tp, d, dp, enc, seq, eos_id, temperature, topk, topp))
-             for name, (drafter, _) in drafters.items()}
+  scorers = {
+      name: jax.jit(
+          lambda tp, dp, enc, seq, d=drafter: beta_totals(
+              target_config, tp, d, dp, enc, seq, eos_id, temperature, topk, topp
+          )
+      )
+      for name, (drafter, _) in drafters.items()
+  }
   totals = {name: [0.0, 0] for name in drafters}
   rng = jax.random.PRNGKey(seed)
   for encoder_tokens in encoder_batches:

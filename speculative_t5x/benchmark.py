@@ -17,6 +17,7 @@ From these come the paper's cost coefficient c (Definition 3.7: one drafter step
 step, both on a single token) and the verification cost (the target on gamma + 1 tokens over the
 target on one token), which Theorem 3.8 assumes to be 1.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,6 +45,7 @@ _FIRST_NON_SPECIAL_ID = 3  # T5 vocabularies: 0 = PAD, 1 = EOS, 2 = UNK.
 @dataclasses.dataclass(frozen=True)
 class Timing:
   """Statistics of `repeats` wall-clock times, in milliseconds (IQR = 75th - 25th percentile)."""
+
   median_ms: float
   min_ms: float
   max_ms: float
@@ -57,21 +59,34 @@ class Timing:
     if ms.ndim != 1 or ms.size == 0:
       raise ValueError(f"need a non-empty 1-D sequence of times, got shape {ms.shape}.")
     q25, q50, q75 = np.percentile(ms, [25, 50, 75])
-    return cls(median_ms=float(q50), min_ms=float(ms.min()), max_ms=float(ms.max()),
-               iqr_ms=float(q75 - q25), repeats=int(ms.size))
+    return cls(
+        median_ms=float(q50),
+        min_ms=float(ms.min()),
+        max_ms=float(ms.max()),
+        iqr_ms=float(q75 - q25),
+        repeats=int(ms.size),
+    )
 
   def per_step(self, steps: int) -> "Timing":
     """The same statistics divided by `steps` (a call that ran `steps` identical steps)."""
-    return Timing(self.median_ms / steps, self.min_ms / steps, self.max_ms / steps,
-                  self.iqr_ms / steps, self.repeats)
+    return Timing(
+        self.median_ms / steps,
+        self.min_ms / steps,
+        self.max_ms / steps,
+        self.iqr_ms / steps,
+        self.repeats,
+    )
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
 
 
-def time_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]], *,
-               repeats: int = DEFAULT_REPEATS,
-               warmup: int = DEFAULT_WARMUP) -> dict[Hashable, Timing]:
+def time_calls(
+    calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]],
+    *,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+) -> dict[Hashable, Timing]:
   """Wall times of several jitted calls measured side by side, compilation excluded.
 
   Each call runs once (compilation) and `warmup` more times untimed; then come `repeats` rounds,
@@ -85,13 +100,19 @@ def time_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]
   Returns:
     name -> Timing.
   """
-  return {name: Timing.from_seconds(seconds)
-          for name, seconds in time_rounds(calls, repeats=repeats, warmup=warmup).items()}
+  return {
+      name: Timing.from_seconds(seconds)
+      for name, seconds in time_rounds(calls, repeats=repeats, warmup=warmup).items()
+  }
 
 
-def time_rounds(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]], *,
-                repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
-                compiled: bool = False) -> dict[Hashable, np.ndarray]:
+def time_rounds(
+    calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]],
+    *,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    compiled: bool = False,
+) -> dict[Hashable, np.ndarray]:
   """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r.
   With `compiled` (every call ran before), only the `warmup` calls precede the rounds."""
   if int(repeats) < 1 or int(warmup) < 0:
@@ -105,7 +126,7 @@ def time_rounds(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]
       jax.block_until_ready(fn(*args))
   seconds = {name: np.zeros(int(repeats)) for name in names}
   for r in range(int(repeats)):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in names[r % len(names) :] + names[: r % len(names)]:
       fn, args = calls[name]
       start = time.perf_counter()
       jax.block_until_ready(fn(*args))
@@ -124,9 +145,13 @@ def random_params(config: network.T5Config, seed: int) -> dict:
   return network.init_params(config, jax.random.PRNGKey(seed))
 
 
-def random_drafter(kind: str, target_config: network.T5Config, target_params: dict,
-                   drafter_config: network.T5Config, drafter_params: dict
-                   ) -> tuple[network.T5Config, dict]:
+def random_drafter(
+    kind: str,
+    target_config: network.T5Config,
+    target_params: dict,
+    drafter_config: network.T5Config,
+    drafter_params: dict,
+) -> tuple[network.T5Config, dict]:
   """A random-weight drafter of one of RANDOM_DRAFTER_KINDS -> (config, params).
 
   'independent' is the drafter with its own (random) parameters; 'copy' is the target's config
@@ -139,8 +164,9 @@ def random_drafter(kind: str, target_config: network.T5Config, target_params: di
   raise ValueError(f"unknown random drafter kind {kind!r}: use one of {RANDOM_DRAFTER_KINDS}.")
 
 
-def truncated_copy_pair(config: network.T5Config, residual_scale: float,
-                        seed: int) -> tuple[dict, network.T5Config, dict]:
+def truncated_copy_pair(
+    config: network.T5Config, residual_scale: float, seed: int
+) -> tuple[dict, network.T5Config, dict]:
   """A random target with a drafter that agrees with it often, at rates differing by row
   -> (target params, drafter config, drafter params).
 
@@ -149,14 +175,18 @@ def truncated_copy_pair(config: network.T5Config, residual_scale: float,
   carries most of the signal; the drafter is that target cut after decoder layer 0 (its
   embedding, encoder, layer 0, final norm and head: the same arrays, no copy).
   """
+
   def scaled(path, x):
     keys = [k.key for k in path]
     deep = keys[0] == "decoder" and keys[1].startswith("layers_") and keys[1] != "layers_0"
     return x * residual_scale if deep and keys[-2] in ("out", "wo") else x
 
   target = jax.tree_util.tree_map_with_path(scaled, random_params(config, seed))
-  drafter_decoder = {name: value for name, value in target["decoder"].items()
-                     if not name.startswith("layers_") or name == "layers_0"}
+  drafter_decoder = {
+      name: value
+      for name, value in target["decoder"].items()
+      if not name.startswith("layers_") or name == "layers_0"
+  }
   return target, config.replace(num_decoder_layers=1), dict(target, decoder=drafter_decoder)
 
 
@@ -167,23 +197,26 @@ def random_tokens(rng: jax.Array, vocab_size: int, shape: Sequence[int]) -> jax.
   return jax.random.randint(rng, tuple(shape), _FIRST_NON_SPECIAL_ID, vocab_size, jnp.int32)
 
 
-def random_inputs(vocab_size: int, num_examples: int, length: int, seed: int = 0,
-                  eos_id: int = 1) -> np.ndarray:
+def random_inputs(
+    vocab_size: int, num_examples: int, length: int, seed: int = 0, eos_id: int = 1
+) -> np.ndarray:
   """Random encoder inputs -> [num_examples, length] int32: row i holds n_i - 1 random
   non-special tokens then EOS, n_i drawn from [max(1, length // 2), length], then 0-padding."""
   if num_examples < 1 or length < 1:
-    raise ValueError(f"random inputs need num_examples >= 1 and length >= 1, got {num_examples} "
-                     f"and {length}.")
+    raise ValueError(
+        f"random inputs need num_examples >= 1 and length >= 1, got {num_examples} "
+        f"and {length}."
+    )
   tokens = np.asarray(random_tokens(jax.random.PRNGKey(seed), vocab_size, (num_examples, length)))
   lengths = np.random.default_rng(seed).integers(max(1, length // 2), length + 1, num_examples)
-  return pad_sequences([list(row[:n - 1]) + [eos_id] for row, n in zip(tokens, lengths)], length)
+  return pad_sequences([list(row[: n - 1]) + [eos_id] for row, n in zip(tokens, lengths)], length)
 
 
 def pad_sequences(sequences: Sequence[Sequence[int]], length: int) -> np.ndarray:
   """Token sequences, each at most `length` long -> [len(sequences), length] int32, 0-padded."""
   inputs = np.zeros((len(sequences), length), np.int32)
   for i, sequence in enumerate(sequences):
-    inputs[i, :len(sequence)] = sequence
+    inputs[i, : len(sequence)] = sequence
   return inputs
 
 
@@ -199,12 +232,15 @@ def read_lines(path: str, limit: int | None = None) -> list[str]:
 def check_vocabulary(vocabulary: Any, vocab_size: int, source: str) -> None:
   """Raises ValueError if `vocabulary` (from `source`) has ids the models' vocab_size lacks."""
   if vocabulary.vocab_size > vocab_size:
-    raise ValueError(f"{source} has {vocabulary.vocab_size} pieces but the models' vocab_size is "
-                     f"{vocab_size}: use the models' vocabulary.")
+    raise ValueError(
+        f"{source} has {vocabulary.vocab_size} pieces but the models' vocab_size is "
+        f"{vocab_size}: use the models' vocabulary."
+    )
 
 
-def encode_texts(texts: Sequence[str], vocabulary: Any, length: int | None = None,
-                 multiple: int = 8) -> np.ndarray:
+def encode_texts(
+    texts: Sequence[str], vocabulary: Any, length: int | None = None, multiple: int = 8
+) -> np.ndarray:
   """Texts tokenized by a seqio vocabulary, each followed by EOS, 0-padded
   -> [len(texts), length] int32; with `length` None, the longest rounded up to a `multiple`.
   Raises ValueError, naming the first, if a text does not fit `length`."""
@@ -217,10 +253,12 @@ def encode_texts(texts: Sequence[str], vocabulary: Any, length: int | None = Non
   too_long = [i for i, sequence in enumerate(sequences) if len(sequence) > length]
   if too_long:
     first = too_long[0]
-    raise ValueError(f"{len(too_long)} of the {len(texts)} inputs (first: input {first + 1}, "
-                     f"{len(sequences[first])} tokens with EOS: {texts[first][:60]!r}) exceed the "
-                     f"'inputs' length {length}: raise the 'inputs' feature length "
-                     "(TASK_FEATURE_LENGTHS) or shorten them.")
+    raise ValueError(
+        f"{len(too_long)} of the {len(texts)} inputs (first: input {first + 1}, "
+        f"{len(sequences[first])} tokens with EOS: {texts[first][:60]!r}) exceed the "
+        f"'inputs' length {length}: raise the 'inputs' feature length "
+        "(TASK_FEATURE_LENGTHS) or shorten them."
+    )
   return pad_sequences(sequences, length)
 
 
@@ -231,19 +269,27 @@ def encode_texts(texts: Sequence[str], vocabulary: Any, length: int | None = Non
 class DecodeGeometry:
   """Where timed decode steps run: encoder length Le, cache length L, first position of the
   timed steps, and the block sizes k it admits (position + steps_per_call - 1 + k <= L)."""
+
   encoder_length: int
   cache_length: int
   position: int
   steps_per_call: int
 
   @classmethod
-  def for_decoding(cls, encoder_length: int, decode_length: int, max_k: int,
-                   steps_per_call: int = DEFAULT_STEPS_PER_CALL) -> "DecodeGeometry":
+  def for_decoding(
+      cls,
+      encoder_length: int,
+      decode_length: int,
+      max_k: int,
+      steps_per_call: int = DEFAULT_STEPS_PER_CALL,
+  ) -> "DecodeGeometry":
     """The cache of a speculative decode of `decode_length` tokens with blocks of up to `max_k`
     (= gamma + 1) tokens, L = decode_length + max_k, timed from mid-decode (as far as it fits)."""
     if min(encoder_length, decode_length, max_k, steps_per_call) < 1:
-      raise ValueError(f"encoder_length, decode_length, max_k and steps_per_call must be >= 1, got "
-                       f"{encoder_length}, {decode_length}, {max_k}, {steps_per_call}.")
+      raise ValueError(
+          f"encoder_length, decode_length, max_k and steps_per_call must be >= 1, got "
+          f"{encoder_length}, {decode_length}, {max_k}, {steps_per_call}."
+      )
     cache_length = decode_length + max_k
     position = max(0, min(decode_length // 2, cache_length - steps_per_call - max_k + 1))
     geometry = cls(encoder_length, cache_length, position, steps_per_call)
@@ -253,42 +299,54 @@ class DecodeGeometry:
   def check(self, k: int) -> None:
     end = self.position + self.steps_per_call - 1 + k
     if end > self.cache_length:
-      raise ValueError(f"{self.steps_per_call} steps of {k} tokens from position {self.position} "
-                       f"need {end} cache slots but the cache holds {self.cache_length}: lower "
-                       "steps_per_call or lengthen the decode.")
+      raise ValueError(
+          f"{self.steps_per_call} steps of {k} tokens from position {self.position} "
+          f"need {end} cache slots but the cache holds {self.cache_length}: lower "
+          "steps_per_call or lengthen the decode."
+      )
 
 
-def _verification_tokens(standardize: sampling.Standardizer, u: jax.Array,
-                         logits: jax.Array) -> jax.Array:
+def _verification_tokens(
+    standardize: sampling.Standardizer, u: jax.Array, logits: jax.Array
+) -> jax.Array:
   """What a sampling verification computes from the target's logits [B, k, V]: every position's
   distribution, each read at one token (the acceptance test), and one draw (the correction token)
   -> next input tokens [B, k]."""
   probs = standardize(logits)
   token = standardize.draw(u, probs[:, -1])
-  read = jnp.take_along_axis(probs, jnp.broadcast_to(token[:, None, None], probs.shape[:2] + (1,)),
-                             axis=-1)[..., 0]
+  read = jnp.take_along_axis(
+      probs, jnp.broadcast_to(token[:, None, None], probs.shape[:2] + (1,)), axis=-1
+  )[..., 0]
   return jnp.where(read > 1.0, 0, token[:, None]).astype(jnp.int32)  # read <= 1: token everywhere
 
 
 def _feedback_tokens(logits: jax.Array) -> jax.Array:
   """logits [B, k, V] -> next input tokens [B, k]: a function of every logit (so nothing is dead
   code or loop-invariant) that costs next to nothing: the network alone is timed."""
-  return jnp.where(jnp.sum(logits, axis=-1) > 0, _FIRST_NON_SPECIAL_ID + 1,
-                   _FIRST_NON_SPECIAL_ID).astype(jnp.int32)
+  return jnp.where(
+      jnp.sum(logits, axis=-1) > 0, _FIRST_NON_SPECIAL_ID + 1, _FIRST_NON_SPECIAL_ID
+  ).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
   """`repeats` cached decode steps of one network on k tokens, at consecutive positions."""
+
   config: network.T5Config
   params: dict
   k: int = 1
   repeats: int = 1
 
 
-def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
-                     temperature: float | None = None, batch: int = 1, passes: int = 1,
-                     seed: int = 0) -> tuple[Callable[..., Any], tuple]:
+def decode_step_call(
+    stages: Sequence[Stage],
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    batch: int = 1,
+    passes: int = 1,
+    seed: int = 0,
+) -> tuple[Callable[..., Any], tuple]:
   """A jitted call of `passes` x `geometry.steps_per_call` loop steps, each running the stages in
   order, against caches of `geometry.cache_length` after encoder inputs
   [batch, geometry.encoder_length] -> (fn, args) for `time_calls`.
@@ -311,15 +369,19 @@ def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
   rng_encoder, rng_tokens = jax.random.split(jax.random.PRNGKey(seed))
   vocab = stages[0].config.vocab_size
   if any(stage.config.vocab_size != vocab for stage in stages):
-    raise ValueError("the stages' networks must share one vocabulary (they feed each other "
-                     f"tokens), got sizes {[stage.config.vocab_size for stage in stages]}.")
+    raise ValueError(
+        "the stages' networks must share one vocabulary (they feed each other "
+        f"tokens), got sizes {[stage.config.vocab_size for stage in stages]}."
+    )
   encoder_tokens = random_tokens(rng_encoder, vocab, (batch, geometry.encoder_length))
   tokens = random_tokens(rng_tokens, vocab, (batch, width))
 
   @jax.jit
   def prepare(params):
-    return [module.apply({"params": p}, encoder_tokens, geometry.cache_length,
-                         method=module.prefill)[1] for module, p in zip(modules, params)]
+    return [
+        module.apply({"params": p}, encoder_tokens, geometry.cache_length, method=module.prefill)[1]
+        for module, p in zip(modules, params)
+    ]
 
   steps = geometry.steps_per_call
   u = sampling.uniforms(jax.random.PRNGKey(seed), (passes * steps, batch, width))
@@ -335,54 +397,76 @@ def decode_step_call(stages: Sequence[Stage], geometry: DecodeGeometry, *,
       for s, (stage, module) in enumerate(zip(stages, modules)):
         for r in range(stage.repeats):
           index = jnp.full((batch,), geometry.position + r, jnp.int32) + i % steps
-          logits, caches[s] = module.apply({"params": params[s]}, tokens[:, :stage.k], caches[s],
-                                           index, method=module.decode)
+          logits, caches[s] = module.apply(
+              {"params": params[s]}, tokens[:, : stage.k], caches[s], index, method=module.decode
+          )
           if temperature is None:
             drawn = _feedback_tokens(logits)
           elif stage.k == 1 or greedy:
-            drawn = standardize.draw_from_logits(u[i, :, :stage.k], logits)[0]
+            drawn = standardize.draw_from_logits(u[i, :, : stage.k], logits)[0]
           else:
             drawn = _verification_tokens(standardize, u[i, :, 0], logits)
-          tokens = tokens.at[:, :stage.k].set(drawn)
+          tokens = tokens.at[:, : stage.k].set(drawn)
       return caches, tokens
+
     return jax.lax.fori_loop(0, passes * steps, step, (caches, tokens))[1]
 
   params = [stage.params for stage in stages]
   return run, (params, prepare(params), tokens, u, jnp.float32(temperature or 0.0))
 
 
-def decode_step_calls(steps: Mapping[Hashable, Sequence[Stage]], geometry: DecodeGeometry, *,
-                      temperature: float | None = None, batch: int = 1,
-                      seed: int = 0) -> dict[Hashable, tuple[Callable[..., Any], tuple]]:
+def decode_step_calls(
+    steps: Mapping[Hashable, Sequence[Stage]],
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    batch: int = 1,
+    seed: int = 0,
+) -> dict[Hashable, tuple[Callable[..., Any], tuple]]:
   """The calls that time `name -> stages` (see `decode_step_call`): (name, passes) -> (fn, args)
   for 1 and 1 + EXTRA_PASSES passes; `marginal_step_timings` turns their times into step times."""
-  return {(name, passes): decode_step_call(stages, geometry, temperature=temperature,
-                                           batch=batch, passes=passes, seed=seed)
-          for name, stages in steps.items() for passes in (1, 1 + EXTRA_PASSES)}
+  return {
+      (name, passes): decode_step_call(
+          stages, geometry, temperature=temperature, batch=batch, passes=passes, seed=seed
+      )
+      for name, stages in steps.items()
+      for passes in (1, 1 + EXTRA_PASSES)
+  }
 
 
-def marginal_step_timings(seconds: Mapping[Hashable, np.ndarray],
-                          geometry: DecodeGeometry) -> dict[Hashable, Timing]:
+def marginal_step_timings(
+    seconds: Mapping[Hashable, np.ndarray], geometry: DecodeGeometry
+) -> dict[Hashable, Timing]:
   """Per-step times from the rounds of `decode_step_calls` ((name, passes) -> seconds [rounds]):
   in each round, the call of 1 + EXTRA_PASSES passes minus the call of one pass, over the
   EXTRA_PASSES x `geometry.steps_per_call` extra steps -> name -> Timing.
   Raises ValueError if the extra steps took no measurable time (noise larger than the steps)."""
   extra_steps = EXTRA_PASSES * geometry.steps_per_call
   names = [name for name, passes in seconds if passes == 1]
-  timings = {name: Timing.from_seconds((seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1])
-                                       / extra_steps) for name in names}
+  timings = {
+      name: Timing.from_seconds((seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1]) / extra_steps)
+      for name in names
+  }
   for name, timing in timings.items():
     if timing.median_ms <= 0:
-      raise ValueError(f"could not resolve the step time of {name}: {extra_steps} extra steps took "
-                       f"a median of {timing.median_ms * extra_steps:.4f} ms, within the noise; "
-                       "raise the repeats or steps_per_call.")
+      raise ValueError(
+          f"could not resolve the step time of {name}: {extra_steps} extra steps took "
+          f"a median of {timing.median_ms * extra_steps:.4f} ms, within the noise; "
+          "raise the repeats or steps_per_call."
+      )
   return timings
 
 
-def time_decode_steps(steps: Mapping[Hashable, Sequence[Stage]],
-                      geometry: DecodeGeometry, *, temperature: float | None = None,
-                      batch: int = 1, repeats: int = DEFAULT_REPEATS,
-                      warmup: int = DEFAULT_WARMUP, seed: int = 0) -> dict[Hashable, Timing]:
+def time_decode_steps(
+    steps: Mapping[Hashable, Sequence[Stage]],
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    batch: int = 1,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    seed: int = 0,
+) -> dict[Hashable, Timing]:
   """Per-loop-step times of `name -> stages` (see `decode_step_call`), all timed side by side
   (`time_rounds`).
 
@@ -396,14 +480,28 @@ def time_decode_steps(steps: Mapping[Hashable, Sequence[Stage]],
   return marginal_step_timings(time_rounds(calls, repeats=repeats, warmup=warmup), geometry)
 
 
-def decode_step_timing(config: network.T5Config, params: dict, k: int, geometry: DecodeGeometry,
-                       *, temperature: float | None = None, batch: int = 1,
-                       repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
-                       seed: int = 0) -> Timing:
+def decode_step_timing(
+    config: network.T5Config,
+    params: dict,
+    k: int,
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    batch: int = 1,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    seed: int = 0,
+) -> Timing:
   """Per-step time of `Transformer.decode` on k tokens [batch, k] (see `time_decode_steps`)."""
-  return time_decode_steps({"step": [Stage(config, params, k)]}, geometry,
-                           temperature=temperature, batch=batch, repeats=repeats,
-                           warmup=warmup, seed=seed)["step"]
+  return time_decode_steps(
+      {"step": [Stage(config, params, k)]},
+      geometry,
+      temperature=temperature,
+      batch=batch,
+      repeats=repeats,
+      warmup=warmup,
+      seed=seed,
+  )["step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,6 +513,7 @@ class DecodeCosts:
   one loop: the network work of one speculative iteration as the loop pays it, where the two
   networks evict each other's weights from the processor's caches.
   """
+
   geometry: DecodeGeometry
   target_step: Timing
   drafter_step: Timing
@@ -448,19 +547,25 @@ class DecodeCosts:
 
   def as_dict(self) -> dict:
     gammas = sorted(self.verify)
-    return {"geometry": dataclasses.asdict(self.geometry), "c": self.c,
-            "verify_cost": {str(g): self.verify_cost(g) for g in gammas},
-            "iteration_cost": {str(g): self.iteration_cost(g) for g in gammas},
-            "interference_ms": {str(g): self.interference_ms(g) for g in gammas},
-            "target_step_ms": self.target_step.as_dict(),
-            "drafter_step_ms": self.drafter_step.as_dict(),
-            "verify_ms": {str(g): t.as_dict() for g, t in sorted(self.verify.items())},
-            "iteration_ms": {str(g): t.as_dict() for g, t in sorted(self.iteration.items())}}
+    return {
+        "geometry": dataclasses.asdict(self.geometry),
+        "c": self.c,
+        "verify_cost": {str(g): self.verify_cost(g) for g in gammas},
+        "iteration_cost": {str(g): self.iteration_cost(g) for g in gammas},
+        "interference_ms": {str(g): self.interference_ms(g) for g in gammas},
+        "target_step_ms": self.target_step.as_dict(),
+        "drafter_step_ms": self.drafter_step.as_dict(),
+        "verify_ms": {str(g): t.as_dict() for g, t in sorted(self.verify.items())},
+        "iteration_ms": {str(g): t.as_dict() for g, t in sorted(self.iteration.items())},
+    }
 
 
-def cost_steps(target_config: network.T5Config, target_params: dict,
-               drafters: Mapping[str, tuple[network.T5Config, dict]],
-               gammas: Sequence[int]) -> dict[Hashable, list[Stage]]:
+def cost_steps(
+    target_config: network.T5Config,
+    target_params: dict,
+    drafters: Mapping[str, tuple[network.T5Config, dict]],
+    gammas: Sequence[int],
+) -> dict[Hashable, list[Stage]]:
   """The decode steps Theorem 3.8's costs need, name -> stages (see `decode_step_call`).
 
   The target's single-token step and its steps on gamma + 1 tokens (every gamma), shared by the
@@ -480,27 +585,46 @@ def cost_steps(target_config: network.T5Config, target_params: dict,
     if not (config == target_config and params is target_params):
       steps[("drafter", name)] = [Stage(config, params, 1)]
     for g in gammas:
-      steps[("iteration", name, g)] = [Stage(config, params, 1, g),
-                                       Stage(target_config, target_params, g + 1)]
+      steps[("iteration", name, g)] = [
+          Stage(config, params, 1, g),
+          Stage(target_config, target_params, g + 1),
+      ]
   return steps
 
 
-def costs_from_timings(timings: Mapping[Hashable, Timing], drafters: Sequence[str],
-                       gammas: Sequence[int], geometry: DecodeGeometry) -> dict[str, DecodeCosts]:
+def costs_from_timings(
+    timings: Mapping[Hashable, Timing],
+    drafters: Sequence[str],
+    gammas: Sequence[int],
+    geometry: DecodeGeometry,
+) -> dict[str, DecodeCosts]:
   """Step timings of `cost_steps`' names -> drafter name -> DecodeCosts."""
   gammas = sorted({int(g) for g in gammas})
   target_step = timings["target", 1]
   verify = {g: timings["target", g + 1] for g in gammas}
-  return {name: DecodeCosts(geometry, target_step, timings.get(("drafter", name), target_step),
-                            verify, {g: timings["iteration", name, g] for g in gammas})
-          for name in drafters}
+  return {
+      name: DecodeCosts(
+          geometry,
+          target_step,
+          timings.get(("drafter", name), target_step),
+          verify,
+          {g: timings["iteration", name, g] for g in gammas},
+      )
+      for name in drafters
+  }
 
 
-def measure_costs(target_config: network.T5Config, target_params: dict,
-                  drafters: Mapping[str, tuple[network.T5Config, dict]], gammas: Sequence[int],
-                  geometry: DecodeGeometry, *, temperature: float | None = None,
-                  repeats: int = DEFAULT_REPEATS,
-                  warmup: int = DEFAULT_WARMUP) -> dict[str, DecodeCosts]:
+def measure_costs(
+    target_config: network.T5Config,
+    target_params: dict,
+    drafters: Mapping[str, tuple[network.T5Config, dict]],
+    gammas: Sequence[int],
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+) -> dict[str, DecodeCosts]:
   """Costs of the target against each drafter (`cost_steps`), all timed side by side in
   `geometry` (see `DecodeGeometry.for_decoding`); with a `temperature`, every step includes
   standardizing and drawing from its logits, as the decoding loops do (see `decode_step_call`).
@@ -510,6 +634,11 @@ def measure_costs(target_config: network.T5Config, target_params: dict,
   Returns:
     name -> DecodeCosts.
   """
-  timings = time_decode_steps(cost_steps(target_config, target_params, drafters, gammas),
-                              geometry, temperature=temperature, repeats=repeats, warmup=warmup)
+  timings = time_decode_steps(
+      cost_steps(target_config, target_params, drafters, gammas),
+      geometry,
+      temperature=temperature,
+      repeats=repeats,
+      warmup=warmup,
+  )
   return costs_from_timings(timings, list(drafters), gammas, geometry)

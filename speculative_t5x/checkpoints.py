@@ -24,6 +24,7 @@ Writing: `save_model` / `restore_model` keep one model's params and `T5Config`, 
 `restore_pair` a (target, drafter) pair in one directory, each as orbax params plus
 `config.json`.
 """
+
 import dataclasses
 import json
 import os
@@ -63,6 +64,7 @@ _COMPRESSOR_MAGIC = ((b"\x1f\x8b", {"id": "gzip"}), (b"\x28\xb5\x2f\xfd", {"id":
 @dataclasses.dataclass(frozen=True)
 class _Location:
   """An absolute local path or a `gs://bucket/path` URL, without a trailing slash."""
+
   path: str
 
   @classmethod
@@ -113,8 +115,10 @@ def _ext_hook(code: int, data: bytes) -> Any:
     shape, dtype_name, buffer = msgpack.unpackb(data, raw=False)
     dtype = _np_dtype(dtype_name)
     if len(buffer) != int(np.prod(shape)) * dtype.itemsize:
-      raise ValueError(f"inline array of shape {tuple(shape)} and dtype {dtype_name} has "
-                       f"{len(buffer)} bytes, expected {int(np.prod(shape)) * dtype.itemsize}")
+      raise ValueError(
+          f"inline array of shape {tuple(shape)} and dtype {dtype_name} has "
+          f"{len(buffer)} bytes, expected {int(np.prod(shape)) * dtype.itemsize}"
+      )
     return np.frombuffer(buffer, dtype).reshape(shape).copy()
   if code == _EXT_COMPLEX:
     real, imag = msgpack.unpackb(data, raw=False)
@@ -128,25 +132,34 @@ def _unchunk(node: dict, name: str) -> np.ndarray:
   chunks = [node["chunks"][k] for k in sorted(node["chunks"], key=int)]
   flat = np.concatenate([np.ravel(c) for c in chunks])
   if flat.size != int(np.prod(shape)):
-    raise ValueError(f"chunked array '{name}' has {flat.size} elements in {len(chunks)} chunks "
-                     f"but shape {shape}: the checkpoint file is incomplete")
+    raise ValueError(
+        f"chunked array '{name}' has {flat.size} elements in {len(chunks)} chunks "
+        f"but shape {shape}: the checkpoint file is incomplete"
+    )
   return flat.reshape(shape)
 
 
 def _is_ts_spec(node: Any) -> bool:
-  return isinstance(node, dict) and isinstance(node.get("driver"), str) and (
-      "kvstore" in node or "path" in node)
+  return (
+      isinstance(node, dict)
+      and isinstance(node.get("driver"), str)
+      and ("kvstore" in node or "path" in node)
+  )
 
 
 def _decode_msgpack(data: bytes, location: _Location) -> dict:
   try:
     contents = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
   except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.UnpackException) as e:
-    raise ValueError(f"checkpoint file {location.path} is not a readable flax msgpack file "
-                     f"(truncated or corrupted?): {e}") from e
+    raise ValueError(
+        f"checkpoint file {location.path} is not a readable flax msgpack file "
+        f"(truncated or corrupted?): {e}"
+    ) from e
   if not isinstance(contents, dict):
-    raise ValueError(f"checkpoint file {location.path} holds a {type(contents).__name__}, "
-                     "not a T5X state dict")
+    raise ValueError(
+        f"checkpoint file {location.path} holds a {type(contents).__name__}, "
+        "not a T5X state dict"
+    )
   return contents
 
 
@@ -158,12 +171,15 @@ def _optimizer_state(contents: dict, location: _Location) -> dict:
       raise ValueError(
           f"checkpoint {location.path} has version {version!r}: only T5X checkpoint versions "
           f"{_SUPPORTED_VERSIONS} with an 'optimizer' entry are supported (T5X itself rejects "
-          "versions before 2); re-save it with a current T5X")
+          "versions before 2); re-save it with a current T5X"
+      )
     return contents["optimizer"]
   if "_optimizer" in contents:  # Orbax-era T5X TrainState dict (PLACEHOLDER layout).
     return contents["_optimizer"]
-  raise ValueError(f"checkpoint {location.path} has no 'version' (keys {sorted(contents)}): "
-                   "it is not a T5X checkpoint of version 2 or later")
+  raise ValueError(
+      f"checkpoint {location.path} has no 'version' (keys {sorted(contents)}): "
+      "it is not a T5X checkpoint of version 2 or later"
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -172,6 +188,7 @@ def _optimizer_state(contents: dict, location: _Location) -> dict:
 @dataclasses.dataclass
 class _ArrayRead:
   """One zarr array to read: the parameter `name` and its directory relative to the checkpoint."""
+
   name: str
   relative_path: str
   dtype: str | None = None
@@ -184,23 +201,30 @@ def _spec_read(name: str, spec: dict) -> _ArrayRead:
     raise ValueError(f"array '{name}' uses tensorstore driver {spec['driver']!r}; T5X writes zarr")
   kvstore = spec.get("kvstore", {})
   if isinstance(kvstore, dict) and kvstore.get("driver") not in (None, "file", "gfile", "gcs"):
-    raise ValueError(f"array '{name}' uses kvstore driver {kvstore['driver']!r}: only file, "
-                     "gfile and gcs are supported")
+    raise ValueError(
+        f"array '{name}' uses kvstore driver {kvstore['driver']!r}: only file, "
+        "gfile and gcs are supported"
+    )
   path = kvstore.get("path") if isinstance(kvstore, dict) else None
   path = path or spec.get("path")  # tensorstore < 0.1.14 kept the path at the top level.
   if not path:
     raise ValueError(f"tensorstore spec of array '{name}' has no kvstore.path: {spec}")
   if posixpath.isabs(path) or "://" in path:
-    raise ValueError(f"array '{name}' has the absolute path {path!r}; T5X writes paths relative "
-                     "to the checkpoint directory")
+    raise ValueError(
+        f"array '{name}' has the absolute path {path!r}; T5X writes paths relative "
+        "to the checkpoint directory"
+    )
   if spec.get("dtype") == "uint16":
-    raise ValueError(f"array '{name}' is stored as uint16 (bfloat16 in the version-2 format), "
-                     "which T5X no longer reads either; convert it with an older T5X")
+    raise ValueError(
+        f"array '{name}' is stored as uint16 (bfloat16 in the version-2 format), "
+        "which T5X no longer reads either; convert it with an older T5X"
+    )
   return _ArrayRead(name, path.rstrip("/"), spec.get("dtype"), dict(spec.get("metadata", {})))
 
 
-def _metadata_from_chunks(read: _ArrayRead, keys: list[str], template: Mapping[str, Any],
-                          directory: _Location) -> None:
+def _metadata_from_chunks(
+    read: _ArrayRead, keys: list[str], template: Mapping[str, Any], directory: _Location
+) -> None:
   """Fills in zarr metadata for an array stored without `.zarray` and without a spec.
 
   Shape and dtype come from `template`; the chunk grid from the chunk file names (chunk shape =
@@ -208,27 +232,37 @@ def _metadata_from_chunks(read: _ArrayRead, keys: list[str], template: Mapping[s
   """
   where = directory.join(read.relative_path).path
   if read.name not in template:
-    raise ValueError(f"array '{read.name}' at {where} has no .zarray metadata file and no spec: "
-                     "pass template= (a tree of arrays or jax.ShapeDtypeStruct with its shape "
-                     "and dtype), or restore the .zarray files (copy checkpoints with `cp -a`)")
+    raise ValueError(
+        f"array '{read.name}' at {where} has no .zarray metadata file and no spec: "
+        "pass template= (a tree of arrays or jax.ShapeDtypeStruct with its shape "
+        "and dtype), or restore the .zarray files (copy checkpoints with `cp -a`)"
+    )
   shape = tuple(template[read.name].shape)
   indices = [tuple(int(i) for i in key.split(".")) for key in keys]
   grid = [max(index[d] for index in indices) + 1 for d in range(len(shape))]
   if any(s % g for s, g in zip(shape, grid)) or (not shape and keys != ["0"]):
-    raise ValueError(f"chunk files {keys} of array '{read.name}' at {where} do not tile its "
-                     f"template shape {shape}")
+    raise ValueError(
+        f"chunk files {keys} of array '{read.name}' at {where} do not tile its "
+        f"template shape {shape}"
+    )
   first = directory.join(f"{read.relative_path}/{keys[0]}").read_file() or b""
   compressor = next((c for magic, c in _COMPRESSOR_MAGIC if first.startswith(magic)), None)
   if compressor is None:
-    raise ValueError(f"cannot tell the compressor of array '{read.name}' at {where} without "
-                     ".zarray: its chunk is neither gzip nor zstd")
+    raise ValueError(
+        f"cannot tell the compressor of array '{read.name}' at {where} without "
+        ".zarray: its chunk is neither gzip nor zstd"
+    )
   read.dtype = np.dtype(template[read.name].dtype).name
-  read.metadata = {"shape": list(shape), "chunks": [s // g for s, g in zip(shape, grid)],
-                   "compressor": compressor}
+  read.metadata = {
+      "shape": list(shape),
+      "chunks": [s // g for s, g in zip(shape, grid)],
+      "compressor": compressor,
+  }
 
 
-def _read_arrays(reads: list[_ArrayRead], directory: _Location,
-                 template: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def _read_arrays(
+    reads: list[_ArrayRead], directory: _Location, template: Mapping[str, Any]
+) -> dict[str, np.ndarray]:
   """Reads zarr arrays below `directory`, all in flight at once; returns {name: array}.
 
   An array uses its `.zarray` when there is one (the spec's shape and dtype are then checked
@@ -243,24 +277,36 @@ def _read_arrays(reads: list[_ArrayRead], directory: _Location,
     elif not read.metadata:
       keys = [k for k in directory.join(read.relative_path).keys() if not k.startswith(".")]
       if not keys:
-        raise FileNotFoundError(f"array directory {directory.join(read.relative_path).path} of "
-                                f"'{read.name}' is missing or empty")
+        raise FileNotFoundError(
+            f"array directory {directory.join(read.relative_path).path} of "
+            f"'{read.name}' is missing or empty"
+        )
       _metadata_from_chunks(read, keys, template, directory)
     elif not {"shape", "chunks"} <= read.metadata.keys():
-      raise ValueError(f"array '{read.name}' has no .zarray file and its spec metadata lacks "
-                       f"shape/chunks: {read.metadata}")
+      raise ValueError(
+          f"array '{read.name}' has no .zarray file and its spec metadata lacks "
+          f"shape/chunks: {read.metadata}"
+      )
   opened = {}
   for read in reads:
-    spec = {"driver": "zarr", "kvstore": directory.join(read.relative_path).kvstore_spec(),
-            "metadata": read.metadata, "fill_missing_data_reads": False}
+    spec = {
+        "driver": "zarr",
+        "kvstore": directory.join(read.relative_path).kvstore_spec(),
+        "metadata": read.metadata,
+        "fill_missing_data_reads": False,
+    }
     if read.dtype:
       spec["dtype"] = read.dtype
-    opened[read.name] = ts.open(spec, open=True, read=True,
-                                assume_metadata=not has_zarray[read.name])
-  reading = {r.name: _guarded(r, directory, lambda r=r: opened[r.name].result().read())
-             for r in reads}
-  return {r.name: _guarded(r, directory, lambda r=r: np.asarray(reading[r.name].result()))
-          for r in reads}
+    opened[read.name] = ts.open(
+        spec, open=True, read=True, assume_metadata=not has_zarray[read.name]
+    )
+  reading = {
+      r.name: _guarded(r, directory, lambda r=r: opened[r.name].result().read()) for r in reads
+  }
+  return {
+      r.name: _guarded(r, directory, lambda r=r: np.asarray(reading[r.name].result()))
+      for r in reads
+  }
 
 
 def _guarded(read: _ArrayRead, directory: _Location, fn):
@@ -269,9 +315,11 @@ def _guarded(read: _ArrayRead, directory: _Location, fn):
     return fn()
   except ValueError as e:
     where = directory.join(read.relative_path).path
-    raise ValueError(f"cannot read array '{read.name}' from {where}: {e}. A missing, truncated "
-                     "or corrupted chunk file means an incomplete copy: copy the checkpoint "
-                     "again") from e
+    raise ValueError(
+        f"cannot read array '{read.name}' from {where}: {e}. A missing, truncated "
+        "or corrupted chunk file means an incomplete copy: copy the checkpoint "
+        "again"
+    ) from e
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,11 +328,13 @@ def _guarded(read: _ArrayRead, directory: _Location, fn):
 def _layout(keys: list[str]) -> tuple[str, str] | None:
   """(kind, sub-directory) of a checkpoint directory from its keys, or None if it is not one."""
   keys = set(keys)
-  for kind, marker in (("orbax", f"{_ORBAX_STATE_DIR}/{_ORBAX_METADATA}"),
-                       ("msgpack", f"{_ORBAX_STATE_DIR}/{_MSGPACK_FILE}"),
-                       ("project", f"{_PARAMS_DIR}/{_ORBAX_METADATA}"),
-                       ("orbax", _ORBAX_METADATA),
-                       ("msgpack", _MSGPACK_FILE)):
+  for kind, marker in (
+      ("orbax", f"{_ORBAX_STATE_DIR}/{_ORBAX_METADATA}"),
+      ("msgpack", f"{_ORBAX_STATE_DIR}/{_MSGPACK_FILE}"),
+      ("project", f"{_PARAMS_DIR}/{_ORBAX_METADATA}"),
+      ("orbax", _ORBAX_METADATA),
+      ("msgpack", _MSGPACK_FILE),
+  ):
     if marker in keys:
       return kind, "" if kind == "project" else posixpath.dirname(marker)
   return None
@@ -315,9 +365,11 @@ def _find_checkpoint(path, step: int | None) -> tuple[str, _Location]:
   steps = sorted(s for s, step_keys in by_step.items() if _layout(step_keys))
   if not steps:
     raise FileNotFoundError(
-        f"{location.path} holds no checkpoint" + (f" for step={step}" if own else "") +
-        f": no '{_MSGPACK_FILE}' file, no orbax '{_ORBAX_METADATA}' and no checkpoint_<step>/ "
-        "directories")
+        f"{location.path} holds no checkpoint"
+        + (f" for step={step}" if own else "")
+        + f": no '{_MSGPACK_FILE}' file, no orbax '{_ORBAX_METADATA}' and no checkpoint_<step>/ "
+        "directories"
+    )
   chosen = steps[-1] if step is None else step
   if chosen not in steps:
     raise FileNotFoundError(f"no checkpoint_{step} in {location.path}; steps found: {steps}")
@@ -328,9 +380,12 @@ def _find_checkpoint(path, step: int | None) -> tuple[str, _Location]:
 # ----------------------------------------------------------------------------------------------
 # Public reading API.
 # ----------------------------------------------------------------------------------------------
-def load_t5x_checkpoint(path: str | os.PathLike, step: int | None = None,
-                        restore_dtype: Any = None,
-                        template: Mapping[str, Any] | None = None) -> dict:
+def load_t5x_checkpoint(
+    path: str | os.PathLike,
+    step: int | None = None,
+    restore_dtype: Any = None,
+    template: Mapping[str, Any] | None = None,
+) -> dict:
   """Reads a T5X checkpoint (any layout in the module docstring) into numpy, without T5X.
 
   Args:
@@ -364,12 +419,14 @@ def _load(path, step, restore_dtype, template: Mapping[str, Any], only_target: b
     dtype = np.dtype(restore_dtype)
     tree["target"] = _map_leaves(  # jax's issubdtype counts bfloat16 as floating; numpy's does not.
         lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x,
-        tree["target"])
+        tree["target"],
+    )
   return tree
 
 
-def _read_msgpack_checkpoint(file: _Location, template: Mapping[str, Any],
-                             only_target: bool) -> dict:
+def _read_msgpack_checkpoint(
+    file: _Location, template: Mapping[str, Any], only_target: bool
+) -> dict:
   """The optimizer state dict of a msgpack checkpoint file, its zarr arrays read in."""
   data = file.read_file()
   if data is None:
@@ -378,18 +435,22 @@ def _read_msgpack_checkpoint(file: _Location, template: Mapping[str, Any],
   if only_target:
     state = {"target": state.get("target", {})}
   flat = traverse_util.flatten_dict(
-      state, keep_empty_nodes=True, sep="/",
-      is_leaf=lambda _, node: _is_ts_spec(node) or _CHUNKED in node)
+      state,
+      keep_empty_nodes=True,
+      sep="/",
+      is_leaf=lambda _, node: _is_ts_spec(node) or _CHUNKED in node,
+  )
   reads = []
   for name, leaf in flat.items():
     if _is_ts_spec(leaf):
       reads.append(_spec_read(name, leaf))
     elif isinstance(leaf, str) and leaf.startswith(_PLACEHOLDER):
-      reads.append(_ArrayRead(name, leaf[len(_PLACEHOLDER):]))
+      reads.append(_ArrayRead(name, leaf[len(_PLACEHOLDER) :]))
     elif isinstance(leaf, dict) and _CHUNKED in leaf:
       flat[name] = _unchunk(leaf, name)
-  flat.update(_read_arrays(reads, file.parent(),
-                           traverse_util.flatten_dict(dict(template), sep="/")))
+  flat.update(
+      _read_arrays(reads, file.parent(), traverse_util.flatten_dict(dict(template), sep="/"))
+  )
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
@@ -423,13 +484,17 @@ def check_params(params: Mapping, expected_shapes: Mapping, source: str = "param
   expected = traverse_util.flatten_dict(dict(expected_shapes), sep="/")
   problems = [f"  missing: {k} {tuple(expected[k])}" for k in sorted(expected.keys() - flat.keys())]
   problems += [f"  extra: {k} {np.shape(flat[k])}" for k in sorted(flat.keys() - expected.keys())]
-  problems += [f"  wrong shape: {k} is {np.shape(flat[k])}, the config needs {tuple(expected[k])}"
-               for k in sorted(flat.keys() & expected.keys())
-               if tuple(np.shape(flat[k])) != tuple(expected[k])]
+  problems += [
+      f"  wrong shape: {k} is {np.shape(flat[k])}, the config needs {tuple(expected[k])}"
+      for k in sorted(flat.keys() & expected.keys())
+      if tuple(np.shape(flat[k])) != tuple(expected[k])
+  ]
   if problems:
-    raise ValueError(f"{source} does not match the model config ({len(problems)} problem(s)); "
-                     "use the config (sizes, mlp_activations, logits_via_embedding) the "
-                     "checkpoint was trained with:\n" + "\n".join(problems))
+    raise ValueError(
+        f"{source} does not match the model config ({len(problems)} problem(s)); "
+        "use the config (sizes, mlp_activations, logits_via_embedding) the "
+        "checkpoint was trained with:\n" + "\n".join(problems)
+    )
 
 
 def config_from_params(params: Mapping, **overrides) -> network.T5Config:
@@ -445,20 +510,25 @@ def config_from_params(params: Mapping, **overrides) -> network.T5Config:
     layer = params["encoder"]["layers_0"]
     mlp = layer["mlp"]
     fields = dict(
-        vocab_size=vocab_size, emb_dim=emb_dim, num_heads=num_heads,
+        vocab_size=vocab_size,
+        emb_dim=emb_dim,
+        num_heads=num_heads,
         head_dim=np.shape(layer["attention"]["query"]["kernel"])[1] // num_heads,
         mlp_dim=np.shape(mlp["wo"]["kernel"])[0],
         num_encoder_layers=sum(k.startswith("layers_") for k in params["encoder"]),
         num_decoder_layers=sum(k.startswith("layers_") for k in params["decoder"]),
         mlp_activations=("relu",) if "wi" in mlp else ("gelu", "linear"),
-        logits_via_embedding="logits_dense" not in params["decoder"], dropout_rate=0.0)
+        logits_via_embedding="logits_dense" not in params["decoder"],
+        dropout_rate=0.0,
+    )
   except KeyError as e:
     raise ValueError(f"not a T5X T5 parameter tree: it has no {e} where T5X puts it") from e
   return network.T5Config(**{**fields, **overrides})
 
 
-def restore_params(config: network.T5Config, path: str | os.PathLike, dtype: Any = None,
-                   step: int | None = None) -> dict:
+def restore_params(
+    config: network.T5Config, path: str | os.PathLike, dtype: Any = None, step: int | None = None
+) -> dict:
   """Parameters for `network.Transformer(config)` from a T5X or project checkpoint at `path`.
 
   Reads only the 'target' of `path` (see `load_t5x_checkpoint`), checks it against
@@ -488,8 +558,10 @@ def config_from_json(text: str, source: str = "config") -> network.T5Config:
   known = {f.name for f in dataclasses.fields(network.T5Config)}
   unknown = sorted(fields.keys() - known)
   if unknown:
-    raise ValueError(f"{source} has field(s) {unknown} that T5Config does not know: it was written "
-                     "by another version of speculative_t5x")
+    raise ValueError(
+        f"{source} has field(s) {unknown} that T5Config does not know: it was written "
+        "by another version of speculative_t5x"
+    )
   return network.T5Config(**fields)
 
 
@@ -498,8 +570,9 @@ def _epath(directory: str | os.PathLike) -> epath.Path:
   return epath.Path(directory if "://" in directory else os.path.abspath(directory))
 
 
-def save_model(directory: str | os.PathLike, params: Mapping, config: network.T5Config,
-               overwrite: bool = False) -> None:
+def save_model(
+    directory: str | os.PathLike, params: Mapping, config: network.T5Config, overwrite: bool = False
+) -> None:
   """Writes `params` (orbax, under `directory/params`) and `config` (`directory/config.json`).
 
   The params are checked against `config` first, so a saved model always restores.
@@ -507,11 +580,13 @@ def save_model(directory: str | os.PathLike, params: Mapping, config: network.T5
   check_params(params, network.param_shapes(config), source="params to save")
   directory = _epath(directory)
   if (directory / _PARAMS_DIR).exists() and not overwrite:
-    raise FileExistsError(f"{directory / _PARAMS_DIR} exists: choose a new directory or pass "
-                          "overwrite=True")
+    raise FileExistsError(
+        f"{directory / _PARAMS_DIR} exists: choose a new directory or pass " "overwrite=True"
+    )
   directory.mkdir(parents=True, exist_ok=True)
-  ocp.PyTreeCheckpointer().save(directory / _PARAMS_DIR,
-                                _map_leaves(np.asarray, dict(params)), force=overwrite)
+  ocp.PyTreeCheckpointer().save(
+      directory / _PARAMS_DIR, _map_leaves(np.asarray, dict(params)), force=overwrite
+  )
   (directory / _CONFIG_FILE).write_text(config_to_json(config))
 
 
@@ -519,28 +594,34 @@ def read_config(directory: str | os.PathLike) -> network.T5Config:
   """The config.json of a directory written by `save_model`."""
   config_file = _epath(directory) / _CONFIG_FILE
   if not config_file.exists():
-    raise FileNotFoundError(f"{config_file} does not exist: {directory} is not a directory "
-                            "written by save_model")
+    raise FileNotFoundError(
+        f"{config_file} does not exist: {directory} is not a directory " "written by save_model"
+    )
   return config_from_json(config_file.read_text(), source=str(config_file))
 
 
-def restore_model(directory: str | os.PathLike, dtype: Any = None
-                  ) -> tuple[dict, network.T5Config]:
+def restore_model(directory: str | os.PathLike, dtype: Any = None) -> tuple[dict, network.T5Config]:
   """(params, config) written by `save_model`, params checked and cast to `dtype` if given."""
   config = read_config(directory)
   return restore_params(config, _epath(directory), dtype=dtype), config
 
 
-def save_pair(directory: str | os.PathLike, target_params: Mapping,
-              target_config: network.T5Config, drafter_params: Mapping,
-              drafter_config: network.T5Config, overwrite: bool = False) -> None:
+def save_pair(
+    directory: str | os.PathLike,
+    target_params: Mapping,
+    target_config: network.T5Config,
+    drafter_params: Mapping,
+    drafter_config: network.T5Config,
+    overwrite: bool = False,
+) -> None:
   """Writes a (target, drafter) pair: `save_model` into `directory/target` and `.../drafter`."""
   members = ((target_params, target_config), (drafter_params, drafter_config))
   for member, (params, config) in zip(_PAIR_MEMBERS, members):
     save_model(_epath(directory) / member, params, config, overwrite)
 
 
-def restore_pair(directory: str | os.PathLike, dtype: Any = None
-                 ) -> tuple[tuple[dict, network.T5Config], tuple[dict, network.T5Config]]:
+def restore_pair(
+    directory: str | os.PathLike, dtype: Any = None
+) -> tuple[tuple[dict, network.T5Config], tuple[dict, network.T5Config]]:
   """((target_params, target_config), (drafter_params, drafter_config)) from `save_pair`."""
   return tuple(restore_model(_epath(directory) / member, dtype) for member in _PAIR_MEMBERS)

@@ -6,6 +6,7 @@ tokens, verify them with one target call on gamma+1 tokens, accept per row, writ
 
 Rows are B*N ("flat"): the N decodes of one batch item sit next to each other, as in T5X.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
@@ -20,8 +21,14 @@ from speculative_t5x import sampling
 from speculative_t5x import speculative
 from speculative_t5x import theory
 
-STAT_NAMES = ("target_calls", "drafter_calls", "drafted_tokens", "accepted_tokens", "beta_sum",
-              "beta_count")
+STAT_NAMES = (
+    "target_calls",
+    "drafter_calls",
+    "drafted_tokens",
+    "accepted_tokens",
+    "beta_sum",
+    "beta_count",
+)
 
 
 @flax.struct.dataclass
@@ -35,6 +42,7 @@ class SpeculativeStats:
   rejected one) and their number. `alpha`, `tokens_per_call` and `acceptance_rate` pool the rows
   (host-side, on concrete arrays) through `theory`.
   """
+
   target_calls: jax.Array
   drafter_calls: jax.Array
   drafted_tokens: jax.Array
@@ -44,16 +52,22 @@ class SpeculativeStats:
 
   @classmethod
   def zeros(cls, rows: int) -> "SpeculativeStats":
-    return cls(**{name: jnp.zeros((rows,), jnp.float32 if name == "beta_sum" else jnp.int32)
-                  for name in STAT_NAMES})
+    return cls(
+        **{
+            name: jnp.zeros((rows,), jnp.float32 if name == "beta_sum" else jnp.int32)
+            for name in STAT_NAMES
+        }
+    )
 
   @classmethod
   def from_dict(cls, stats: Mapping[str, Any]) -> "SpeculativeStats":
     """From aux['speculative_stats'] (names STAT_NAMES -> arrays of one shape)."""
     missing = [name for name in STAT_NAMES if name not in stats]
     if missing:
-      raise ValueError(f"speculative stats lack {missing}: pass aux['speculative_stats'] of a "
-                       "speculative decode.")
+      raise ValueError(
+          f"speculative stats lack {missing}: pass aux['speculative_stats'] of a "
+          "speculative decode."
+      )
     return cls(**{name: stats[name] for name in STAT_NAMES})
 
   @classmethod
@@ -61,8 +75,12 @@ class SpeculativeStats:
     """The rows of several decodes, flattened into one [rows] set (host-side)."""
     if not stats:
       raise ValueError("no speculative stats to concatenate.")
-    return cls(**{name: np.concatenate([np.ravel(np.asarray(getattr(s, name))) for s in stats])
-                  for name in STAT_NAMES})
+    return cls(
+        **{
+            name: np.concatenate([np.ravel(np.asarray(getattr(s, name))) for s in stats])
+            for name in STAT_NAMES
+        }
+    )
 
   def as_dict(self) -> dict[str, jax.Array]:
     """STAT_NAMES -> arrays: what `predict_batch_with_aux` puts in aux['speculative_stats']."""
@@ -92,8 +110,12 @@ class SpeculativeStats:
 
   def summary(self) -> dict[str, float]:
     """alpha, acceptance rate, tokens per target call and the totals, pooled over the rows."""
-    return {"alpha": self.alpha, "acceptance_rate": self.acceptance_rate,
-            "tokens_per_target_call": self.tokens_per_call, **self.totals()}
+    return {
+        "alpha": self.alpha,
+        "acceptance_rate": self.acceptance_rate,
+        "tokens_per_target_call": self.tokens_per_call,
+        **self.totals(),
+    }
 
 
 @flax.struct.dataclass
@@ -104,6 +126,7 @@ class SpeculativeTrace:
   the target's correction (or bonus) token; emitted [..., L]: the tokens kept (0 once ended).
   Iteration i of a row is at index i; iterations after all rows ended are zero.
   """
+
   drafts: jax.Array
   accepted: jax.Array
   token: jax.Array
@@ -114,12 +137,26 @@ class SpeculativeTrace:
     zeros = jnp.zeros((rows, length), jnp.int32)
     return cls(jnp.zeros((rows, length, gamma), jnp.int32), zeros, zeros, zeros)
 
-  def record(self, iteration: jax.Array, drafts: jax.Array, accepted: jax.Array,
-             token: jax.Array, emitted: jax.Array) -> "SpeculativeTrace":
+  def record(
+      self,
+      iteration: jax.Array,
+      drafts: jax.Array,
+      accepted: jax.Array,
+      token: jax.Array,
+      emitted: jax.Array,
+  ) -> "SpeculativeTrace":
     """Writes one iteration's values ([rows, gamma] and [rows]) at index `iteration`."""
-    return SpeculativeTrace(*(old.at[:, iteration].set(new) for old, new in (
-        (self.drafts, drafts), (self.accepted, accepted), (self.token, token),
-        (self.emitted, emitted))))
+    return SpeculativeTrace(
+        *(
+            old.at[:, iteration].set(new)
+            for old, new in (
+                (self.drafts, drafts),
+                (self.accepted, accepted),
+                (self.token, token),
+                (self.emitted, emitted),
+            )
+        )
+    )
 
 
 @flax.struct.dataclass
@@ -127,6 +164,7 @@ class SpeculativeOutput:
   """What `speculative_sample` returns: decodes [B, N, L] int32 (0 after EOS), log_probs [B, N]
   (sorted ascending, best last), stats (fields [B, N]) and trace (fields [B, N, L(, gamma)], or
   None when not asked for)."""
+
   decodes: jax.Array
   log_probs: jax.Array
   stats: SpeculativeStats
@@ -140,6 +178,7 @@ class DecodingState:
   cur_index: [B*N] int32, each row's position; sequences: [B*N, L]; cur_token: [B*N, 1];
   cache: the cache pytree.
   """
+
   cur_index: jax.Array
   sequences: jax.Array
   cur_token: jax.Array
@@ -150,6 +189,7 @@ class DecodingState:
 class SamplingLoopState:
   """The baseline's loop carry: T5X's fields but `rng` (the uniforms are drawn before the loop,
   see `sampling.uniforms`)."""
+
   step: jax.Array
   cur_index: jax.Array
   sequences: jax.Array  # [B*N, L+2]: a BOS slot, L decoded slots, a spare slot.
@@ -167,27 +207,33 @@ def expand_rows(tree: Any, num_decodes: int, axis: int = 0) -> Any:
   return jax.tree.map(lambda x: jnp.repeat(x, num_decodes, axis=axis), tree)
 
 
-def _unflatten_sorted(sequences: jax.Array, log_prob: jax.Array, num_decodes: int,
-                      *extras: jax.Array):
+def _unflatten_sorted(
+    sequences: jax.Array, log_prob: jax.Array, num_decodes: int, *extras: jax.Array
+):
   """[B*N, ...] -> [B, N, ...], each item's decodes sorted by ascending log_prob (best last)."""
+
   def unflat(x):
     return x.reshape((-1, num_decodes) + x.shape[1:])
+
   log_prob = unflat(log_prob)
   order = jnp.argsort(log_prob, axis=1)
   take = lambda x: jnp.take_along_axis(  # noqa: E731
-      unflat(x), order.reshape(order.shape + (1,) * (x.ndim - 1)), axis=1)
-  return (take(sequences), jnp.take_along_axis(log_prob, order, axis=1),
-          *[take(x) for x in extras])
+      unflat(x), order.reshape(order.shape + (1,) * (x.ndim - 1)), axis=1
+  )
+  return (take(sequences), jnp.take_along_axis(log_prob, order, axis=1), *[take(x) for x in extras])
 
 
-def _max_lengths(max_decode_steps, prompt_lengths: jax.Array, length: int,
-                 hard_limit: int | None = None) -> jax.Array:
+def _max_lengths(
+    max_decode_steps, prompt_lengths: jax.Array, length: int, hard_limit: int | None = None
+) -> jax.Array:
   """Per-row last position: min(L, prompt length + max_decode_steps) -> [rows] int32."""
   if max_decode_steps is None:
     return jnp.full(prompt_lengths.shape, length, jnp.int32)
   if isinstance(max_decode_steps, int) and max_decode_steps > length:
-    raise ValueError(f"max_decode_steps={max_decode_steps} is larger than the decode length "
-                     f"{length}: cannot decode more steps than the sequence length.")
+    raise ValueError(
+        f"max_decode_steps={max_decode_steps} is larger than the decode length "
+        f"{length}: cannot decode more steps than the sequence length."
+    )
   steps = jnp.asarray(max_decode_steps, jnp.int32)
   if hard_limit:
     steps = jnp.minimum(steps, hard_limit)
@@ -207,8 +253,9 @@ def _write_rows(buffer: jax.Array, block: jax.Array, start: jax.Array) -> jax.Ar
   return jax.vmap(lambda b, x, i: jax.lax.dynamic_update_slice(b, x, (i,)))(buffer, block, start)
 
 
-def _log_probs(logits: jax.Array, probs: jax.Array | None, tokens: jax.Array,
-               rescale: bool) -> jax.Array:
+def _log_probs(
+    logits: jax.Array, probs: jax.Array | None, tokens: jax.Array, rescale: bool
+) -> jax.Array:
   """log-probabilities of tokens [...] under the standardized distribution probs [..., V] (rescale)
   or under softmax(logits) -> [...]; probs None means greedy, where the kept tokens are the
   argmaxes of one-hot distributions: log 1 = 0."""
@@ -218,15 +265,24 @@ def _log_probs(logits: jax.Array, probs: jax.Array | None, tokens: jax.Array,
   return jnp.log(jnp.take_along_axis(token_probs, tokens[..., None], axis=-1)[..., 0])
 
 
-def temperature_sample(inputs: jax.Array, cache: Any,
-                       tokens_to_logits: Callable[[DecodingState], tuple[jax.Array, Any]],
-                       eos_id: int, decode_rng: jax.Array | None = None, num_decodes: int = 1,
-                       temperature: float | jax.Array = 1.0, topk: int = 1, topp: float = 0.0,
-                       cache_offset: int = 0, initial_index: jax.Array | None = None,
-                       max_decode_steps: int | jax.Array | None = None,
-                       max_decode_steps_hard_limit: int | None = None,
-                       rescale_log_probs: bool = True, state_callback_fn=None,
-                       logit_callback_fn=None) -> tuple[jax.Array, jax.Array]:
+def temperature_sample(
+    inputs: jax.Array,
+    cache: Any,
+    tokens_to_logits: Callable[[DecodingState], tuple[jax.Array, Any]],
+    eos_id: int,
+    decode_rng: jax.Array | None = None,
+    num_decodes: int = 1,
+    temperature: float | jax.Array = 1.0,
+    topk: int = 1,
+    topp: float = 0.0,
+    cache_offset: int = 0,
+    initial_index: jax.Array | None = None,
+    max_decode_steps: int | jax.Array | None = None,
+    max_decode_steps_hard_limit: int | None = None,
+    rescale_log_probs: bool = True,
+    state_callback_fn=None,
+    logit_callback_fn=None,
+) -> tuple[jax.Array, jax.Array]:
   """Temperature sampling, one token per loop step, with T5X's signature and semantics.
 
   Args:
@@ -265,8 +321,9 @@ def temperature_sample(inputs: jax.Array, cache: Any,
     initial_index = expand_rows(jnp.asarray(initial_index, jnp.int32), num_decodes)
   rows = batch * num_decodes
   standardize = sampling.Standardizer(temperature, topk, topp)
-  max_len = _max_lengths(max_decode_steps, jnp.count_nonzero(inputs, axis=1), length,
-                         max_decode_steps_hard_limit)
+  max_len = _max_lengths(
+      max_decode_steps, jnp.count_nonzero(inputs, axis=1), length, max_decode_steps_hard_limit
+  )
   sequences0 = jnp.pad(inputs, ((0, 0), (0, 2)))
   index0 = jnp.zeros((rows,), jnp.int32) if initial_index is None else initial_index
   token0 = jnp.take_along_axis(sequences0, index0[:, None], axis=1)
@@ -281,8 +338,12 @@ def temperature_sample(inputs: jax.Array, cache: Any,
   def body(state: SamplingLoopState):
     if state_callback_fn is not None:
       state = state_callback_fn(state)
-    decoding_state = DecodingState(cur_index=state.cur_index, sequences=state.sequences[:, :-2],
-                                   cur_token=state.cur_token, cache=state.cache)
+    decoding_state = DecodingState(
+        cur_index=state.cur_index,
+        sequences=state.sequences[:, :-2],
+        cur_token=state.cur_token,
+        cache=state.cache,
+    )
     logits, new_cache = tokens_to_logits(decoding_state)
     if logit_callback_fn is not None:
       logits = logit_callback_fn(logits, state)
@@ -297,13 +358,25 @@ def temperature_sample(inputs: jax.Array, cache: Any,
     token = jnp.where(ended, 0, token)
     sequences = _write_rows(state.sequences, token[:, None], i + 1)
     ended = ended | ((token == eos_id) & ~forced) | (i >= max_len - 1)
-    return SamplingLoopState(step=state.step + 1, cur_index=i + 1, sequences=sequences,
-                             cache=new_cache, cur_token=token[:, None], ended=ended[:, None],
-                             log_prob=log_prob)
+    return SamplingLoopState(
+        step=state.step + 1,
+        cur_index=i + 1,
+        sequences=sequences,
+        cache=new_cache,
+        cur_token=token[:, None],
+        ended=ended[:, None],
+        log_prob=log_prob,
+    )
 
-  init = SamplingLoopState(step=jnp.int32(0), cur_index=index0, sequences=sequences0, cache=cache,
-                           cur_token=token0.astype(jnp.int32),
-                           ended=jnp.zeros((rows, 1), bool), log_prob=jnp.zeros((rows,), jnp.float32))
+  init = SamplingLoopState(
+      step=jnp.int32(0),
+      cur_index=index0,
+      sequences=sequences0,
+      cache=cache,
+      cur_token=token0.astype(jnp.int32),
+      ended=jnp.zeros((rows, 1), bool),
+      log_prob=jnp.zeros((rows,), jnp.float32),
+  )
   final = jax.lax.while_loop(cond, body, init)
   if state_callback_fn is not None:
     final = state_callback_fn(final)
@@ -314,6 +387,7 @@ def temperature_sample(inputs: jax.Array, cache: Any,
 class SpeculativeLoopState:
   """The speculative loop's carry. sequences [rows, L+gamma+1] holds y_0, y_1, ... (no BOS
   slot); length [rows] counts the decoded tokens, which is also the target cache's index."""
+
   sequences: jax.Array
   length: jax.Array
   ended: jax.Array  # [rows] bool
@@ -328,22 +402,33 @@ class SpeculativeLoopState:
 def validate_speculative(gamma, temperature, topk, topp) -> None:
   """Raises ValueError for bad settings, before tracing."""
   if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
-    raise ValueError(f"gamma must be an integer >= 1 (the number of drafted tokens per target "
-                     f"call), got {gamma}.")
+    raise ValueError(
+        f"gamma must be an integer >= 1 (the number of drafted tokens per target "
+        f"call), got {gamma}."
+    )
   sampling.validate(temperature, topk, topp)
 
 
-def speculative_sample(inputs: jax.Array, target_cache: Any,
-                       target_logits_fn: Callable[[jax.Array, Any, jax.Array],
-                                                  tuple[jax.Array, Any]],
-                       drafter: drafters_lib.Drafter, drafter_params: Any, drafter_state: Any,
-                       eos_id: int, *, gamma: int,
-                       verifier: speculative.Verifier = speculative.TokenVerifier(),
-                       decode_rng: jax.Array | None = None, num_decodes: int = 1,
-                       temperature: float | jax.Array = 1.0, topk: int = 0, topp: float = 0.0,
-                       max_decode_steps: int | jax.Array | None = None,
-                       rescale_log_probs: bool = True,
-                       return_trace: bool = False) -> SpeculativeOutput:
+def speculative_sample(
+    inputs: jax.Array,
+    target_cache: Any,
+    target_logits_fn: Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]],
+    drafter: drafters_lib.Drafter,
+    drafter_params: Any,
+    drafter_state: Any,
+    eos_id: int,
+    *,
+    gamma: int,
+    verifier: speculative.Verifier = speculative.ALGORITHM_1,
+    decode_rng: jax.Array | None = None,
+    num_decodes: int = 1,
+    temperature: float | jax.Array = 1.0,
+    topk: int = 0,
+    topp: float = 0.0,
+    max_decode_steps: int | jax.Array | None = None,
+    rescale_log_probs: bool = True,
+    return_trace: bool = False,
+) -> SpeculativeOutput:
   """Speculative sampling (Algorithm 1) for all rows in one `lax.while_loop`.
 
   Each iteration: the drafter proposes gamma drafts (`drafter.propose`), the target scores the
@@ -395,15 +480,22 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
 
   def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
     u = uniforms[jnp.minimum(state.iteration, length - 1)]
-    drafts, q, drafter_state = drafter.propose(drafter_params, state.drafter_state,
-                                               state.sequences, state.length, gamma, u[:, :gamma],
-                                               standardize)
+    drafts, q, drafter_state = drafter.propose(
+        drafter_params,
+        state.drafter_state,
+        state.sequences,
+        state.length,
+        gamma,
+        u[:, :gamma],
+        standardize,
+    )
     pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
     # An out-of-vocabulary draft (a broken drafter) never reaches the target's embedding: it is
     # scored as 0 and rejected by the verifier.
     in_vocabulary = jnp.where((drafts >= 0) & (drafts < drafter.vocab_size), drafts, 0)
-    logits, target_cache = target_logits_fn(jnp.concatenate([pending, in_vocabulary], axis=1),
-                                            state.target_cache, state.length)
+    logits, target_cache = target_logits_fn(
+        jnp.concatenate([pending, in_vocabulary], axis=1), state.target_cache, state.length
+    )
     if standardize.greedy:
       p = None
       n, token, beta = verifier.verify_greedy(sampling.argmax(logits), drafts)
@@ -434,29 +526,41 @@ def speculative_sample(inputs: jax.Array, target_cache: Any,
         drafted_tokens=stats.drafted_tokens + active * gamma,
         accepted_tokens=stats.accepted_tokens + jnp.minimum(n, emitted),
         beta_sum=stats.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), axis=1),
-        beta_count=stats.beta_count + jnp.sum(verified, axis=1).astype(jnp.int32))
+        beta_count=stats.beta_count + jnp.sum(verified, axis=1).astype(jnp.int32),
+    )
 
     trace = state.trace
     if return_trace:
       trace = trace.record(state.iteration, drafts, n, token, emitted)
     new_length = state.length + emitted
     ended = state.ended | jnp.any(is_eos & kept, axis=1) | (new_length >= max_len)
-    return SpeculativeLoopState(sequences=sequences, length=new_length, ended=ended,
-                                target_cache=target_cache, drafter_state=drafter_state,
-                                log_prob=log_prob, stats=stats, iteration=state.iteration + 1,
-                                trace=trace)
+    return SpeculativeLoopState(
+        sequences=sequences,
+        length=new_length,
+        ended=ended,
+        target_cache=target_cache,
+        drafter_state=drafter_state,
+        log_prob=log_prob,
+        stats=stats,
+        iteration=state.iteration + 1,
+        trace=trace,
+    )
 
   init = SpeculativeLoopState(
       sequences=jnp.zeros((rows, length + gamma + 1), jnp.int32),
-      length=jnp.zeros((rows,), jnp.int32), ended=max_len <= 0,
+      length=jnp.zeros((rows,), jnp.int32),
+      ended=max_len <= 0,
       target_cache=expand_rows(target_cache, num_decodes),
       drafter_state=expand_rows(drafter_state, num_decodes),
-      log_prob=jnp.zeros((rows,), jnp.float32), stats=SpeculativeStats.zeros(rows),
+      log_prob=jnp.zeros((rows,), jnp.float32),
+      stats=SpeculativeStats.zeros(rows),
       iteration=jnp.int32(0),
-      trace=SpeculativeTrace.zeros(rows, length, gamma) if return_trace else None)
+      trace=SpeculativeTrace.zeros(rows, length, gamma) if return_trace else None,
+  )
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.ended), body, init)
   leaves, treedef = jax.tree.flatten((final.stats, final.trace))
-  decodes, log_prob, *leaves = _unflatten_sorted(final.sequences[:, :length], final.log_prob,
-                                                 num_decodes, *leaves)
+  decodes, log_prob, *leaves = _unflatten_sorted(
+      final.sequences[:, :length], final.log_prob, num_decodes, *leaves
+  )
   stats, trace = jax.tree.unflatten(treedef, leaves)
   return SpeculativeOutput(decodes, log_prob, stats, trace)

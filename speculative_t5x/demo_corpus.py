@@ -15,6 +15,7 @@ Files written to the output directory (read by the `demo_ende` task in speculati
 
 scripts/build_demo_corpus.py is the command-line front end.
 """
+
 import collections
 import dataclasses
 import glob
@@ -37,11 +38,13 @@ import sentencepiece as spm
 SPLITS = ("train", "validation", "test")
 # The catalogs of the German locale (regional variants such as de_CH are left out on purpose:
 # Swiss spelling differs).
-DEFAULT_MO_GLOBS = ("/usr/share/locale/de/LC_MESSAGES/*.mo",
-                    "/usr/share/locale-langpack/de/LC_MESSAGES/*.mo")
+DEFAULT_MO_GLOBS = (
+    "/usr/share/locale/de/LC_MESSAGES/*.mo",
+    "/usr/share/locale-langpack/de/LC_MESSAGES/*.mo",
+)
 
 # The .mo magic number as a little-endian uint32; read big-endian it is 0xde120495.
-_MO_MAGIC = 0x950412de
+_MO_MAGIC = 0x950412DE
 # gettext joins a message context to its msgid with EOT, and plural forms with NUL.
 _CONTEXT_SEPARATOR = "\x04"
 _PLURAL_SEPARATOR = "\x00"
@@ -53,7 +56,8 @@ _ACCELERATOR_MARKERS = ("_", "&")
 _PLACEHOLDER = re.compile(
     r"%%|%(?:(?P<position>\d+\$)|\(\w+\))?[-+0#']*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
     r"(?:hh|h|ll|l|L|q|j|z|Z|t|I32|I64|I)?(?:[diouxXeEfFgGaAcspnmCS]|<PRI\w+>)"
-    r"|\{\w*(?:[:!][^{}]*)?\}")
+    r"|\{\w*(?:[:!][^{}]*)?\}"
+)
 # GnuPG's "|NAME|use encoding NAME" and "|pinentry-label|_Cancel": a hint for translators.
 _HINT_PREFIX = re.compile(r"^\|[^|\n]*\|")
 _SNAKE_CASE = re.compile(r"[a-z0-9]+_[a-z0-9]+")
@@ -63,6 +67,7 @@ _SENTENCE_END = ".:…!?"
 @dataclasses.dataclass(frozen=True)
 class Message:
   """One catalog entry: the English msgid (and msgid_plural) and the German msgstr forms."""
+
   msgid: str
   msgid_plural: Optional[str]
   msgstrs: tuple[str, ...]
@@ -82,13 +87,15 @@ def read_mo(path: str) -> tuple[list[Message], int]:
     if struct.unpack(byte_order + "I", data[:4])[0] == _MO_MAGIC:
       break
   else:
-    raise ValueError(f"{path} is not a gettext .mo catalog: bad magic number {data[:4].hex()}; "
-                     "pass compiled .mo files, not .po sources")
+    raise ValueError(
+        f"{path} is not a gettext .mo catalog: bad magic number {data[:4].hex()}; "
+        "pass compiled .mo files, not .po sources"
+    )
   count, originals_offset, translations_offset = struct.unpack(byte_order + "3I", data[8:20])
 
   def string(table_offset, index):
     length, offset = struct.unpack_from(byte_order + "2I", data, table_offset + 8 * index)
-    return data[offset:offset + length]
+    return data[offset : offset + length]
 
   raw = [(string(originals_offset, i), string(translations_offset, i)) for i in range(count)]
   header = next((msgstr for msgid, msgstr in raw if not msgid), b"")
@@ -163,14 +170,17 @@ def strip_accelerators(english: str, german: str) -> tuple[str, str]:
   for marker in _ACCELERATOR_MARKERS:
     i, j = _accelerator_index(english, german, marker), _accelerator_index(german, english, marker)
     if i >= 0 and j >= 0 and not _SNAKE_CASE.fullmatch(_word_at(english, i)):
-      english, german = english[:i] + english[i + 1:], german[:j] + german[j + 1:]
+      english, german = english[:i] + english[i + 1 :], german[:j] + german[j + 1 :]
   return english, german
 
 
 def placeholders(text: str) -> list[str]:
   """Sorted format placeholders of `text`, positional indices removed (%2$s counts as %s)."""
-  return sorted(match.group(0).replace(match.group("position") or "", "")
-                for match in _PLACEHOLDER.finditer(text) if match.group(0) != "%%")
+  return sorted(
+      match.group(0).replace(match.group("position") or "", "")
+      for match in _PLACEHOLDER.finditer(text)
+      if match.group(0) != "%%"
+  )
 
 
 def clean_pair(english: str, german: str, max_chars: int) -> tuple[Optional[tuple[str, str]], str]:
@@ -222,14 +232,23 @@ def owning_packages(paths: Sequence[str]) -> dict[str, str]:
   if not owners:
     return {}
   versions = subprocess.run(
-      ["dpkg-query", "--show", "--showformat=${binary:Package} ${Version}\\n",
-       *sorted(set(owners.values()))], capture_output=True, text=True, check=True).stdout
+      [
+          "dpkg-query",
+          "--show",
+          "--showformat=${binary:Package} ${Version}\\n",
+          *sorted(set(owners.values())),
+      ],
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout
   versions = dict(line.split(" ", 1) for line in versions.splitlines())
   return {path: f"{package.split(':')[0]}={versions[package]}" for path, package in owners.items()}
 
 
-def build_corpus(mo_files: Sequence[str], seed: int, validation_size: int, test_size: int,
-                 max_chars: int) -> tuple[dict[str, list[tuple[str, str]]], dict]:
+def build_corpus(
+    mo_files: Sequence[str], seed: int, validation_size: int, test_size: int, max_chars: int
+) -> tuple[dict[str, list[tuple[str, str]]], dict]:
   """Reads, cleans, deduplicates and splits the pairs of `mo_files`; returns (splits, stats).
 
   Deduplication keeps one German translation per English string: the one most catalogs give, ties
@@ -252,14 +271,23 @@ def build_corpus(mo_files: Sequence[str], seed: int, validation_size: int, test_
           continue
         translations[pair[0]][pair[1]] += 1
         kept += 1
-    files.append({"path": path, "bytes": os.path.getsize(path), "sha256": _sha256(path),
-                  "messages": len(messages), "pairs_kept": kept})
+    files.append(
+        {
+            "path": path,
+            "bytes": os.path.getsize(path),
+            "sha256": _sha256(path),
+            "messages": len(messages),
+            "pairs_kept": kept,
+        }
+    )
   packages = owning_packages([f["path"] for f in files])
   for f in files:
     f["package"] = packages.get(f["path"])
 
-  pairs = [(english, min(counts, key=lambda german: (-counts[german], german)))
-           for english, counts in translations.items()]
+  pairs = [
+      (english, min(counts, key=lambda german: (-counts[german], german)))
+      for english, counts in translations.items()
+  ]
   groups = collections.defaultdict(list)
   for english, german in pairs:
     groups[_group_key(english)].append((english, german))
@@ -271,21 +299,31 @@ def build_corpus(mo_files: Sequence[str], seed: int, validation_size: int, test_
     split = next((s for s in ("test", "validation") if len(splits[s]) < targets[s]), "train")
     splits[split].extend(sorted(groups[key]))
   if not splits["train"]:
-    raise ValueError(f"{len(pairs)} pairs from {len(files)} catalogs leave nothing for train after "
-                     f"validation_size={validation_size} and test_size={test_size}; lower them or "
-                     "add catalogs")
+    raise ValueError(
+        f"{len(pairs)} pairs from {len(files)} catalogs leave nothing for train after "
+        f"validation_size={validation_size} and test_size={test_size}; lower them or "
+        "add catalogs"
+    )
 
   kept_total = sum(f["pairs_kept"] for f in files)
   stats = {
-      "seed": seed, "validation_size": validation_size, "test_size": test_size,
-      "max_chars": max_chars, "catalogs": files,
-      "pairs_read": kept_total + sum(dropped.values()), "dropped": dict(sorted(dropped.items())),
+      "seed": seed,
+      "validation_size": validation_size,
+      "test_size": test_size,
+      "max_chars": max_chars,
+      "catalogs": files,
+      "pairs_read": kept_total + sum(dropped.values()),
+      "dropped": dict(sorted(dropped.items())),
       "duplicates_removed": kept_total - len(pairs),
       "english_with_several_translations": sum(len(c) > 1 for c in translations.values()),
-      "splits": {split: {"pairs": len(rows),
-                         "english_words": sum(len(en.split()) for en, _ in rows),
-                         "german_words": sum(len(de.split()) for _, de in rows)}
-                 for split, rows in splits.items()},
+      "splits": {
+          split: {
+              "pairs": len(rows),
+              "english_words": sum(len(en.split()) for en, _ in rows),
+              "german_words": sum(len(de.split()) for _, de in rows),
+          }
+          for split, rows in splits.items()
+      },
   }
   return splits, stats
 
@@ -300,12 +338,23 @@ def train_vocabulary(pairs: Iterable[tuple[str, str]], vocab_size: int) -> bytes
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-        model_type="unigram", character_coverage=0.9999, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-        num_threads=1, minloglevel=2)
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=0.9999,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        num_threads=1,
+        minloglevel=2,
+    )
   except RuntimeError as e:
-    raise ValueError(f"cannot train a {vocab_size}-piece vocabulary on {len(sentences)} sentences "
-                     f"({e}); lower vocab_size") from e
+    raise ValueError(
+        f"cannot train a {vocab_size}-piece vocabulary on {len(sentences)} sentences "
+        f"({e}); lower vocab_size"
+    ) from e
   return model.getvalue()
 
 
@@ -317,19 +366,23 @@ def _write_atomically(path: pathlib.Path, content: bytes) -> None:
   os.replace(f.name, path)
 
 
-def write_corpus(output_dir: str, splits: dict[str, list[tuple[str, str]]], stats: dict,
-                 vocabulary: bytes) -> dict:
+def write_corpus(
+    output_dir: str, splits: dict[str, list[tuple[str, str]]], stats: dict, vocabulary: bytes
+) -> dict:
   """Writes the TSV splits, the vocabulary and stats.json (with file sizes) to `output_dir`."""
   out = pathlib.Path(output_dir)
   out.mkdir(parents=True, exist_ok=True)
-  files = {f"{split}.tsv": "".join(f"{en}\t{de}\n" for en, de in rows).encode("utf-8")
-           for split, rows in splits.items()}
+  files = {
+      f"{split}.tsv": "".join(f"{en}\t{de}\n" for en, de in rows).encode("utf-8")
+      for split, rows in splits.items()
+  }
   files["sentencepiece.model"] = vocabulary
   for name, content in files.items():
     _write_atomically(out / name, content)
   stats = dict(stats, file_bytes={name: len(content) for name, content in files.items()})
-  _write_atomically(out / "stats.json", (json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
-                    .encode("utf-8"))
+  _write_atomically(
+      out / "stats.json", (json.dumps(stats, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+  )
   return stats
 
 
@@ -338,21 +391,34 @@ def find_catalogs(patterns: Iterable[str]) -> list[str]:
   return sorted({path for pattern in patterns for path in glob.glob(pattern)})
 
 
-def build(mo_files: Sequence[str], output_dir: str, seed: int = 0, validation_size: int = 2000,
-          test_size: int = 2000, max_chars: int = 200, vocab_size: int = 8000) -> dict:
+def build(
+    mo_files: Sequence[str],
+    output_dir: str,
+    seed: int = 0,
+    validation_size: int = 2000,
+    test_size: int = 2000,
+    max_chars: int = 200,
+    vocab_size: int = 8000,
+) -> dict:
   """Builds the corpus of `mo_files` and its vocabulary into `output_dir`; returns stats.json.
 
   `max_chars` drops pairs with a longer English or German side (0 keeps everything);
   `vocab_size` is the number of SentencePiece pieces. See `build_corpus` for the split.
   """
   if not mo_files:
-    raise ValueError("no .mo catalogs given: install packages with German translations or point "
-                     "the globs at catalogs")
+    raise ValueError(
+        "no .mo catalogs given: install packages with German translations or point "
+        "the globs at catalogs"
+    )
   logging.info("Reading %d catalogs", len(mo_files))
   splits, stats = build_corpus(mo_files, seed, validation_size, test_size, max_chars)
   vocabulary = train_vocabulary(splits["train"], vocab_size)
   processor = spm.SentencePieceProcessor(model_proto=vocabulary)
-  stats["vocabulary"] = {"pieces": processor.vocab_size(), "pad_id": processor.pad_id(),
-                         "eos_id": processor.eos_id(), "unk_id": processor.unk_id(),
-                         "bos_id": processor.bos_id()}
+  stats["vocabulary"] = {
+      "pieces": processor.vocab_size(),
+      "pad_id": processor.pad_id(),
+      "eos_id": processor.eos_id(),
+      "unk_id": processor.unk_id(),
+      "bos_id": processor.bos_id(),
+  }
   return write_corpus(output_dir, splits, stats, vocabulary)

@@ -11,6 +11,7 @@ position t is x_t = 0 (BOS) for t = 0 and y_{t-1} after, so the token to continu
 x_length. Rolling back is the loop setting `length` back; a drafter's state may remember how far it
 has read (`T5DrafterState.written`), never where the decode stands.
 """
+
 from __future__ import annotations
 
 import abc
@@ -54,6 +55,7 @@ class Drafter(abc.ABC):
   vocab_size: the target's vocabulary (0: take the target's, see `for_target`).
   eos_id: the target's EOS id (None: take the target's).
   """
+
   vocab_size: int
   eos_id: int | None
 
@@ -73,8 +75,10 @@ class Drafter(abc.ABC):
   def restore_params(self, path: str | os.PathLike, dtype: Any = None) -> Any:
     """Parameters from a checkpoint directory, cast to `dtype` (None: as stored)."""
     del dtype
-    raise ValueError(f"{type(self).__name__} has no checkpoint format (got the path {path}): "
-                     "leave the drafter's checkpoint path unset.")
+    raise ValueError(
+        f"{type(self).__name__} has no checkpoint format (got the path {path}): "
+        "leave the drafter's checkpoint path unset."
+    )
 
   @property
   def learns_from_targets(self) -> bool:
@@ -90,34 +94,62 @@ class Drafter(abc.ABC):
     """Logical axis names of every parameter (T5X's, for `partitioning`), or None: replicated."""
     return None
 
+  @property
+  def network_config(self) -> network.T5Config | None:
+    """The T5 network one drafter step runs (what the benchmark times for the cost coefficient
+    c), or None for a drafter without a model call."""
+    return None
+
   def for_target(self, vocab_size: int, eos_id: int) -> "Drafter":
     """This drafter for a target with `vocab_size` and `eos_id`: unset fields take the target's;
     set ones must agree (speculative decoding needs one vocabulary and one EOS)."""
     mine = self.vocab_size or vocab_size
     if mine != vocab_size:
-      raise ValueError(f"drafter vocab_size {mine} != target vocab_size {vocab_size}: speculative "
-                       "decoding needs one vocabulary (configure the drafter with the target's "
-                       "vocab_size).")
+      raise ValueError(
+          f"drafter vocab_size {mine} != target vocab_size {vocab_size}: speculative "
+          "decoding needs one vocabulary (configure the drafter with the target's "
+          "vocab_size)."
+      )
     if self.eos_id is not None and self.eos_id != eos_id:
-      raise ValueError(f"drafter eos_id {self.eos_id} != the output vocabulary's eos_id {eos_id}: "
-                       "give the drafter the target's EOS id (or leave it unset).")
-    changes = {name: value for name, value, unset in (
-        ("vocab_size", vocab_size, not self.vocab_size), ("eos_id", eos_id, self.eos_id is None))
-               if unset and name in {f.name for f in dataclasses.fields(self)}}
+      raise ValueError(
+          f"drafter eos_id {self.eos_id} != the output vocabulary's eos_id {eos_id}: "
+          "give the drafter the target's EOS id (or leave it unset)."
+      )
+    changes = {
+        name: value
+        for name, value, unset in (
+            ("vocab_size", vocab_size, not self.vocab_size),
+            ("eos_id", eos_id, self.eos_id is None),
+        )
+        if unset and name in {f.name for f in dataclasses.fields(self)}
+    }
     return dataclasses.replace(self, **changes) if changes else self
 
   # ---- decoding
   @abc.abstractmethod
-  def init_state(self, params: Any, encoder_input_tokens: jax.Array, cache_length: int,
-                 target_encoded: jax.Array | None = None) -> Any:
+  def init_state(
+      self,
+      params: Any,
+      encoder_input_tokens: jax.Array,
+      cache_length: int,
+      target_encoded: jax.Array | None = None,
+  ) -> Any:
     """Per-sequence state at batch B, made once before the loop. encoder_input_tokens [B, Le];
     cache_length: room for the decode plus a block; target_encoded [B, Le, E_target]: the
     target's encoder output (computed anyway), for a drafter that reads it instead of running an
     encoder of its own. Every leaf has batch first, so the loop can repeat rows for num_decodes."""
 
   @abc.abstractmethod
-  def propose(self, params: Any, state: Any, sequences: jax.Array, length: jax.Array, gamma: int,
-              u: jax.Array, standardize: sampling.Standardizer) -> tuple[jax.Array, jax.Array, Any]:
+  def propose(
+      self,
+      params: Any,
+      state: Any,
+      sequences: jax.Array,
+      length: jax.Array,
+      gamma: int,
+      u: jax.Array,
+      standardize: sampling.Standardizer,
+  ) -> tuple[jax.Array, jax.Array, Any]:
     """u [B, gamma]: U[0, 1) draws, u[:, i] for draft i (`Standardizer.draw`)
     -> drafts [B, gamma] int32, q [B, gamma, V] float32 (drafts[:, i] ~ q[:, i]), new state.
     When `standardize.greedy`, q may be None: the drafts are then argmaxes and q their one-hot."""
@@ -129,8 +161,9 @@ class Drafter(abc.ABC):
 
   # ---- measurement
   @abc.abstractmethod
-  def teacher_forced_logits(self, params: Any, encoder_input_tokens: jax.Array,
-                            decoder_input_tokens: jax.Array) -> jax.Array:
+  def teacher_forced_logits(
+      self, params: Any, encoder_input_tokens: jax.Array, decoder_input_tokens: jax.Array
+  ) -> jax.Array:
     """Logits [B, L, V] of the drafter's next-token distribution at every position of
     decoder_input_tokens [B, L] (BOS then the sequence shifted right; a 0 after position 0 is a
     token, not padding), standardized by the caller as in decoding (Table 3's alpha)."""
@@ -142,8 +175,10 @@ def as_drafter(drafter: "Drafter | network.Transformer") -> Drafter:
     return drafter
   if isinstance(drafter, network.Transformer):
     return T5Drafter(drafter.config)
-  raise ValueError(f"a drafter must be a drafters.Drafter or a network.Transformer, got "
-                   f"{type(drafter).__name__}.")
+  raise ValueError(
+      f"a drafter must be a drafters.Drafter or a network.Transformer, got "
+      f"{type(drafter).__name__}."
+  )
 
 
 @flax.struct.dataclass
@@ -151,6 +186,7 @@ class T5DrafterState:
   """cache: the drafter's decoder cache; written [B] int32: one past the last cache slot written.
   Slots below length - 1 always hold the right inputs; slot length - 1 does iff written >= length
   (a rejection leaves the accepted drafts in place, gamma acceptances leave the last one unfed)."""
+
   cache: Any
   written: jax.Array
 
@@ -166,14 +202,17 @@ class T5Drafter(Drafter):
   the first step feeds the block [x_{length-1}, x_length] instead. Each draft thus costs one
   single-token step, as Theorem 3.8 counts it, except after a full acceptance.
   """
+
   config: network.T5Config = gin.REQUIRED
   eos_id: int | None = None
 
   def __post_init__(self):
     if not isinstance(self.config, network.T5Config):
-      raise ValueError(f"T5Drafter needs a network.T5Config (in gin, DRAFTER_CONFIG = "
-                       f"%T5_1_1_SMALL after including configs/models/t5_1_1_small.gin), got "
-                       f"{self.config!r}.")
+      raise ValueError(
+          f"T5Drafter needs a network.T5Config (in gin, DRAFTER_CONFIG = "
+          f"%T5_1_1_SMALL after including configs/models/t5_1_1_small.gin), got "
+          f"{self.config!r}."
+      )
 
   @property
   def vocab_size(self) -> int:
@@ -197,21 +236,28 @@ class T5Drafter(Drafter):
   def param_axes(self):
     return network.param_axes(self.config)
 
+  @property
+  def network_config(self) -> network.T5Config:
+    return self.config
+
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
     del target_encoded  # it runs its own encoder.
     module = self.module
-    _, cache = module.apply({"params": params}, encoder_input_tokens, cache_length,
-                            method=module.prefill)
+    _, cache = module.apply(
+        {"params": params}, encoder_input_tokens, cache_length, method=module.prefill
+    )
     return T5DrafterState(cache, jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32))
 
   def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
-    return network.teacher_forced_logits(self.config, params, encoder_input_tokens,
-                                         decoder_input_tokens)
+    return network.teacher_forced_logits(
+        self.config, params, encoder_input_tokens, decoder_input_tokens
+    )
 
   def propose(self, params, state, sequences, length, gamma, u, standardize):
     module = self.module
     decode = lambda tokens, cache, index: module.apply(  # noqa: E731
-        {"params": params}, tokens, cache, index, method=module.decode)
+        {"params": params}, tokens, cache, index, method=module.decode
+    )
 
     def first_logits(width):
       """Feeds x_{length-width+1..length} -> logits of x_length [B, 1, V], cache."""
@@ -222,8 +268,9 @@ class T5Drafter(Drafter):
         return logits, cache
       return jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1), cache
 
-    logits, cache = jax.lax.cond(jnp.all(state.written >= length), lambda: first_logits(1),
-                                 lambda: first_logits(2))
+    logits, cache = jax.lax.cond(
+        jnp.all(state.written >= length), lambda: first_logits(1), lambda: first_logits(2)
+    )
     first, q_first = _draw(standardize, u[:, 0], logits)
 
     def step(carry, u_i):
@@ -232,8 +279,9 @@ class T5Drafter(Drafter):
       draft, q_i = _draw(standardize, u_i, logits)
       return (cache, draft, position + 1), (draft, q_i)
 
-    (cache, _, _), (drafts, qs) = jax.lax.scan(step, (cache, first, length + 1),
-                                               jnp.moveaxis(u[:, 1:], 1, 0))
+    (cache, _, _), (drafts, qs) = jax.lax.scan(
+        step, (cache, first, length + 1), jnp.moveaxis(u[:, 1:], 1, 0)
+    )
     drafts = jnp.concatenate([first[:, None], jnp.moveaxis(drafts, 0, 1)], axis=1)
     state = T5DrafterState(cache, length + gamma)
     if q_first is None:  # greedy
@@ -250,6 +298,7 @@ class _TableDrafter(Drafter):
   """Shared proposal loop of the n-gram drafters: logits from a table, standardized, sampled.
   A subclass gives `fit` (a static method: token arrays and vocab_size -> params) and
   `next_logits`; untrained params are the table fitted on nothing (uniform)."""
+
   vocab_size: int = 0
   eos_id: int | None = None
 
@@ -283,14 +332,16 @@ class _TableDrafter(Drafter):
     return jnp.moveaxis(drafts, 0, 1), None if q is None else jnp.moveaxis(q, 0, 1), state
 
   def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
-    return jax.vmap(lambda previous: self.next_logits(params, previous), in_axes=1,
-                    out_axes=1)(decoder_input_tokens)
+    return jax.vmap(lambda previous: self.next_logits(params, previous), in_axes=1, out_axes=1)(
+        decoder_input_tokens
+    )
 
 
 @gin.configurable(module="drafters")
 @dataclasses.dataclass(frozen=True, eq=False)
 class UnigramDrafter(_TableDrafter):
   """q(x) from token frequencies; params = {'logits': [V]} (see `fit`)."""
+
   smoothing: float = 1.0
 
   @staticmethod
@@ -318,13 +369,15 @@ class BigramDrafter(_TableDrafter):
   params = {'unigram': [V] log-probabilities, 'next_ids': [V, top] int32, 'next_logp': [V, top]
   log-probabilities replacing the unigram's at those ids}. Counting starts from BOS (0).
   """
+
   top: int = 32
   smoothing: float = 1.0
   backoff: float = 0.1
 
   @staticmethod
-  def fit(token_arrays, vocab_size: int, top: int = 32, smoothing: float = 1.0,
-          backoff: float = 0.1) -> dict:
+  def fit(
+      token_arrays, vocab_size: int, top: int = 32, smoothing: float = 1.0, backoff: float = 0.1
+  ) -> dict:
     """Fits on target sequences (an iterable of 1-D int arrays, 0 = padding)."""
     if not 0 < backoff < 1:
       raise ValueError(f"backoff must be in (0, 1), got {backoff}.")
@@ -352,9 +405,12 @@ class BigramDrafter(_TableDrafter):
     # Rows with successors mix (1 - backoff) * bigram + backoff * unigram; others are unigram.
     has_next = next_p.sum(1, keepdims=True) > 0
     mixed = np.where(has_next, (1 - backoff) * next_p + backoff * uni_p[next_ids], uni_p[next_ids])
-    return {"unigram": np.log(uni_p).astype(np.float32), "next_ids": next_ids,
-            "next_logp": np.log(mixed).astype(np.float32),
-            "backoff": np.where(has_next[:, 0], np.log(backoff), 0.0).astype(np.float32)}
+    return {
+        "unigram": np.log(uni_p).astype(np.float32),
+        "next_ids": next_ids,
+        "next_logp": np.log(mixed).astype(np.float32),
+        "backoff": np.where(has_next[:, 0], np.log(backoff), 0.0).astype(np.float32),
+    }
 
   def fit_params(self, targets):
     return self.fit(targets, self.vocab_size, self.top, self.smoothing, self.backoff)
@@ -376,6 +432,7 @@ class PromptLookupDrafter(Drafter):
   matches or the copy ran out. Deterministic: q is one-hot, so sampling stays exact. An encoder
   match may copy the input's own EOS.
   """
+
   vocab_size: int = 0
   ngram: int = 2
   eos_id: int | None = None
@@ -393,9 +450,12 @@ class PromptLookupDrafter(Drafter):
     batch, length = decoder_input_tokens.shape
     state = self.init_state(params, encoder_input_tokens, length)
     sequences = jnp.pad(decoder_input_tokens[:, 1:], ((0, 0), (0, 1)))  # y_t = x_{t+1}
-    first = jax.vmap(lambda t: self.propose(params, state, sequences,
-                                            jnp.full((batch,), t, jnp.int32), 1, None, None)[0][:, 0],
-                     out_axes=1)(jnp.arange(length))
+    first = jax.vmap(
+        lambda t: self.propose(
+            params, state, sequences, jnp.full((batch,), t, jnp.int32), 1, None, None
+        )[0][:, 0],
+        out_axes=1,
+    )(jnp.arange(length))
     return jnp.where(jax.nn.one_hot(first, self.vocab_size, dtype=bool), 0.0, network.MASK_VALUE)
 
   def propose(self, params, state, sequences, length, gamma, u, standardize):
@@ -407,15 +467,17 @@ class PromptLookupDrafter(Drafter):
     source = jnp.concatenate([state, decoded], axis=1)  # [B, Le + S + 1]
     offset = state.shape[1]
     end = offset + length  # index of x_length in `source`
-    key = jnp.stack([jnp.take_along_axis(source, (end - n + 1 + j)[:, None], axis=1)[:, 0]
-                     for j in range(n)], axis=1)  # [B, n], the last n tokens x_{length-n+1..length}
+    key = jnp.stack(
+        [jnp.take_along_axis(source, (end - n + 1 + j)[:, None], axis=1)[:, 0] for j in range(n)],
+        axis=1,
+    )  # [B, n], the last n tokens x_{length-n+1..length}
     width = source.shape[1]
     starts = jnp.arange(width - n + 1)
     windows = jnp.stack([source[:, starts + j] for j in range(n)], axis=-1)  # [B, W, n]
     match = jnp.all(windows == key[:, None, :], axis=-1)
     # A match must end before x_length, and the n-gram must lie inside the decoded part.
     match &= (starts + n - 1)[None] < end[:, None]
-    match &= (length[:, None] + 1 >= n)
+    match &= length[:, None] + 1 >= n
     best = jnp.max(jnp.where(match, starts[None], -1), axis=1)  # the latest match wins.
     copy_from = best + n
     idx = jnp.clip(copy_from[:, None] + jnp.arange(gamma)[None], 0, width - 1)

@@ -17,6 +17,7 @@ against the working directory, then the shipped configs (`config_root`): the rep
 `configs/` in a clone, the package's copy once installed. Relative paths named inside a config
 (checkpoints such as 'demo_models/target') resolve the same way (`resolve_path`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -80,7 +81,7 @@ def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
   rewritten = []
   for arg in argv:
     if arg.startswith("--gin."):
-      name, equals, value = arg[len("--gin."):].partition("=")
+      name, equals, value = arg[len("--gin.") :].partition("=")
       if not equals:
         raise ConfigError(f"{arg} has no value: write --gin.{name}=value")
       arg = f"--gin_bindings={name} = {value}"
@@ -93,8 +94,11 @@ def unset_required_macros() -> list[str]:
   return sorted(_REQUIRED_MACRO.findall(gin.config_str()))
 
 
-def parse_gin_flags(gin_files: Sequence[str] | None, gin_bindings: Sequence[str] = (),
-                    default_files: Sequence[str] = ()) -> None:
+def parse_gin_flags(
+    gin_files: Sequence[str] | None,
+    gin_bindings: Sequence[str] = (),
+    default_files: Sequence[str] = (),
+) -> None:
   """Parses gin files (`default_files` when none are given) and bindings, checks that no macro
   is left %gin.REQUIRED, and finalizes the configuration.
 
@@ -104,8 +108,10 @@ def parse_gin_flags(gin_files: Sequence[str] | None, gin_bindings: Sequence[str]
   """
   files = list(gin_files or default_files)
   if not files:
-    raise ConfigError("no gin file given: pass --gin_file=configs/runs/<run>.gin (or a file "
-                      "including one, e.g. configs/paper/ende_small_t0.gin)")
+    raise ConfigError(
+        "no gin file given: pass --gin_file=configs/runs/<run>.gin (or a file "
+        "including one, e.g. configs/paper/ende_small_t0.gin)"
+    )
   for path in search_paths():
     gin.add_config_file_search_path(path)
   quiet = _QuietSearch()
@@ -118,10 +124,12 @@ def parse_gin_flags(gin_files: Sequence[str] | None, gin_bindings: Sequence[str]
     logging.getLogger().removeFilter(quiet)
   missing = unset_required_macros()
   if missing:
-    raise ConfigError(f"gin macro(s) {', '.join(missing)} are %gin.REQUIRED but not set: bind "
-                      f"them, e.g. --gin.{missing[0]}=\"'value'\" (strings need inner quotes), or "
-                      "include a file that sets them (configs/tasks/, configs/models/, "
-                      "configs/drafters/)")
+    raise ConfigError(
+        f"gin macro(s) {', '.join(missing)} are %gin.REQUIRED but not set: bind "
+        f"them, e.g. --gin.{missing[0]}=\"'value'\" (strings need inner quotes), or "
+        "include a file that sets them (configs/tasks/, configs/models/, "
+        "configs/drafters/)"
+    )
   gin.finalize()
 
 
@@ -137,9 +145,11 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 def run(main: Callable[[Sequence[str]], None]) -> None:
   """`absl.app.run(main)` with the gin shorthand; a `ConfigError` ends the run with its message
   and exit status 1 (no traceback: the message says what to fix)."""
+
   def checked_main(argv):
     try:
       main(argv)
     except ConfigError as e:
       sys.exit(f"{pathlib.Path(argv[0]).name}: configuration error: {e}")
+
   app.run(checked_main, flags_parser=parse_flags)

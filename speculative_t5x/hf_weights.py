@@ -11,6 +11,7 @@ The transformers 5.x trap: `T5Config` always sets `tie_word_embeddings=True`, so
 
 torch is imported only to read `pytorch_model.bin` files and to build a torch model.
 """
+
 import json
 import os
 from typing import Any, Mapping
@@ -29,18 +30,26 @@ _INDEX_SUFFIX = ".index.json"  # Sharded HF checkpoints: <file>.index.json has a
 _LAYER_NORM_EPSILON = 1e-6  # network.RMSNorm's epsilon, as in T5X.
 # T5Config.mlp_activations <-> HF feed_forward_proj. HF's 'gated-gelu' is the tanh-approximate
 # GELU (flax's default); HF's plain 'gelu' is the exact one, which T5X does not use.
-_FEED_FORWARD_PROJ = {("gelu", "linear"): "gated-gelu", ("relu", "linear"): "gated-relu",
-                      ("silu", "linear"): "gated-silu", ("relu",): "relu", ("silu",): "silu"}
+_FEED_FORWARD_PROJ = {
+    ("gelu", "linear"): "gated-gelu",
+    ("relu", "linear"): "gated-relu",
+    ("silu", "linear"): "gated-silu",
+    ("relu",): "relu",
+    ("silu",): "silu",
+}
 # Keys HF files may hold that carry no weight of their own: tied copies of `shared`, and a relpos
 # table old HF versions created (unused) in the first cross-attention layer.
 _EMBEDDING_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 _UNUSED_KEYS = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
-_ENCODER_BLOCKS = (("attention", "SelfAttention", "pre_attention_layer_norm"),
-                   ("mlp", "DenseReluDense", "pre_mlp_layer_norm"))
+_ENCODER_BLOCKS = (
+    ("attention", "SelfAttention", "pre_attention_layer_norm"),
+    ("mlp", "DenseReluDense", "pre_mlp_layer_norm"),
+)
 _DECODER_BLOCKS = (
     ("self_attention", "SelfAttention", "pre_self_attention_layer_norm"),
     ("encoder_decoder_attention", "EncDecAttention", "pre_cross_attention_layer_norm"),
-    ("mlp", "DenseReluDense", "pre_mlp_layer_norm"))
+    ("mlp", "DenseReluDense", "pre_mlp_layer_norm"),
+)
 
 
 def _key_map(config: network.T5Config) -> list[tuple[str, str, bool]]:
@@ -48,18 +57,27 @@ def _key_map(config: network.T5Config) -> list[tuple[str, str, bool]]:
   acts = config.mlp_activations
   mlp_names = ("wi",) if len(acts) == 1 else tuple(f"wi_{i}" for i in range(len(acts)))
   rows = [("token_embedder/embedding", "shared.weight", False)]
-  for stack, num_layers, blocks in (("encoder", config.num_encoder_layers, _ENCODER_BLOCKS),
-                                    ("decoder", config.num_decoder_layers, _DECODER_BLOCKS)):
-    rows.append((f"{stack}/relpos_bias/rel_embedding",
-                 f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight", True))
+  for stack, num_layers, blocks in (
+      ("encoder", config.num_encoder_layers, _ENCODER_BLOCKS),
+      ("decoder", config.num_decoder_layers, _DECODER_BLOCKS),
+  ):
+    rows.append(
+        (
+            f"{stack}/relpos_bias/rel_embedding",
+            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            True,
+        )
+    )
     for i in range(num_layers):
       for j, (block, hf_block, norm) in enumerate(blocks):
         hf = f"{stack}.block.{i}.layer.{j}"
         rows.append((f"{stack}/layers_{i}/{norm}/scale", f"{hf}.layer_norm.weight", False))
         names = mlp_names + ("wo",) if block == "mlp" else ("query", "key", "value", "out")
         hf_names = names if block == "mlp" else ("q", "k", "v", "o")
-        rows += [(f"{stack}/layers_{i}/{block}/{name}/kernel", f"{hf}.{hf_block}.{hf_name}.weight",
-                  True) for name, hf_name in zip(names, hf_names)]
+        rows += [
+            (f"{stack}/layers_{i}/{block}/{name}/kernel", f"{hf}.{hf_block}.{hf_name}.weight", True)
+            for name, hf_name in zip(names, hf_names)
+        ]
     rows.append((f"{stack}/{stack}_norm/scale", f"{stack}.final_layer_norm.weight", False))
   if not config.logits_via_embedding:
     rows.append(("decoder/logits_dense/kernel", "lm_head.weight", True))
@@ -73,8 +91,10 @@ def params_to_hf_state_dict(params: Mapping, config: network.T5Config) -> dict[s
   """
   checkpoints.check_params(params, network.param_shapes(config), source="params to export")
   flat = traverse_util.flatten_dict(dict(params), sep="/")
-  return {hf: np.array(np.asarray(flat[path]).T if transpose else flat[path], order="C")
-          for path, hf, transpose in _key_map(config)}
+  return {
+      hf: np.array(np.asarray(flat[path]).T if transpose else flat[path], order="C")
+      for path, hf, transpose in _key_map(config)
+  }
 
 
 def _to_numpy(value: Any) -> np.ndarray:
@@ -95,9 +115,12 @@ def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: network.T5C
   embeddings = [k for k in ("shared.weight",) + _EMBEDDING_ALIASES if k in arrays]
   for alias in embeddings[1:]:
     if arrays[alias].shape != arrays[embeddings[0]].shape or not np.array_equal(
-        arrays[alias], arrays[embeddings[0]]):
-      raise ValueError(f"{alias} differs from {embeddings[0]}: T5 shares one embedding table "
-                       "between encoder and decoder")
+        arrays[alias], arrays[embeddings[0]]
+    ):
+      raise ValueError(
+          f"{alias} differs from {embeddings[0]}: T5 shares one embedding table "
+          "between encoder and decoder"
+      )
   if embeddings:
     arrays["shared.weight"] = arrays[embeddings[0]]
   expected = traverse_util.flatten_dict(network.param_shapes(config), sep="/")
@@ -114,32 +137,47 @@ def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: network.T5C
   known = {hf for _, hf, _ in key_map} | set(_EMBEDDING_ALIASES) | set(_UNUSED_KEYS)
   if config.logits_via_embedding and "lm_head.weight" in arrays:
     if not np.array_equal(arrays["lm_head.weight"], arrays.get("shared.weight")):
-      problems.append("  lm_head.weight differs from shared.weight but the config ties the head "
-                      "(logits_via_embedding=True): use logits_via_embedding=False (T5 1.1)")
+      problems.append(
+          "  lm_head.weight differs from shared.weight but the config ties the head "
+          "(logits_via_embedding=True): use logits_via_embedding=False (T5 1.1)"
+      )
     known.add("lm_head.weight")
   problems += [f"  extra: {key} {arrays[key].shape}" for key in sorted(arrays.keys() - known)]
   if problems:
-    raise ValueError(f"HF state dict does not match the model config ({len(problems)} problem(s)):"
-                     "\n" + "\n".join(problems))
+    raise ValueError(
+        f"HF state dict does not match the model config ({len(problems)} problem(s)):"
+        "\n" + "\n".join(problems)
+    )
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def hf_config_dict(config: network.T5Config) -> dict:
   """The `config.json` of an HF T5 with `config`'s architecture (T5 1.1: gated-gelu, untied)."""
   if config.mlp_activations not in _FEED_FORWARD_PROJ:
-    raise ValueError(f"mlp_activations {config.mlp_activations} has no HF T5 equivalent: use one "
-                     f"of {sorted(_FEED_FORWARD_PROJ)}")
+    raise ValueError(
+        f"mlp_activations {config.mlp_activations} has no HF T5 equivalent: use one "
+        f"of {sorted(_FEED_FORWARD_PROJ)}"
+    )
   return {
-      "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
-      "is_encoder_decoder": True, "vocab_size": config.vocab_size, "d_model": config.emb_dim,
-      "d_kv": config.head_dim, "d_ff": config.mlp_dim, "num_heads": config.num_heads,
-      "num_layers": config.num_encoder_layers, "num_decoder_layers": config.num_decoder_layers,
+      "architectures": ["T5ForConditionalGeneration"],
+      "model_type": "t5",
+      "is_encoder_decoder": True,
+      "vocab_size": config.vocab_size,
+      "d_model": config.emb_dim,
+      "d_kv": config.head_dim,
+      "d_ff": config.mlp_dim,
+      "num_heads": config.num_heads,
+      "num_layers": config.num_encoder_layers,
+      "num_decoder_layers": config.num_decoder_layers,
       "relative_attention_num_buckets": config.relative_attention_num_buckets,
       "relative_attention_max_distance": config.relative_attention_max_distance,
-      "dropout_rate": config.dropout_rate, "layer_norm_epsilon": _LAYER_NORM_EPSILON,
+      "dropout_rate": config.dropout_rate,
+      "layer_norm_epsilon": _LAYER_NORM_EPSILON,
       "feed_forward_proj": _FEED_FORWARD_PROJ[config.mlp_activations],
       "tie_word_embeddings": config.logits_via_embedding,
-      "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+      "decoder_start_token_id": 0,
+      "pad_token_id": 0,
+      "eos_token_id": 1,
   }
 
 
@@ -152,21 +190,32 @@ def t5_config_from_hf(hf_config: Mapping[str, Any], dtype: str = "float32") -> n
   projections = {v: k for k, v in _FEED_FORWARD_PROJ.items()}
   proj = hf_config.get("feed_forward_proj", "relu")
   if proj not in projections:
-    raise ValueError(f"HF feed_forward_proj {proj!r} is not supported: use one of "
-                     f"{sorted(projections)} (plain 'gelu' is exact GELU, which T5X never uses)")
+    raise ValueError(
+        f"HF feed_forward_proj {proj!r} is not supported: use one of "
+        f"{sorted(projections)} (plain 'gelu' is exact GELU, which T5X never uses)"
+    )
   epsilon = hf_config.get("layer_norm_epsilon", _LAYER_NORM_EPSILON)
   if epsilon != _LAYER_NORM_EPSILON:
-    raise ValueError(f"HF layer_norm_epsilon {epsilon} != {_LAYER_NORM_EPSILON}, the only one "
-                     "network.py implements")
+    raise ValueError(
+        f"HF layer_norm_epsilon {epsilon} != {_LAYER_NORM_EPSILON}, the only one "
+        "network.py implements"
+    )
   tied = hf_config.get("scale_decoder_outputs", hf_config.get("tie_word_embeddings", True))
   return network.T5Config(
-      vocab_size=hf_config["vocab_size"], dtype=dtype, emb_dim=hf_config["d_model"],
-      num_heads=hf_config["num_heads"], num_encoder_layers=hf_config["num_layers"],
+      vocab_size=hf_config["vocab_size"],
+      dtype=dtype,
+      emb_dim=hf_config["d_model"],
+      num_heads=hf_config["num_heads"],
+      num_encoder_layers=hf_config["num_layers"],
       num_decoder_layers=hf_config.get("num_decoder_layers") or hf_config["num_layers"],
-      head_dim=hf_config["d_kv"], mlp_dim=hf_config["d_ff"], mlp_activations=projections[proj],
-      dropout_rate=hf_config.get("dropout_rate", 0.1), logits_via_embedding=bool(tied),
+      head_dim=hf_config["d_kv"],
+      mlp_dim=hf_config["d_ff"],
+      mlp_activations=projections[proj],
+      dropout_rate=hf_config.get("dropout_rate", 0.1),
+      logits_via_embedding=bool(tied),
       relative_attention_num_buckets=hf_config.get("relative_attention_num_buckets", 32),
-      relative_attention_max_distance=hf_config.get("relative_attention_max_distance", 128))
+      relative_attention_max_distance=hf_config.get("relative_attention_max_distance", 128),
+  )
 
 
 def load_hf_state_dict(path: str | os.PathLike) -> dict[str, Any]:
@@ -177,12 +226,17 @@ def load_hf_state_dict(path: str | os.PathLike) -> dict[str, Any]:
   """
   path = os.fspath(path)
   if os.path.isdir(path):
-    candidates = [os.path.join(path, name + suffix) for name in (SAFETENSORS_FILE, TORCH_FILE)
-                  for suffix in ("", _INDEX_SUFFIX)]
+    candidates = [
+        os.path.join(path, name + suffix)
+        for name in (SAFETENSORS_FILE, TORCH_FILE)
+        for suffix in ("", _INDEX_SUFFIX)
+    ]
     found = [c for c in candidates if os.path.isfile(c)]
     if not found:
-      raise FileNotFoundError(f"{path} has none of {[os.path.basename(c) for c in candidates]}: "
-                              "not a Hugging Face checkpoint directory")
+      raise FileNotFoundError(
+          f"{path} has none of {[os.path.basename(c) for c in candidates]}: "
+          "not a Hugging Face checkpoint directory"
+      )
     path = found[0]
   if not os.path.isfile(path):
     raise FileNotFoundError(f"HF checkpoint file {path} does not exist")
@@ -196,6 +250,7 @@ def load_hf_state_dict(path: str | os.PathLike) -> dict[str, Any]:
   if path.endswith(".safetensors"):
     return safetensors.numpy.load_file(path)
   import torch  # pylint: disable=g-import-not-at-top  (only .bin files need torch)
+
   return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -203,8 +258,9 @@ def load_hf(path: str | os.PathLike, dtype: str = "float32") -> tuple[dict, netw
   """(params, config) of an HF T5 checkpoint directory holding `config.json` and weights."""
   config_file = os.path.join(path, CONFIG_FILE)
   if not os.path.isfile(config_file):
-    raise FileNotFoundError(f"{config_file} does not exist: an HF checkpoint directory needs its "
-                            "config.json")
+    raise FileNotFoundError(
+        f"{config_file} does not exist: an HF checkpoint directory needs its " "config.json"
+    )
   with open(config_file) as f:
     config = t5_config_from_hf(json.load(f), dtype=dtype)
   return params_from_hf_state_dict(load_hf_state_dict(path), config), config
@@ -213,8 +269,11 @@ def load_hf(path: str | os.PathLike, dtype: str = "float32") -> tuple[dict, netw
 def save_hf(directory: str | os.PathLike, params: Mapping, config: network.T5Config) -> None:
   """Writes `model.safetensors` and `config.json`, loadable by transformers (see the 5.x trap)."""
   os.makedirs(directory, exist_ok=True)
-  safetensors.numpy.save_file(params_to_hf_state_dict(params, config),
-                              os.path.join(directory, SAFETENSORS_FILE), metadata={"format": "pt"})
+  safetensors.numpy.save_file(
+      params_to_hf_state_dict(params, config),
+      os.path.join(directory, SAFETENSORS_FILE),
+      metadata={"format": "pt"},
+  )
   with open(os.path.join(directory, CONFIG_FILE), "w") as f:
     json.dump(hf_config_dict(config), f, indent=2, sort_keys=True)
 
@@ -227,14 +286,19 @@ def to_hf_model(params: Mapping, config: network.T5Config):
   """
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+
   model = transformers.T5ForConditionalGeneration(transformers.T5Config(**hf_config_dict(config)))
-  tensors = {k: torch.from_numpy(np.asarray(v, np.float32))
-             for k, v in params_to_hf_state_dict(params, config).items()}
+  tensors = {
+      k: torch.from_numpy(np.asarray(v, np.float32))
+      for k, v in params_to_hf_state_dict(params, config).items()
+  }
   if not config.logits_via_embedding:
     model.lm_head.weight = torch.nn.Parameter(tensors["lm_head.weight"].clone())
   result = model.load_state_dict(tensors, strict=False)
   missing = sorted(set(result.missing_keys) - set(_EMBEDDING_ALIASES) - {"lm_head.weight"})
   if missing or result.unexpected_keys:
-    raise ValueError(f"transformers' T5 did not take the weights: missing {missing}, "
-                     f"unexpected {result.unexpected_keys}")
+    raise ValueError(
+        f"transformers' T5 did not take the weights: missing {missing}, "
+        f"unexpected {result.unexpected_keys}"
+    )
   return model.eval()

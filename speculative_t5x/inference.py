@@ -32,6 +32,7 @@ Weights come from `pairs.load_pair` (which documents checkpoints and random weig
 fitted on target sequences (the n-gram tables) is fitted on up to `ngram_fit_examples` targets of
 the task's `ngram_fit_split`. The baseline loads no drafter, whatever DRAFTER says.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -84,6 +85,7 @@ class InferConfig:
   ngram_fit_split, ngram_fit_examples: the targets a drafter that `learns_from_targets` is fitted
     on (the first ngram_fit_examples of that split).
   """
+
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
   output_dir: str
@@ -103,30 +105,43 @@ class InferConfig:
   def __post_init__(self):
     unset = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is gin.REQUIRED]
     if unset:
-      raise gin_utils.ConfigError(f"InferConfig field(s) {unset} are %gin.REQUIRED but not set: "
-                                  "bind the macros of configs/runs/infer.gin, e.g. "
-                                  "--gin.INFER_OUTPUT_DIR=\"'/tmp/out'\"")
+      raise gin_utils.ConfigError(
+          f"InferConfig field(s) {unset} are %gin.REQUIRED but not set: "
+          "bind the macros of configs/runs/infer.gin, e.g. "
+          "--gin.INFER_OUTPUT_DIR=\"'/tmp/out'\""
+      )
     if not isinstance(self.pair, pairs.PairConfig):
-      raise gin_utils.ConfigError(f"InferConfig.pair must be a pairs.PairConfig "
-                                  "(configs/runs/infer.gin binds it to @pairs.PairConfig()), got "
-                                  f"{self.pair!r}")
+      raise gin_utils.ConfigError(
+          f"InferConfig.pair must be a pairs.PairConfig "
+          "(configs/runs/infer.gin binds it to @pairs.PairConfig()), got "
+          f"{self.pair!r}"
+      )
     if self.decoder not in DECODERS:
       raise gin_utils.ConfigError(f"DECODER {self.decoder!r} is not one of {DECODERS}")
     if self.speculative and self.pair.drafter is None:
-      raise gin_utils.ConfigError("DECODER 'speculative' needs a DRAFTER: include a "
-                                  "configs/drafters/ file (e.g. --gin_file="
-                                  "configs/drafters/t5.gin), or set DECODER = 'baseline'")
+      raise gin_utils.ConfigError(
+          "DECODER 'speculative' needs a DRAFTER: include a "
+          "configs/drafters/ file (e.g. --gin_file="
+          "configs/drafters/t5.gin), or set DECODER = 'baseline'"
+      )
     lengths = dict(self.task_feature_lengths or {})
     if set(lengths) != set(FEATURES) or not all(
-        isinstance(n, int) and n > 0 for n in lengths.values()):
-      raise gin_utils.ConfigError(f"TASK_FEATURE_LENGTHS {self.task_feature_lengths!r} must give "
-                                  "positive integer lengths for exactly 'inputs' and 'targets', "
-                                  "e.g. {'inputs': 64, 'targets': 64}")
-    for name, value, low in (("BATCH_SIZE", self.batch_size, 1), ("GAMMA", self.gamma, 1),
-                             ("max_examples", self.max_examples, 1),
-                             ("ngram_fit_examples", self.ngram_fit_examples, 1)):
-      if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                or value < low):
+        isinstance(n, int) and n > 0 for n in lengths.values()
+    ):
+      raise gin_utils.ConfigError(
+          f"TASK_FEATURE_LENGTHS {self.task_feature_lengths!r} must give "
+          "positive integer lengths for exactly 'inputs' and 'targets', "
+          "e.g. {'inputs': 64, 'targets': 64}"
+      )
+    for name, value, low in (
+        ("BATCH_SIZE", self.batch_size, 1),
+        ("GAMMA", self.gamma, 1),
+        ("max_examples", self.max_examples, 1),
+        ("ngram_fit_examples", self.ngram_fit_examples, 1),
+    ):
+      if value is not None and (
+          not isinstance(value, int) or isinstance(value, bool) or value < low
+      ):
         raise gin_utils.ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
 
   @property
@@ -142,28 +157,40 @@ class InferConfig:
 # ----------------------------------------------------------------------------- models
 
 
-def build_model(config: InferConfig, task: seqio.Task
-                ) -> tuple[models.EncoderDecoderModel, pairs.Pair]:
+def build_model(
+    config: InferConfig, task: seqio.Task
+) -> tuple[models.EncoderDecoderModel, pairs.Pair]:
   """-> (model, its loaded pair: params on the device and their sources)."""
   vocabulary = task.output_features["targets"].vocabulary
-  pair = pairs.load_pair(config.loaded_pair, vocabulary.eos_id,
-                         fit_targets=lambda: _fit_targets(task, config))
+  pair = pairs.load_pair(
+      config.loaded_pair, vocabulary.eos_id, fit_targets=lambda: _fit_targets(task, config)
+  )
   module = network.Transformer(pair.target_config)
   if pair.drafter is None:
     return models.EncoderDecoderModel(module, vocabulary, vocabulary), pair
-  return models.SpeculativeEncoderDecoderModel(module, pair.drafter, vocabulary, vocabulary,
-                                               gamma=config.gamma), pair
+  return (
+      models.SpeculativeEncoderDecoderModel(
+          module, pair.drafter, vocabulary, vocabulary, gamma=config.gamma
+      ),
+      pair,
+  )
 
 
 def _fit_targets(task: seqio.Task, config: InferConfig) -> np.ndarray:
   """The targets a drafter is fitted on -> [N, Lt] (zero-padded)."""
   try:
-    return tasks.feature_arrays(task, config.ngram_fit_split, "targets",
-                                config.task_feature_lengths, config.ngram_fit_examples)
+    return tasks.feature_arrays(
+        task,
+        config.ngram_fit_split,
+        "targets",
+        config.task_feature_lengths,
+        config.ngram_fit_examples,
+    )
   except ValueError as e:
-    raise gin_utils.ConfigError(f"{e} The drafter is fitted on its targets: set "
-                                "inference.InferConfig.ngram_fit_split to a split with examples"
-                                ) from e
+    raise gin_utils.ConfigError(
+        f"{e} The drafter is fitted on its targets: set "
+        "inference.InferConfig.ngram_fit_split to a split with examples"
+    ) from e
 
 
 # ----------------------------------------------------------------------------- data
@@ -177,26 +204,35 @@ def get_task(config: InferConfig) -> seqio.Task:
   except ValueError as e:
     raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME: {e}") from e
   if not isinstance(task, seqio.Task):
-    raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME {task.name!r} is a mixture: infer decodes "
-                                f"one task; name one of {sorted(t.name for t in task.tasks)}")
+    raise gin_utils.ConfigError(
+        f"MIXTURE_OR_TASK_NAME {task.name!r} is a mixture: infer decodes "
+        f"one task; name one of {sorted(t.name for t in task.tasks)}"
+    )
   splits = task.source.splits  # empty where a source does not list them (TFDS mock data)
   if splits and config.split not in splits:
-    raise gin_utils.ConfigError(f"SPLIT {config.split!r} is not a split of {task.name}: use one "
-                                f"of {sorted(splits)}")
+    raise gin_utils.ConfigError(
+        f"SPLIT {config.split!r} is not a split of {task.name}: use one " f"of {sorted(splits)}"
+    )
   vocabulary = task.output_features["targets"].vocabulary
   vocab_size = config.pair.target_config.vocab_size
   if vocab_size < vocabulary.vocab_size:
     raise gin_utils.ConfigError(
         f"TARGET_CONFIG vocab_size {vocab_size} < the {vocabulary.vocab_size} pieces of "
         f"{task.name}'s vocabulary: set VOCAB_SIZE to cover it (a drafter has the target's "
-        "vocab_size, pairs.PairConfig checks)")
+        "vocab_size, pairs.PairConfig checks)"
+    )
   return task
 
 
 def _batches(task: seqio.Task, config: InferConfig) -> Iterator[list[dict]]:
   """Lists of up to `batch_size` tokenized, truncated examples of the split, in order."""
-  dataset = task.get_dataset(dict(config.task_feature_lengths), split=config.split, shuffle=False,
-                             use_cached=False, try_in_mem_cache=False)
+  dataset = task.get_dataset(
+      dict(config.task_feature_lengths),
+      split=config.split,
+      shuffle=False,
+      use_cached=False,
+      try_in_mem_cache=False,
+  )
   if config.max_examples is not None:
     dataset = dataset.take(config.max_examples)
   batch = []
@@ -209,17 +245,20 @@ def _batches(task: seqio.Task, config: InferConfig) -> Iterator[list[dict]]:
     yield batch
 
 
-def model_batch(examples: Sequence[Mapping[str, np.ndarray]], batch_size: int,
-                lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
+def model_batch(
+    examples: Sequence[Mapping[str, np.ndarray]], batch_size: int, lengths: Mapping[str, int]
+) -> dict[str, np.ndarray]:
   """EncDecFeatureConverter's model features for decoding, padded to `batch_size` rows with
   copies of the last example: encoder_input_tokens [B, Le]; decoder_input_tokens [B, Lt] (zeros:
   decoding starts from BOS, only the shape counts)."""
   rows = list(examples) + [examples[-1]] * (batch_size - len(examples))
   encoder = np.zeros((batch_size, lengths["inputs"]), np.int32)
   for i, example in enumerate(rows):
-    encoder[i, :len(example["inputs"])] = example["inputs"]
-  return {"encoder_input_tokens": encoder,
-          "decoder_input_tokens": np.zeros((batch_size, lengths["targets"]), np.int32)}
+    encoder[i, : len(example["inputs"])] = example["inputs"]
+  return {
+      "encoder_input_tokens": encoder,
+      "decoder_input_tokens": np.zeros((batch_size, lengths["targets"]), np.int32),
+  }
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -229,8 +268,9 @@ def model_batch(examples: Sequence[Mapping[str, np.ndarray]], batch_size: int,
 def atomic_writer(path: pathlib.Path) -> Iterator[Any]:
   """A text file handle on a temporary file beside `path`, renamed to `path` on success and
   removed on any error, so `path` is either absent, the old file, or complete."""
-  with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent,
-                                   prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
+  with tempfile.NamedTemporaryFile(
+      "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+  ) as f:
     try:
       yield f
     except BaseException:
@@ -267,8 +307,13 @@ def infer(config: InferConfig) -> dict:
   if truncation.examples == 0:
     raise gin_utils.ConfigError(f"split {config.split!r} of {task.name} has no examples")
   log = logging.warning if any(truncation.truncated.values()) else logging.info
-  log("TASK_FEATURE_LENGTHS %s: %s (split %s); as in T5X, a truncated sequence keeps its first "
-      "length - 1 tokens and EOS.", lengths, truncation, config.split)
+  log(
+      "TASK_FEATURE_LENGTHS %s: %s (split %s); as in T5X, a truncated sequence keeps its first "
+      "length - 1 tokens and EOS.",
+      lengths,
+      truncation,
+      config.split,
+  )
 
   model, pair = build_model(config, task)
   vocabulary = task.output_features["targets"].vocabulary
@@ -279,22 +324,38 @@ def infer(config: InferConfig) -> dict:
 
   targets, predictions, all_stats = [], [], []
   start = time.perf_counter()
-  with atomic_writer(output_dir / PREDICTIONS_FILE) as out, tqdm.tqdm(
-      total=truncation.examples, unit="example", desc=f"{config.decoder} {task.name}") as bar:
+  with (
+      atomic_writer(output_dir / PREDICTIONS_FILE) as out,
+      tqdm.tqdm(
+          total=truncation.examples, unit="example", desc=f"{config.decoder} {task.name}"
+      ) as bar,
+  ):
     for index, examples in enumerate(_batches(task, config)):
       rng = jax.random.fold_in(jax.random.PRNGKey(config.decode_seed), index)
-      decodes, aux = predict(pair.params, model_batch(examples, config.batch_size, lengths), rng,
-                             temperature)
+      decodes, aux = predict(
+          pair.params, model_batch(examples, config.batch_size, lengths), rng, temperature
+      )
       decodes = np.asarray(decodes)
       row_stats = _row_stats(aux, decodes, model.eos_id, len(examples))
       for example, tokens, stats in zip(examples, decodes, row_stats):
-        target = task.postprocess_fn(example["targets_pretokenized"].decode("utf-8"),
-                                     example=example, is_target=True)
-        prediction = task.postprocess_fn(vocabulary.decode(tokens.tolist()), example=example,
-                                         is_target=False)
-        out.write(json.dumps({"inputs": example["inputs_pretokenized"].decode("utf-8"),
-                              "targets": target, "prediction": prediction, "stats": stats},
-                             ensure_ascii=False) + "\n")
+        target = task.postprocess_fn(
+            example["targets_pretokenized"].decode("utf-8"), example=example, is_target=True
+        )
+        prediction = task.postprocess_fn(
+            vocabulary.decode(tokens.tolist()), example=example, is_target=False
+        )
+        out.write(
+            json.dumps(
+                {
+                    "inputs": example["inputs_pretokenized"].decode("utf-8"),
+                    "targets": target,
+                    "prediction": prediction,
+                    "stats": stats,
+                },
+                ensure_ascii=False,
+            )
+            + "\n"
+        )
         targets.append(target)
         predictions.append(prediction)
       all_stats.extend(row_stats)
@@ -306,17 +367,26 @@ def infer(config: InferConfig) -> dict:
     metrics.update(metric_fn(targets, predictions))
   drafter = pair.drafter
   result = {
-      "task": task.name, "split": config.split, "examples": len(predictions),
-      "metrics": metrics, "decoding": _summary(all_stats, config.speculative),
+      "task": task.name,
+      "split": config.split,
+      "examples": len(predictions),
+      "metrics": metrics,
+      "decoding": _summary(all_stats, config.speculative),
       "truncated": {"examples": truncation.examples, **truncation.truncated},
-      "weights": pair.sources, "random_weights": pair.random_weights,
-      "settings": {"decoder": config.decoder,
-                   "drafter": None if drafter is None else type(drafter).__name__,
-                   "drafter_repr": None if drafter is None else repr(drafter),
-                   "gamma": config.gamma if config.speculative else None,
-                   "temperature": config.temperature, "topk": config.topk,
-                   "topp": config.topp, "batch_size": config.batch_size,
-                   "task_feature_lengths": lengths, "decode_seed": config.decode_seed},
+      "weights": pair.sources,
+      "random_weights": pair.random_weights,
+      "settings": {
+          "decoder": config.decoder,
+          "drafter": None if drafter is None else type(drafter).__name__,
+          "drafter_repr": None if drafter is None else repr(drafter),
+          "gamma": config.gamma if config.speculative else None,
+          "temperature": config.temperature,
+          "topk": config.topk,
+          "topp": config.topp,
+          "batch_size": config.batch_size,
+          "task_feature_lengths": lengths,
+          "decode_seed": config.decode_seed,
+      },
       "seconds": {"decoding_incl_compile": seconds},
   }
   with atomic_writer(output_dir / METRICS_FILE) as f:

@@ -9,6 +9,7 @@ Unlike T5X, where `temperature_sample` defaults to topk=1 (greedy), both models 
 `topk=0` unless `decoder_params` says otherwise, so a baseline and a speculative run with the same
 `decoder_params` sample from the same distribution.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,8 +32,9 @@ Batch = Mapping[str, jax.Array]
 _DECODER_PARAM_DEFAULTS = {"temperature": 0.0, "topk": 0, "topp": 0.0}
 
 
-def _cross_entropy(logits: jax.Array, targets: jax.Array, z_loss: float,
-                   label_smoothing: float) -> tuple[jax.Array, jax.Array]:
+def _cross_entropy(
+    logits: jax.Array, targets: jax.Array, z_loss: float, label_smoothing: float
+) -> tuple[jax.Array, jax.Array]:
   """logits [B, l, V], targets [B, l] -> (per-token loss incl. z-loss, per-token z-loss)."""
   vocab = logits.shape[-1]
   confidence = 1.0 - label_smoothing
@@ -55,12 +57,20 @@ def _weights(batch: Batch) -> jax.Array:
 @gin.configurable
 class EncoderDecoderModel:
   """The baseline: T5 1.1 decoded with `decode_fn` (default `decoding.temperature_sample`)."""
+
   FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter
 
-  def __init__(self, module: network.Transformer, input_vocabulary: seqio.Vocabulary,
-               output_vocabulary: seqio.Vocabulary, optimizer_def: Any = None,
-               decode_fn: Callable = decoding.temperature_sample, label_smoothing: float = 0.0,
-               z_loss: float = 0.0, loss_normalizing_factor: float | None = None):
+  def __init__(
+      self,
+      module: network.Transformer,
+      input_vocabulary: seqio.Vocabulary,
+      output_vocabulary: seqio.Vocabulary,
+      optimizer_def: Any = None,
+      decode_fn: Callable = decoding.temperature_sample,
+      label_smoothing: float = 0.0,
+      z_loss: float = 0.0,
+      loss_normalizing_factor: float | None = None,
+  ):
     self.module = module
     self._input_vocabulary = input_vocabulary
     self._output_vocabulary = output_vocabulary
@@ -86,8 +96,12 @@ class EncoderDecoderModel:
   def eos_id(self) -> int:
     return self._output_vocabulary.eos_id or 1
 
-  def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, tuple],
-                            input_types: Mapping[str, Any] | None = None) -> dict:
+  def get_initial_variables(
+      self,
+      rng: jax.Array,
+      input_shapes: Mapping[str, tuple],
+      input_types: Mapping[str, Any] | None = None,
+  ) -> dict:
     """{'params': ...} at the given feature shapes (float32, unboxed)."""
     del input_types
     enc = jnp.ones(input_shapes["encoder_input_tokens"], jnp.int32)
@@ -97,23 +111,35 @@ class EncoderDecoderModel:
 
   def _compute_logits(self, params, batch: Batch, dropout_rng: jax.Array | None = None):
     rngs = None if dropout_rng is None else {"dropout": dropout_rng}
-    return self.module.apply({"params": params}, batch["encoder_input_tokens"],
-                             batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                             batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"),
-                             enable_dropout=dropout_rng is not None, rngs=rngs)
+    return self.module.apply(
+        {"params": params},
+        batch["encoder_input_tokens"],
+        batch["decoder_input_tokens"],
+        batch["decoder_target_tokens"],
+        batch.get("encoder_segment_ids"),
+        batch.get("decoder_segment_ids"),
+        enable_dropout=dropout_rng is not None,
+        rngs=rngs,
+    )
 
   def loss_fn(self, params, batch: Batch, dropout_rng: jax.Array | None):
     """Weighted cross-entropy plus z-loss -> (loss, metrics)."""
     logits = self._compute_logits(params, batch, dropout_rng)
     weights = _weights(batch)
-    loss, z = _cross_entropy(logits, batch["decoder_target_tokens"], self._z_loss,
-                             self._label_smoothing)
-    normalizer = (jnp.sum(weights) if self._loss_normalizing_factor is None
-                  else self._loss_normalizing_factor)
+    loss, z = _cross_entropy(
+        logits, batch["decoder_target_tokens"], self._z_loss, self._label_smoothing
+    )
+    normalizer = (
+        jnp.sum(weights) if self._loss_normalizing_factor is None else self._loss_normalizing_factor
+    )
     total = jnp.sum(loss * weights) / normalizer
     correct = (jnp.argmax(logits, -1) == batch["decoder_target_tokens"]) * weights
-    metrics = {"loss": total, "z_loss": jnp.sum(z * weights) / normalizer,
-               "accuracy": jnp.sum(correct) / jnp.sum(weights), "tokens": jnp.sum(weights)}
+    metrics = {
+        "loss": total,
+        "z_loss": jnp.sum(z * weights) / normalizer,
+        "accuracy": jnp.sum(correct) / jnp.sum(weights),
+        "tokens": jnp.sum(weights),
+    }
     return total, metrics
 
   def eval_fn(self, params, batch: Batch):
@@ -134,14 +160,16 @@ class EncoderDecoderModel:
       if "decode_rng" in settings:
         raise ValueError("Got both `rng` and `decoder_params['decode_rng']`: give only one.")
       settings["decode_rng"] = rng
-    sampling.validate(settings.get("temperature"), settings.get("topk", 0),
-                      settings.get("topp", 0.0))
+    sampling.validate(
+        settings.get("temperature"), settings.get("topk", 0), settings.get("topp", 0.0)
+    )
     return settings
 
   def _prefill_target(self, params, encoder_tokens, cache_length):
     """-> (the target's encoder output [B, Le, E], its decoder cache)."""
-    return self.module.apply({"params": params}, encoder_tokens, cache_length,
-                             method=self.module.prefill)
+    return self.module.apply(
+        {"params": params}, encoder_tokens, cache_length, method=self.module.prefill
+    )
 
   def _target_decode(self, params, tokens, cache, index):
     return self.module.apply({"params": params}, tokens, cache, index, method=self.module.decode)
@@ -149,13 +177,20 @@ class EncoderDecoderModel:
   def prefill(self, params, batch: Batch) -> Any:
     """What prediction does before its decoding loop: the encoder and the decoder cache at the
     decode length (cross-attention keys and values computed) -> the cache pytree."""
-    return self._prefill_target(params, batch["encoder_input_tokens"],
-                                batch["decoder_input_tokens"].shape[1])[1]
+    return self._prefill_target(
+        params, batch["encoder_input_tokens"], batch["decoder_input_tokens"].shape[1]
+    )[1]
 
-  def predict_batch_with_aux(self, params, batch: Batch, rng: jax.Array | None = None,
-                             decoder_params: Mapping[str, Any] | None = None,
-                             return_all_decodes: bool = False, num_decodes: int = 1,
-                             prompt_with_targets: bool = False):
+  def predict_batch_with_aux(
+      self,
+      params,
+      batch: Batch,
+      rng: jax.Array | None = None,
+      decoder_params: Mapping[str, Any] | None = None,
+      return_all_decodes: bool = False,
+      num_decodes: int = 1,
+      prompt_with_targets: bool = False,
+  ):
     """-> (decodes [B, L] or [B, N, L], {'scores': [B] or [B, N]})."""
     settings = self._settings(decoder_params, rng)
     decoder_inputs = batch["decoder_input_tokens"]
@@ -169,9 +204,14 @@ class EncoderDecoderModel:
       logits, cache = self._target_decode(params, state.cur_token, state.cache, state.cur_index)
       return logits[:, 0], cache
 
-    decodes, scores = self._decode_fn(inputs=inputs, cache=cache,
-                                      tokens_to_logits=tokens_to_logits, eos_id=self.eos_id,
-                                      num_decodes=num_decodes, **settings)
+    decodes, scores = self._decode_fn(
+        inputs=inputs,
+        cache=cache,
+        tokens_to_logits=tokens_to_logits,
+        eos_id=self.eos_id,
+        num_decodes=num_decodes,
+        **settings,
+    )
     if return_all_decodes:
       return decodes, {"scores": scores}
     return decodes[:, -1], {"scores": scores[:, -1]}
@@ -179,9 +219,15 @@ class EncoderDecoderModel:
   def predict_batch(self, params, batch: Batch, rng: jax.Array | None = None, **kwargs):
     return self.predict_batch_with_aux(params, batch, rng, **kwargs)[0]
 
-  @functools.cache
-  def jit_predict(self, num_decodes: int = 1, return_all_decodes: bool = False, topk: int = 0,
-                  topp: float = 0.0, max_decode_steps: int | None = None) -> Callable:
+  @functools.cache  # noqa: B019  (compiled functions live as long as the model)
+  def jit_predict(
+      self,
+      num_decodes: int = 1,
+      return_all_decodes: bool = False,
+      topk: int = 0,
+      topp: float = 0.0,
+      max_decode_steps: int | None = None,
+  ) -> Callable:
     """`fn(params, batch, rng, temperature) -> (decodes, aux)`, jitted with the temperature traced,
     so changing it does not recompile; a concrete temperature is validated before the call.
 
@@ -192,11 +238,21 @@ class EncoderDecoderModel:
     sampling.validate(None, topk, topp)
 
     def fn(params, batch, rng, temperature):
-      decoder_params = {"temperature": temperature, "topk": topk, "topp": topp,
-                        "max_decode_steps": max_decode_steps}
-      return self.predict_batch_with_aux(params, batch, rng, decoder_params=decoder_params,
-                                         return_all_decodes=return_all_decodes,
-                                         num_decodes=num_decodes)
+      decoder_params = {
+          "temperature": temperature,
+          "topk": topk,
+          "topp": topp,
+          "max_decode_steps": max_decode_steps,
+      }
+      return self.predict_batch_with_aux(
+          params,
+          batch,
+          rng,
+          decoder_params=decoder_params,
+          return_all_decodes=return_all_decodes,
+          num_decodes=num_decodes,
+      )
+
     compiled = jax.jit(fn)
     compiled_greedy = jax.jit(lambda params, batch, rng: fn(params, batch, rng, 0.0))
 
@@ -205,6 +261,7 @@ class EncoderDecoderModel:
       if sampling.is_greedy(temperature) and np.ndim(temperature) == 0:
         return compiled_greedy(params, batch, rng)
       return compiled(params, batch, rng, temperature)
+
     return predict
 
 
@@ -223,32 +280,50 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       (its default) is, and returning a `decoding.SpeculativeOutput`.
   """
 
-  def __init__(self, module: network.Transformer,
-               drafter: drafters_lib.Drafter | network.Transformer,
-               input_vocabulary: seqio.Vocabulary, output_vocabulary: seqio.Vocabulary,
-               gamma: int = 4, verifier: speculative.Verifier = speculative.TokenVerifier(),
-               decode_fn: Callable[..., decoding.SpeculativeOutput] = decoding.speculative_sample,
-               optimizer_def: Any = None, label_smoothing: float = 0.0, z_loss: float = 0.0,
-               loss_normalizing_factor: float | None = None):
-    super().__init__(module, input_vocabulary, output_vocabulary, optimizer_def,
-                     decode_fn=decode_fn, label_smoothing=label_smoothing, z_loss=z_loss,
-                     loss_normalizing_factor=loss_normalizing_factor)
+  def __init__(
+      self,
+      module: network.Transformer,
+      drafter: drafters_lib.Drafter | network.Transformer,
+      input_vocabulary: seqio.Vocabulary,
+      output_vocabulary: seqio.Vocabulary,
+      gamma: int = 4,
+      verifier: speculative.Verifier = speculative.ALGORITHM_1,
+      decode_fn: Callable[..., decoding.SpeculativeOutput] = decoding.speculative_sample,
+      optimizer_def: Any = None,
+      label_smoothing: float = 0.0,
+      z_loss: float = 0.0,
+      loss_normalizing_factor: float | None = None,
+  ):
+    super().__init__(
+        module,
+        input_vocabulary,
+        output_vocabulary,
+        optimizer_def,
+        decode_fn=decode_fn,
+        label_smoothing=label_smoothing,
+        z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor,
+    )
     decoding.validate_speculative(gamma, None, 0, 0.0)
     if not isinstance(verifier, speculative.Verifier):
-      raise ValueError(f"verifier must be a speculative.Verifier (e.g. "
-                       f"speculative.TokenVerifier()), got {type(verifier).__name__}.")
+      raise ValueError(
+          f"verifier must be a speculative.Verifier (e.g. "
+          f"speculative.TokenVerifier()), got {type(verifier).__name__}."
+      )
     self.gamma = int(gamma)
     self.verifier = verifier
-    self.drafter = drafters_lib.as_drafter(drafter).for_target(module.config.vocab_size,
-                                                               self.eos_id)
+    self.drafter = drafters_lib.as_drafter(drafter).for_target(
+        module.config.vocab_size, self.eos_id
+    )
 
   def get_initial_variables(self, rng, input_shapes, input_types=None) -> dict:
     """{'params': {'target': ..., 'drafter': ...}} (the drafter's from `Drafter.init_params`:
     random for a T5 drafter, uniform tables for n-gram drafters until fitted)."""
     rng_target, rng_drafter = jax.random.split(rng)
     target = super().get_initial_variables(rng_target, input_shapes, input_types)["params"]
-    return {"params": {"target": target,
-                       "drafter": self.drafter.init_params(rng_drafter, input_shapes)}}
+    return {
+        "params": {"target": target, "drafter": self.drafter.init_params(rng_drafter, input_shapes)}
+    }
 
   def _compute_logits(self, params, batch, dropout_rng=None):
     return super()._compute_logits(params["target"], batch, dropout_rng)
@@ -260,13 +335,20 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     encoder_tokens = batch["encoder_input_tokens"]
     cache_length = batch["decoder_input_tokens"].shape[1] + self.gamma + 1
     encoded, cache = self._prefill_target(params["target"], encoder_tokens, cache_length)
-    return cache, self.drafter.init_state(params["drafter"], encoder_tokens, cache_length,
-                                          target_encoded=encoded)
+    return cache, self.drafter.init_state(
+        params["drafter"], encoder_tokens, cache_length, target_encoded=encoded
+    )
 
-  def predict_batch_with_aux(self, params, batch: Batch, rng: jax.Array | None = None,
-                             decoder_params: Mapping[str, Any] | None = None,
-                             return_all_decodes: bool = False, num_decodes: int = 1,
-                             prompt_with_targets: bool = False):
+  def predict_batch_with_aux(
+      self,
+      params,
+      batch: Batch,
+      rng: jax.Array | None = None,
+      decoder_params: Mapping[str, Any] | None = None,
+      return_all_decodes: bool = False,
+      num_decodes: int = 1,
+      prompt_with_targets: bool = False,
+  ):
     """-> (decodes, {'scores': ..., 'speculative_stats': {name: [B] or [B, N]}}), the stats named
     `decoding.STAT_NAMES` (`decoding.SpeculativeStats.from_dict` gives alpha and tokens per call).
 
@@ -274,17 +356,26 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     `decoding.SpeculativeTrace`.
     """
     if prompt_with_targets:
-      raise ValueError("prompt_with_targets=True is not supported by speculative decoding: decode "
-                       "from BOS (the encoder-decoder default).")
+      raise ValueError(
+          "prompt_with_targets=True is not supported by speculative decoding: decode "
+          "from BOS (the encoder-decoder default)."
+      )
     settings = self._settings(decoder_params, rng)
     decoder_inputs = batch["decoder_input_tokens"]
     target_cache, drafter_state = self.prefill(params, batch)
     output = self._decode_fn(
-        inputs=jnp.zeros_like(decoder_inputs), target_cache=target_cache,
+        inputs=jnp.zeros_like(decoder_inputs),
+        target_cache=target_cache,
         target_logits_fn=functools.partial(self._target_decode, params["target"]),
-        drafter=self.drafter, drafter_params=params["drafter"], drafter_state=drafter_state,
-        eos_id=self.eos_id, gamma=self.gamma, verifier=self.verifier, num_decodes=num_decodes,
-        **settings)
+        drafter=self.drafter,
+        drafter_params=params["drafter"],
+        drafter_state=drafter_state,
+        eos_id=self.eos_id,
+        gamma=self.gamma,
+        verifier=self.verifier,
+        num_decodes=num_decodes,
+        **settings,
+    )
     aux = {"scores": output.log_probs, "speculative_stats": output.stats.as_dict()}
     if output.trace is not None:
       aux["speculative_trace"] = output.trace

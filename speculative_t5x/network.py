@@ -13,6 +13,7 @@ values are computed once per sequence, in `init_decode_cache`.
 Shapes: B batch, Le encoder length, k new decoder tokens, L cache length, H heads, D head_dim,
 E emb_dim, V vocab_size.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,6 +52,7 @@ class T5Config:
   `dtype` is the activation dtype ('float32' or 'bfloat16'); parameters are always stored in
   float32 and logits are always float32.
   """
+
   vocab_size: int
   dtype: str = "float32"
   emb_dim: int = 512
@@ -71,13 +73,24 @@ class T5Config:
     dtype = self.dtype if isinstance(self.dtype, str) else jnp.dtype(self.dtype).name
     object.__setattr__(self, "dtype", dtype)
     if dtype not in _DTYPES:
-      raise ValueError(f"T5Config.dtype {self.dtype!r} is not supported: use one of {sorted(_DTYPES)}.")
+      raise ValueError(
+          f"T5Config.dtype {self.dtype!r} is not supported: use one of {sorted(_DTYPES)}."
+      )
     unknown = [a for a in self.mlp_activations if a not in _ACTIVATIONS]
     if unknown or not self.mlp_activations:
-      raise ValueError(f"T5Config.mlp_activations {self.mlp_activations} has unknown activation(s) "
-                       f"{unknown}: use names from {sorted(_ACTIVATIONS)} (T5 1.1 uses ('gelu', 'linear')).")
-    for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
-                 "num_encoder_layers", "num_decoder_layers"):
+      raise ValueError(
+          f"T5Config.mlp_activations {self.mlp_activations} has unknown activation(s) "
+          f"{unknown}: use names from {sorted(_ACTIVATIONS)} (T5 1.1 uses ('gelu', 'linear'))."
+      )
+    for name in (
+        "vocab_size",
+        "emb_dim",
+        "num_heads",
+        "head_dim",
+        "mlp_dim",
+        "num_encoder_layers",
+        "num_decoder_layers",
+    ):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"T5Config.{name} must be a positive integer, got {getattr(self, name)}.")
     if not 0.0 <= self.dropout_rate < 1.0:
@@ -94,8 +107,9 @@ class T5Config:
 # ----------------------------------------------------------------------------------------------
 # Relative position buckets (T5): computed in numpy, as compile-time constants.
 # ----------------------------------------------------------------------------------------------
-def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool, num_buckets: int,
-                             max_distance: int) -> np.ndarray:
+def relative_position_bucket(
+    relative_position: np.ndarray, bidirectional: bool, num_buckets: int, max_distance: int
+) -> np.ndarray:
   """T5's bucket of `memory_position - query_position` (int array in, int32 array out)."""
   n = -np.asarray(relative_position, np.int32)
   ret = np.zeros_like(n)
@@ -108,14 +122,17 @@ def relative_position_bucket(relative_position: np.ndarray, bidirectional: bool,
   max_exact = num_buckets // 2
   is_small = n < max_exact
   val_if_large = max_exact + (
-      np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps) /
-      math.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(np.int32)
+      np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+      / math.log(max_distance / max_exact)
+      * (num_buckets - max_exact)
+  ).astype(np.int32)
   val_if_large = np.minimum(val_if_large, num_buckets - 1)
   return (ret + np.where(is_small, n, val_if_large)).astype(np.int32)
 
 
 class RelativePositionBiases(nn.Module):
   """One `rel_embedding [H, num_buckets]` table per stack, shared by its layers."""
+
   num_buckets: int
   max_distance: int
   num_heads: int
@@ -131,13 +148,17 @@ class RelativePositionBiases(nn.Module):
     """
     rel_embedding = self.param(
         "rel_embedding",
-        nn.with_logical_partitioning(nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-                                     ("heads", "relpos_buckets")),
-        (self.num_heads, self.num_buckets), jnp.float32)
+        nn.with_logical_partitioning(
+            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), ("heads", "relpos_buckets")
+        ),
+        (self.num_heads, self.num_buckets),
+        jnp.float32,
+    )
     span = key_length + query_positions.shape[-1]
     distances = np.arange(-span + 1, span)
-    buckets = relative_position_bucket(distances, self.bidirectional, self.num_buckets,
-                                       self.max_distance)
+    buckets = relative_position_bucket(
+        distances, self.bidirectional, self.num_buckets, self.max_distance
+    )
     bias_by_distance = jnp.asarray(rel_embedding, self.dtype)[:, buckets]  # [H, 2*span-1]
     relative = jnp.arange(key_length)[None, None, :] - query_positions[:, :, None]  # [B, q, Lk]
     bias = jnp.take(bias_by_distance, relative + span - 1, axis=1, mode="clip")  # [H, B, q, Lk]
@@ -149,6 +170,7 @@ class RelativePositionBiases(nn.Module):
 # ----------------------------------------------------------------------------------------------
 class Dense(nn.Module):
   """x [..., in] @ kernel [in, features] with a 2-D float32 kernel, computed in `dtype`."""
+
   features: int
   dtype: Any
   kernel_axes: tuple[str, str]
@@ -156,19 +178,28 @@ class Dense(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    kernel = self.param("kernel", nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
-                        (x.shape[-1], self.features), jnp.float32)
+    kernel = self.param(
+        "kernel",
+        nn.with_logical_partitioning(self.kernel_init, self.kernel_axes),
+        (x.shape[-1], self.features),
+        jnp.float32,
+    )
     return jnp.dot(x.astype(self.dtype), jnp.asarray(kernel, self.dtype))
 
 
 class RMSNorm(nn.Module):
   """T5's LayerNorm: x * rsqrt(mean(x^2) + 1e-6) in float32, then `scale` in `dtype`."""
+
   dtype: Any
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                       (x.shape[-1],), jnp.float32)
+    scale = self.param(
+        "scale",
+        nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        (x.shape[-1],),
+        jnp.float32,
+    )
     x = x.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + RMS_EPSILON)
     return y.astype(self.dtype) * jnp.asarray(scale, self.dtype)
@@ -176,14 +207,18 @@ class RMSNorm(nn.Module):
 
 class Embed(nn.Module):
   """The shared token embedding `embedding [V, E]`; lookup by gather, `attend` for tied logits."""
+
   num_embeddings: int
   features: int
   dtype: Any
 
   def setup(self):
     self.embedding = self.param(
-        "embedding", nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
-        (self.num_embeddings, self.features), jnp.float32)
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
+        (self.num_embeddings, self.features),
+        jnp.float32,
+    )
 
   def __call__(self, tokens: Array) -> Array:
     """tokens [B, l] int -> [B, l, E] in dtype."""
@@ -196,6 +231,7 @@ class Embed(nn.Module):
 
 class MlpBlock(nn.Module):
   """Gated MLP: prod_i act_i(x @ wi_i) -> dropout -> @ wo (a single activation names it `wi`)."""
+
   config: T5Config
 
   @nn.compact
@@ -217,6 +253,7 @@ class MultiHeadAttention(nn.Module):
 
   As in T5X, the 1/sqrt(D) scaling is folded into the query kernel's initializer.
   """
+
   config: T5Config
 
   def setup(self):
@@ -245,8 +282,15 @@ class MultiHeadAttention(nn.Module):
     """x [B, l, E] -> keys, values [B, l, H, D]."""
     return self._split(self.key(x)), self._split(self.value(x))
 
-  def attend(self, query: Array, key: Array, value: Array, mask: Array, bias: Array | None,
-             deterministic: bool) -> Array:
+  def attend(
+      self,
+      query: Array,
+      key: Array,
+      value: Array,
+      mask: Array,
+      bias: Array | None,
+      deterministic: bool,
+  ) -> Array:
     """query [B, q, H, D], key/value [B, l, H, D], mask bool [B, 1, q, l], bias [B|1, H, q, l]
     -> [B, q, E]."""
     cfg = self.config
@@ -260,8 +304,9 @@ class MultiHeadAttention(nn.Module):
     y = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
     return self.out(y.reshape(y.shape[:2] + (-1,)))
 
-  def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array, bias: Array | None,
-               deterministic: bool) -> Array:
+  def __call__(
+      self, inputs_q: Array, inputs_kv: Array, mask: Array, bias: Array | None, deterministic: bool
+  ) -> Array:
     key, value = self.project_key_value(inputs_kv)
     return self.attend(self.project_query(inputs_q), key, value, mask, bias, deterministic)
 
@@ -284,6 +329,7 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
   """Self-attention, cross-attention and MLP blocks, each pre-normed with a residual."""
+
   config: T5Config
 
   def setup(self):
@@ -300,8 +346,13 @@ class DecoderLayer(nn.Module):
   def _cross_and_mlp(self, x, cross_key, cross_value, cross_mask, deterministic):
     h = self.pre_cross_attention_layer_norm(x)
     h = self.encoder_decoder_attention.attend(
-        self.encoder_decoder_attention.project_query(h), cross_key, cross_value, cross_mask, None,
-        deterministic)
+        self.encoder_decoder_attention.project_query(h),
+        cross_key,
+        cross_value,
+        cross_mask,
+        None,
+        deterministic,
+    )
     x = x + self.dropout(h, deterministic=deterministic)
     h = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
     return x + self.dropout(h, deterministic=deterministic)
@@ -324,12 +375,17 @@ class DecoderLayer(nn.Module):
     query = self.self_attention.project_query(h)
     key, value = self.self_attention.project_key_value(h)
     write = jax.vmap(lambda buf, new, i: jax.lax.dynamic_update_slice_in_dim(buf, new, i, axis=0))
-    cached_key = write(layer_cache["self_key"], key.astype(layer_cache["self_key"].dtype), cache_index)
-    cached_value = write(layer_cache["self_value"], value.astype(layer_cache["self_value"].dtype),
-                         cache_index)
+    cached_key = write(
+        layer_cache["self_key"], key.astype(layer_cache["self_key"].dtype), cache_index
+    )
+    cached_value = write(
+        layer_cache["self_value"], value.astype(layer_cache["self_value"].dtype), cache_index
+    )
     h = self.self_attention.attend(query, cached_key, cached_value, self_mask, self_bias, True)
     x = x + h
-    x = self._cross_and_mlp(x, layer_cache["cross_key"], layer_cache["cross_value"], cross_mask, True)
+    x = self._cross_and_mlp(
+        x, layer_cache["cross_key"], layer_cache["cross_value"], cross_mask, True
+    )
     new_cache = dict(layer_cache, self_key=cached_key, self_value=cached_value)
     return x, new_cache
 
@@ -354,9 +410,14 @@ class Encoder(nn.Module):
     """tokens [B, Le] (0 = padding) -> encoded [B, Le, E]."""
     cfg = self.config
     dtype = cfg.activation_dtype
-    relpos = RelativePositionBiases(cfg.relative_attention_num_buckets,
-                                    cfg.relative_attention_max_distance, cfg.num_heads,
-                                    bidirectional=True, dtype=dtype, name="relpos_bias")
+    relpos = RelativePositionBiases(
+        cfg.relative_attention_num_buckets,
+        cfg.relative_attention_max_distance,
+        cfg.num_heads,
+        bidirectional=True,
+        dtype=dtype,
+        name="relpos_bias",
+    )
     length = tokens.shape[1]
     bias = relpos(jnp.arange(length)[None], length)
     valid = tokens > 0
@@ -376,9 +437,13 @@ class Decoder(nn.Module):
   def setup(self):
     cfg = self.config
     dtype = cfg.activation_dtype
-    self.relpos_bias = RelativePositionBiases(cfg.relative_attention_num_buckets,
-                                              cfg.relative_attention_max_distance, cfg.num_heads,
-                                              bidirectional=False, dtype=dtype)
+    self.relpos_bias = RelativePositionBiases(
+        cfg.relative_attention_num_buckets,
+        cfg.relative_attention_max_distance,
+        cfg.num_heads,
+        bidirectional=False,
+        dtype=dtype,
+    )
     self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)]
     self.decoder_norm = RMSNorm(dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -391,16 +456,28 @@ class Decoder(nn.Module):
       return self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1])
     return self.logits_dense(x)
 
-  def __call__(self, encoded, encoder_tokens, decoder_input_tokens, decoder_target_tokens,
-               encoder_segment_ids, decoder_segment_ids, deterministic):
+  def __call__(
+      self,
+      encoded,
+      encoder_tokens,
+      decoder_input_tokens,
+      decoder_target_tokens,
+      encoder_segment_ids,
+      decoder_segment_ids,
+      deterministic,
+  ):
     """Teacher-forced decoder: -> logits [B, l, V] float32."""
     length = decoder_input_tokens.shape[1]
     target_valid = decoder_target_tokens > 0
     causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
-    self_mask = (_attention_mask(target_valid, target_valid) & causal &
-                 _segment_mask(decoder_segment_ids, decoder_segment_ids))
-    cross_mask = (_attention_mask(target_valid, encoder_tokens > 0) &
-                  _segment_mask(decoder_segment_ids, encoder_segment_ids))
+    self_mask = (
+        _attention_mask(target_valid, target_valid)
+        & causal
+        & _segment_mask(decoder_segment_ids, decoder_segment_ids)
+    )
+    cross_mask = _attention_mask(target_valid, encoder_tokens > 0) & _segment_mask(
+        decoder_segment_ids, encoder_segment_ids
+    )
     bias = self.relpos_bias(jnp.arange(length)[None], length)
     x = self.dropout(self.shared_embedding(decoder_input_tokens), deterministic=deterministic)
     x = x.astype(self.config.activation_dtype)
@@ -415,8 +492,12 @@ class Decoder(nn.Module):
     for i, layer in enumerate(self.layers):
       cross_key, cross_value = layer.cross_key_value(encoded)
       zeros = jnp.zeros((batch, cache_length, cfg.num_heads, cfg.head_dim), cfg.activation_dtype)
-      cache[f"layers_{i}"] = {"self_key": zeros, "self_value": zeros,
-                              "cross_key": cross_key, "cross_value": cross_value}
+      cache[f"layers_{i}"] = {
+          "self_key": zeros,
+          "self_value": zeros,
+          "cross_key": cross_key,
+          "cross_value": cross_value,
+      }
     return cache
 
   def decode(self, tokens: Array, cache: dict, cache_index: Array) -> tuple[Array, dict]:
@@ -429,20 +510,24 @@ class Decoder(nn.Module):
     x = self.shared_embedding(tokens).astype(self.config.activation_dtype)
     new_cache = {"encoder_valid": cache["encoder_valid"]}
     for i, layer in enumerate(self.layers):
-      x, new_cache[f"layers_{i}"] = layer.decode(x, cache[f"layers_{i}"], cache_index, self_mask,
-                                                 bias, cross_mask)
+      x, new_cache[f"layers_{i}"] = layer.decode(
+          x, cache[f"layers_{i}"], cache_index, self_mask, bias, cross_mask
+      )
     return self._logits(x, True), new_cache
 
 
 def _check_tokens(name: str, tokens: Any) -> None:
   shape = np.shape(tokens)
   if len(shape) != 2:
-    raise ValueError(f"{name} must be a rank-2 [batch, length] array of token ids, got shape {shape}: "
-                     "add a batch dimension (tokens[None]) or flatten extra axes.")
+    raise ValueError(
+        f"{name} must be a rank-2 [batch, length] array of token ids, got shape {shape}: "
+        "add a batch dimension (tokens[None]) or flatten extra axes."
+    )
   dtype = np.dtype(tokens.dtype if hasattr(tokens, "dtype") else np.asarray(tokens).dtype)
   if not np.issubdtype(dtype, np.integer):
-    raise ValueError(f"{name} must hold integer token ids, got dtype {dtype}: cast with "
-                     ".astype(np.int32).")
+    raise ValueError(
+        f"{name} must hold integer token ids, got dtype {dtype}: cast with " ".astype(np.int32)."
+    )
 
 
 class Transformer(nn.Module):
@@ -457,6 +542,7 @@ class Transformer(nn.Module):
     prefill(encoder_input_tokens, cache_length) -> (encoded, cache): the two above in one call.
     decode(tokens [B, k], cache, cache_index [B]) -> (logits [B, k, V] float32, cache).
   """
+
   config: T5Config
 
   def setup(self):
@@ -465,27 +551,51 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
 
-  def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Array | None = None, *,
-             enable_dropout: bool = False) -> Array:
+  def encode(
+      self,
+      encoder_input_tokens: Array,
+      encoder_segment_ids: Array | None = None,
+      *,
+      enable_dropout: bool = False,
+  ) -> Array:
     _check_tokens("encoder_input_tokens", encoder_input_tokens)
     return self.encoder(encoder_input_tokens, encoder_segment_ids, not enable_dropout)
 
-  def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
-               decoder_target_tokens: Array, encoder_segment_ids: Array | None = None,
-               decoder_segment_ids: Array | None = None, *, enable_dropout: bool = False) -> Array:
-    for name, tokens in (("decoder_input_tokens", decoder_input_tokens),
-                         ("decoder_target_tokens", decoder_target_tokens)):
+  def __call__(
+      self,
+      encoder_input_tokens: Array,
+      decoder_input_tokens: Array,
+      decoder_target_tokens: Array,
+      encoder_segment_ids: Array | None = None,
+      decoder_segment_ids: Array | None = None,
+      *,
+      enable_dropout: bool = False,
+  ) -> Array:
+    for name, tokens in (
+        ("decoder_input_tokens", decoder_input_tokens),
+        ("decoder_target_tokens", decoder_target_tokens),
+    ):
       _check_tokens(name, tokens)
     if np.shape(decoder_input_tokens) != np.shape(decoder_target_tokens):
-      raise ValueError(f"decoder_input_tokens {np.shape(decoder_input_tokens)} and "
-                       f"decoder_target_tokens {np.shape(decoder_target_tokens)} must have one shape: "
-                       "the inputs are the targets shifted right by one.")
+      raise ValueError(
+          f"decoder_input_tokens {np.shape(decoder_input_tokens)} and "
+          f"decoder_target_tokens {np.shape(decoder_target_tokens)} must have one shape: "
+          "the inputs are the targets shifted right by one."
+      )
     encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout=enable_dropout)
-    return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-                        encoder_segment_ids, decoder_segment_ids, not enable_dropout)
+    return self.decoder(
+        encoded,
+        encoder_input_tokens,
+        decoder_input_tokens,
+        decoder_target_tokens,
+        encoder_segment_ids,
+        decoder_segment_ids,
+        not enable_dropout,
+    )
 
-  def init_decode_cache(self, encoded: Array, encoder_input_tokens: Array,
-                        cache_length: int) -> dict:
+  def init_decode_cache(
+      self, encoded: Array, encoder_input_tokens: Array, cache_length: int
+  ) -> dict:
     """Zero self-attention caches [B, cache_length, H, D] and cross-attention keys/values
     [B, Le, H, D] computed once from `encoded`."""
     _check_tokens("encoder_input_tokens", encoder_input_tokens)
@@ -510,22 +620,29 @@ class Transformer(nn.Module):
     cache_length = cache["layers_0"]["self_key"].shape[1]
     k = decoder_tokens.shape[1]
     if np.shape(cache_index) != (decoder_tokens.shape[0],):
-      raise ValueError(f"cache_index must have shape [batch] = ({decoder_tokens.shape[0]},), got "
-                       f"{np.shape(cache_index)}: give one write position per row.")
+      raise ValueError(
+          f"cache_index must have shape [batch] = ({decoder_tokens.shape[0]},), got "
+          f"{np.shape(cache_index)}: give one write position per row."
+      )
     if k > cache_length:
-      raise ValueError(f"a block of {k} tokens does not fit a cache of length {cache_length}: "
-                       "make the cache at least max_decode_len + gamma + 1 long.")
+      raise ValueError(
+          f"a block of {k} tokens does not fit a cache of length {cache_length}: "
+          "make the cache at least max_decode_len + gamma + 1 long."
+      )
     if not isinstance(cache_index, jax.core.Tracer):
       end = int(np.max(np.asarray(cache_index))) + k
       if end > cache_length:
-        raise ValueError(f"writing {k} tokens at cache_index {int(end - k)} needs {end} cache slots "
-                         f"but the cache holds {cache_length}: make the cache longer "
-                         "(max_decode_len + gamma + 1) or roll cache_index back.")
+        raise ValueError(
+            f"writing {k} tokens at cache_index {int(end - k)} needs {end} cache slots "
+            f"but the cache holds {cache_length}: make the cache longer "
+            "(max_decode_len + gamma + 1) or roll cache_index back."
+        )
     return self.decoder.decode(decoder_tokens, cache, jnp.asarray(cache_index, jnp.int32))
 
 
-def init_params(config: T5Config, rng: Array, encoder_length: int = 4,
-                decoder_length: int = 4) -> dict:
+def init_params(
+    config: T5Config, rng: Array, encoder_length: int = 4, decoder_length: int = 4
+) -> dict:
   """Randomly initialised float32 parameters (a plain nested dict, T5X's tree)."""
   tokens = jnp.ones((1, encoder_length), jnp.int32)
   dec = jnp.ones((1, decoder_length), jnp.int32)
@@ -533,22 +650,33 @@ def init_params(config: T5Config, rng: Array, encoder_length: int = 4,
   return nn.meta.unbox(variables["params"])
 
 
-def teacher_forced_logits(config: T5Config, params: Any, encoder_input_tokens: Array,
-                          decoder_input_tokens: Array) -> Array:
+def teacher_forced_logits(
+    config: T5Config, params: Any, encoder_input_tokens: Array, decoder_input_tokens: Array
+) -> Array:
   """Logits [B, L, V] at every position of decoder_input_tokens [B, L] (BOS, then a sequence
   shifted right). The decoder mask comes from all-ones targets, so a 0 after position 0 is a token,
   as in decoding, not padding."""
-  return Transformer(config).apply({"params": params}, encoder_input_tokens, decoder_input_tokens,
-                                   jnp.ones_like(decoder_input_tokens))
+  return Transformer(config).apply(
+      {"params": params},
+      encoder_input_tokens,
+      decoder_input_tokens,
+      jnp.ones_like(decoder_input_tokens),
+  )
 
 
 def param_axes(config: T5Config) -> dict:
   """Logical axis names of every parameter (a tree of `nn.LogicallyPartitioned.names`)."""
-  boxed = jax.eval_shape(lambda: Transformer(config).init(
-      jax.random.PRNGKey(0), jnp.ones((1, 1), jnp.int32), jnp.ones((1, 1), jnp.int32),
-      jnp.ones((1, 1), jnp.int32))["params"])
-  return jax.tree.map(lambda x: x.names, boxed,
-                      is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  boxed = jax.eval_shape(
+      lambda: Transformer(config).init(
+          jax.random.PRNGKey(0),
+          jnp.ones((1, 1), jnp.int32),
+          jnp.ones((1, 1), jnp.int32),
+          jnp.ones((1, 1), jnp.int32),
+      )["params"]
+  )
+  return jax.tree.map(
+      lambda x: x.names, boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)
+  )
 
 
 def param_shapes(config: T5Config) -> dict:

@@ -15,6 +15,7 @@ Relative checkpoint paths resolve like gin files (`gin_utils.resolve_path`): the
 directory, then the repository. `PairConfig.from_pair_dir` reads a directory written by
 `checkpoints.save_pair` (demo_models/).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,6 +57,7 @@ class PairConfig:
 
   Raises `gin_utils.ConfigError`, naming the macro, at construction: before any model is built.
   """
+
   target_config: network.T5Config = gin.REQUIRED
   drafter: drafters_lib.Drafter | None = None
   checkpoint_path: str | None = None
@@ -65,8 +67,10 @@ class PairConfig:
 
   def __post_init__(self):
     if not isinstance(self.target_config, network.T5Config):
-      raise gin_utils.ConfigError(f"TARGET_CONFIG must be a network.T5Config (include a "
-                                  f"configs/models/ file), got {self.target_config!r}")
+      raise gin_utils.ConfigError(
+          f"TARGET_CONFIG must be a network.T5Config (include a "
+          f"configs/models/ file), got {self.target_config!r}"
+      )
     if self.drafter is not None:
       check_drafter(self.drafter)
     vocab_size = self.target_config.vocab_size
@@ -74,46 +78,65 @@ class PairConfig:
       raise gin_utils.ConfigError(
           f"DRAFTER ({type(self.drafter).__name__}) vocab_size {self.drafter.vocab_size} != "
           f"TARGET_CONFIG vocab_size {vocab_size}: speculative decoding needs one vocabulary; "
-          "give the drafter the target's (e.g. a DRAFTER_CONFIG of the same VOCAB_SIZE)")
+          "give the drafter the target's (e.g. a DRAFTER_CONFIG of the same VOCAB_SIZE)"
+      )
     if self.random_init_seed is None:
-      missing = [macro for macro, path, needed in (
-          ("CHECKPOINT_PATH", self.checkpoint_path, True),
-          ("DRAFTER_CHECKPOINT_PATH", self.drafter_checkpoint_path,
-           self.drafter is not None and self.drafter.needs_checkpoint)) if needed and not path]
+      missing = [
+          macro
+          for macro, path, needed in (
+              ("CHECKPOINT_PATH", self.checkpoint_path, True),
+              (
+                  "DRAFTER_CHECKPOINT_PATH",
+                  self.drafter_checkpoint_path,
+                  self.drafter is not None and self.drafter.needs_checkpoint,
+              ),
+          )
+          if needed and not path
+      ]
       if missing:
         raise gin_utils.ConfigError(
             f"{' and '.join(missing)} not set: give the checkpoint(s) (e.g. "
             f"--gin.{missing[0]}=\"'gs://your-bucket/model/checkpoint_N'\"), or set "
-            "RANDOM_INIT_SEED for random weights (tests and demos only)")
+            "RANDOM_INIT_SEED for random weights (tests and demos only)"
+        )
 
   @classmethod
-  def from_pair_dir(cls, directory: str | os.PathLike,
-                    restore_dtype: str | None = None) -> "PairConfig":
+  def from_pair_dir(
+      cls, directory: str | os.PathLike, restore_dtype: str | None = None
+  ) -> "PairConfig":
     """The pair written by `checkpoints.save_pair` into `directory` (target/ and drafter/, each
     with its config.json): a T5 target and a `drafters.T5Drafter`."""
     directory = gin_utils.resolve_path(directory)
     target, drafter = (os.path.join(directory, member) for member in ("target", "drafter"))
     for member in (target, drafter):
       if not os.path.isdir(member):
-        raise FileNotFoundError(f"{member} does not exist: {directory} is not a pair written by "
-                                "checkpoints.save_pair (it needs target/ and drafter/).")
-    return cls(target_config=checkpoints.read_config(target),
-               drafter=drafters_lib.T5Drafter(checkpoints.read_config(drafter)),
-               checkpoint_path=target, drafter_checkpoint_path=drafter,
-               restore_dtype=restore_dtype)
+        raise FileNotFoundError(
+            f"{member} does not exist: {directory} is not a pair written by "
+            "checkpoints.save_pair (it needs target/ and drafter/)."
+        )
+    return cls(
+        target_config=checkpoints.read_config(target),
+        drafter=drafters_lib.T5Drafter(checkpoints.read_config(drafter)),
+        checkpoint_path=target,
+        drafter_checkpoint_path=drafter,
+        restore_dtype=restore_dtype,
+    )
 
 
 def check_drafter(drafter: Any, name: str = "DRAFTER") -> None:
   """Raises a ConfigError unless `drafter` (the setting `name`) is a `drafters.Drafter`."""
   if not isinstance(drafter, drafters_lib.Drafter):
-    raise gin_utils.ConfigError(f"{name} must be a drafters.Drafter, e.g. @drafters.T5Drafter() "
-                                f"(include a configs/drafters/ file), got {drafter!r}")
+    raise gin_utils.ConfigError(
+        f"{name} must be a drafters.Drafter, e.g. @drafters.T5Drafter() "
+        f"(include a configs/drafters/ file), got {drafter!r}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
   """Loaded weights. drafter: the config's drafter for the target's vocabulary (None for the
   target alone); sources: 'target' (and 'drafter') -> where the weights came from."""
+
   config: PairConfig
   drafter: drafters_lib.Drafter | None
   target_params: Any
@@ -141,8 +164,9 @@ def cast(params: Any, dtype: str | None) -> Any:
   """Floating-point leaves cast to `dtype` (None: unchanged)."""
   if dtype is None:
     return params
-  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                      params)
+  return jax.tree.map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params
+  )
 
 
 def load_pair(config: PairConfig, eos_id: int, fit_targets: FitTargets | None = None) -> Pair:
@@ -167,17 +191,23 @@ def load_target(config: PairConfig) -> tuple[Any, str]:
   CHECKPOINT_PATH, else random."""
   if config.checkpoint_path:
     with _restoring("CHECKPOINT_PATH", config.checkpoint_path):
-      params = checkpoints.restore_params(config.target_config,
-                                          gin_utils.resolve_path(config.checkpoint_path),
-                                          dtype=config.restore_dtype)
+      params = checkpoints.restore_params(
+          config.target_config,
+          gin_utils.resolve_path(config.checkpoint_path),
+          dtype=config.restore_dtype,
+      )
   else:
-    params = _random_params(lambda rng: network.init_params(config.target_config, rng),
-                            config.random_init_seed, config.restore_dtype)
+    params = _random_params(
+        lambda rng: network.init_params(config.target_config, rng),
+        config.random_init_seed,
+        config.restore_dtype,
+    )
   return jax.device_put(params), _source(config.checkpoint_path, config.random_init_seed)
 
 
-def load_drafter(config: PairConfig, eos_id: int, fit_targets: FitTargets | None = None
-                 ) -> tuple[drafters_lib.Drafter, Any, str]:
+def load_drafter(
+    config: PairConfig, eos_id: int, fit_targets: FitTargets | None = None
+) -> tuple[drafters_lib.Drafter, Any, str]:
   """(config.drafter for the target, its parameters on the device, where they came from): see
   the module docstring for the order of sources, and `load_pair` for `fit_targets`."""
   try:
@@ -187,21 +217,25 @@ def load_drafter(config: PairConfig, eos_id: int, fit_targets: FitTargets | None
   name = type(drafter).__name__
   if config.drafter_checkpoint_path:
     with _restoring("DRAFTER_CHECKPOINT_PATH", config.drafter_checkpoint_path):
-      params = drafter.restore_params(gin_utils.resolve_path(config.drafter_checkpoint_path),
-                                      config.restore_dtype)
+      params = drafter.restore_params(
+          gin_utils.resolve_path(config.drafter_checkpoint_path), config.restore_dtype
+      )
     source = _source(config.drafter_checkpoint_path, None)
   elif drafter.learns_from_targets:
     if fit_targets is None:
-      raise gin_utils.ConfigError(f"the {name} is fitted on target sequences, and this run has "
-                                  "none to give it: use a drafter with weights.")
+      raise gin_utils.ConfigError(
+          f"the {name} is fitted on target sequences, and this run has "
+          "none to give it: use a drafter with weights."
+      )
     targets = list(fit_targets())
     if not targets:
       raise gin_utils.ConfigError(f"no target sequences to fit the {name} on.")
     params, source = drafter.fit_params(targets), f"{name} fitted on {len(targets)} targets"
   elif drafter.needs_checkpoint:
     seed = config.random_init_seed + 1
-    params = _random_params(lambda rng: drafter.init_params(rng, _FEATURE_SHAPES), seed,
-                            config.restore_dtype)
+    params = _random_params(
+        lambda rng: drafter.init_params(rng, _FEATURE_SHAPES), seed, config.restore_dtype
+    )
     source = _source(None, seed)
   else:
     params = drafter.init_params(jax.random.PRNGKey(0), _FEATURE_SHAPES)

@@ -7,6 +7,7 @@ measured in the same runs. Table 4 adds, per row, the cost coefficient c the aut
 from profiler traces and Theorem 3.8's expected speedup (EXP) from the unrounded alpha and c.
 Nothing here depends on JAX or on a model.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ class Table2Row:
   """task: 'EnDe' (WMT En-De) or 'CNNDM' (CNN/DailyMail); drafter: the T5 1.1 size ('small',
   'base', 'large'); temperature: 0 (argmax) or 1; gamma, alpha and speedup (walltime, 'Speed')
   as printed in Table 2; c and expected_speedup as printed in Table 4."""
+
   task: str
   drafter: str
   temperature: float

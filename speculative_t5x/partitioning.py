@@ -17,6 +17,7 @@ sharding propagation lays them out like the parameters that produce them (a mode
 target's caches split over heads, a replicated drafter's only over the batch).
 `state_shardings` gives the same layout explicitly, for state placed from outside.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,11 @@ def standard_logical_axis_rules(additional_rules: Sequence[tuple[str, Any]] = ()
   batch -> 'data'; vocab, mlp, heads, joined_kv -> 'model'; embed, kv, length, relpos_buckets
   replicated. `additional_rules` are appended (earlier rules win, as in flax).
   """
-  rules = ((("batch", DATA_AXIS),) + tuple((name, MODEL_AXIS) for name in _MODEL_PARALLEL_AXES) +
-           tuple((name, None) for name in _REPLICATED_AXES))
+  rules = (
+      (("batch", DATA_AXIS),)
+      + tuple((name, MODEL_AXIS) for name in _MODEL_PARALLEL_AXES)
+      + tuple((name, None) for name in _REPLICATED_AXES)
+  )
   return rules + _as_rules(additional_rules)
 
 
@@ -68,7 +72,8 @@ def data_parallel_logical_axis_rules(additional_rules: Sequence[tuple[str, Any]]
   """batch -> 'data' and every parameter axis replicated: for a drafter small enough to copy onto
   every device, so its steps need no cross-device communication."""
   rules = (("batch", DATA_AXIS),) + tuple(
-      (name, None) for name in _MODEL_PARALLEL_AXES + _REPLICATED_AXES)
+      (name, None) for name in _MODEL_PARALLEL_AXES + _REPLICATED_AXES
+  )
   return rules + _as_rules(additional_rules)
 
 
@@ -76,16 +81,21 @@ def _as_rules(rules: Sequence[Sequence[Any]]) -> Rules:
   """Lists (as gin writes them) -> a tuple of (name, mesh axis) pairs; checks the form."""
   out = []
   for rule in rules:
-    if (not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str)):
-      raise ValueError(f"logical axis rule {rule!r} is not a (logical name, mesh axis or None) "
-                       "pair, e.g. ('mlp', 'model') or ('embed', None).")
+    if not isinstance(rule, (tuple, list)) or len(rule) != 2 or not isinstance(rule[0], str):
+      raise ValueError(
+          f"logical axis rule {rule!r} is not a (logical name, mesh axis or None) "
+          "pair, e.g. ('mlp', 'model') or ('embed', None)."
+      )
     mesh_axes = tuple(rule[1]) if isinstance(rule[1], list) else rule[1]
     out.append((rule[0], mesh_axes))
   return tuple(out)
 
 
-def make_mesh(num_partitions: int | None = None, mesh_shape: Sequence[int] | None = None,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    num_partitions: int | None = None,
+    mesh_shape: Sequence[int] | None = None,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
   """A ('data', 'model') mesh over all of `devices` (default `jax.devices()`).
 
   Give `num_partitions` (the 'model' axis size; 'data' takes the rest, default 1 partition) or
@@ -96,20 +106,30 @@ def make_mesh(num_partitions: int | None = None, mesh_shape: Sequence[int] | Non
   count = len(devices)
   divisors = [d for d in range(1, count + 1) if count % d == 0]
   if num_partitions is not None and mesh_shape is not None:
-    raise ValueError(f"give num_partitions ({num_partitions}) or mesh_shape ({mesh_shape}), not "
-                     "both: the mesh shape already fixes the number of model partitions.")
+    raise ValueError(
+        f"give num_partitions ({num_partitions}) or mesh_shape ({mesh_shape}), not "
+        "both: the mesh shape already fixes the number of model partitions."
+    )
   if mesh_shape is None:
     partitions = 1 if num_partitions is None else num_partitions
-    if isinstance(partitions, bool) or int(partitions) != partitions or partitions < 1 or (
-        count % partitions):
-      raise ValueError(f"num_partitions={partitions} does not divide the {count} available "
-                       f"device(s): use one of {divisors}.")
+    if (
+        isinstance(partitions, bool)
+        or int(partitions) != partitions
+        or partitions < 1
+        or (count % partitions)
+    ):
+      raise ValueError(
+          f"num_partitions={partitions} does not divide the {count} available "
+          f"device(s): use one of {divisors}."
+      )
     mesh_shape = (count // int(partitions), int(partitions))
   shape = tuple(int(s) for s in mesh_shape)
   if len(shape) != 2 or min(shape) < 1 or math.prod(shape) != count:
-    raise ValueError(f"mesh_shape {tuple(mesh_shape)} does not fit the {count} available "
-                     f"device(s): give (data, model) with data * model = {count}, e.g. "
-                     f"{[(count // d, d) for d in divisors]}.")
+    raise ValueError(
+        f"mesh_shape {tuple(mesh_shape)} does not fit the {count} available "
+        f"device(s): give (data, model) with data * model = {count}, e.g. "
+        f"{[(count // d, d) for d in divisors]}."
+    )
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
 
 
@@ -125,21 +145,26 @@ def check_rules(rules: Rules, mesh: Mesh) -> None:
   for name, mesh_axes in rules:
     for axis in _axes_tuple(mesh_axes):
       if axis not in mesh.axis_names:
-        raise ValueError(f"logical axis rule ({name!r}, {mesh_axes!r}) names mesh axis {axis!r}, "
-                         f"but the mesh has axes {mesh.axis_names}.")
+        raise ValueError(
+            f"logical axis rule ({name!r}, {mesh_axes!r}) names mesh axis {axis!r}, "
+            f"but the mesh has axes {mesh.axis_names}."
+        )
 
 
-def logical_to_spec(names: Sequence[str | None], rules: Rules, where: str = "an array"
-                    ) -> PartitionSpec:
+def logical_to_spec(
+    names: Sequence[str | None], rules: Rules, where: str = "an array"
+) -> PartitionSpec:
   """Logical axis names -> PartitionSpec by flax's rule semantics (the first rule whose mesh axis
   is still free wins). Raises ValueError for a name with no rule, where flax would silently
   replicate."""
   known = {name for name, _ in rules}
   for name in names:
     if name is not None and name not in known:
-      raise ValueError(f"logical axis {name!r} of {where} has no rule in {sorted(known)}: add one, "
-                       f"e.g. ('{name}', None) to replicate it or ('{name}', '{MODEL_AXIS}') to "
-                       "shard it.")
+      raise ValueError(
+          f"logical axis {name!r} of {where} has no rule in {sorted(known)}: add one, "
+          f"e.g. ('{name}', None) to replicate it or ('{name}', '{MODEL_AXIS}') to "
+          "shard it."
+      )
   return PartitionSpec(*nn.logical_to_mesh_axes(tuple(names), rules))
 
 
@@ -150,9 +175,11 @@ def _sharding(names, shape, mesh: Mesh, rules: Rules, where: str) -> NamedShardi
     axes = _axes_tuple(mesh_axes)
     parts = math.prod(mesh.shape[a] for a in axes)
     if size % parts:
-      raise ValueError(f"{where} has shape {tuple(shape)}: dimension {dim} ({names[dim]}, size "
-                       f"{size}) is not divisible by the {parts} devices of mesh axes {axes}: pick "
-                       "a mesh that divides it or a rule that replicates it.")
+      raise ValueError(
+          f"{where} has shape {tuple(shape)}: dimension {dim} ({names[dim]}, size "
+          f"{size}) is not divisible by the {parts} devices of mesh axes {axes}: pick "
+          "a mesh that divides it or a rule that replicates it."
+      )
   return NamedSharding(mesh, spec)
 
 
@@ -168,8 +195,10 @@ def axes_shardings(axes: Any, shapes: Any, mesh: Mesh, rules: Rules) -> Any:
   is_names = lambda x: isinstance(x, tuple) and all(isinstance(n, str) for n in x)  # noqa: E731
   shapes = jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
   axes_with_paths, treedef = jax.tree_util.tree_flatten_with_path(axes, is_leaf=is_names)
-  shardings = [_sharding(names, shape, mesh, rules, f"parameter {_path_name(path)}")
-               for (path, names), shape in zip(axes_with_paths, shapes)]
+  shardings = [
+      _sharding(names, shape, mesh, rules, f"parameter {_path_name(path)}")
+      for (path, names), shape in zip(axes_with_paths, shapes)
+  ]
   return jax.tree.unflatten(treedef, shardings)
 
 
@@ -191,9 +220,11 @@ def drafter_shardings(drafter: drafters_lib.Drafter, mesh: Mesh, rules: Rules) -
 def _state_names(path, leaf) -> tuple[str, ...]:
   rank = len(np.shape(leaf))
   if rank not in _STATE_AXES_BY_RANK:
-    raise ValueError(f"decoding state {_path_name(path)} has rank {rank} (shape {np.shape(leaf)}); "
-                     f"only batch-first ranks {sorted(_STATE_AXES_BY_RANK)} have logical names: "
-                     "[B], [B, L], [B, L, H, D].")
+    raise ValueError(
+        f"decoding state {_path_name(path)} has rank {rank} (shape {np.shape(leaf)}); "
+        f"only batch-first ranks {sorted(_STATE_AXES_BY_RANK)} have logical names: "
+        "[B], [B, L], [B, L, H, D]."
+    )
   return _STATE_AXES_BY_RANK[rank]
 
 
@@ -208,16 +239,26 @@ def state_shardings(tree: Any, mesh: Mesh, rules: Rules) -> Any:
   with the standard rules a cache [B, L, H, D] is split over batch ('data') and heads ('model')."""
   check_rules(rules, mesh)
   return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: _sharding(_state_names(path, leaf), np.shape(leaf), mesh, rules,
-                                   f"decoding state {_path_name(path)}"), tree)
+      lambda path, leaf: _sharding(
+          _state_names(path, leaf),
+          np.shape(leaf),
+          mesh,
+          rules,
+          f"decoding state {_path_name(path)}",
+      ),
+      tree,
+  )
 
 
 def abstract_params(config: network.T5Config, shardings: Any, dtype: Any) -> Any:
   """Parameters as `jax.ShapeDtypeStruct`s of `dtype` carrying `shardings` (nothing allocated),
   for ahead-of-time lowering."""
-  return jax.tree.map(lambda shape, sharding: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding),
-                      network.param_shapes(config), shardings,
-                      is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree.map(
+      lambda shape, sharding: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding),
+      network.param_shapes(config),
+      shardings,
+      is_leaf=lambda x: isinstance(x, tuple),
+  )
 
 
 @gin.configurable(module="partitioning")
@@ -235,15 +276,23 @@ class Partitioner:
   axis the mesh lacks; parameter shardings raise for logical axes with no rule.
   """
 
-  def __init__(self, num_partitions: int | None = None, mesh_shape: Sequence[int] | None = None,
-               logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-               drafter_logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
-               devices: Sequence[jax.Device] | None = None):
+  def __init__(
+      self,
+      num_partitions: int | None = None,
+      mesh_shape: Sequence[int] | None = None,
+      logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+      drafter_logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+      devices: Sequence[jax.Device] | None = None,
+  ):
     self.mesh = make_mesh(num_partitions, mesh_shape, devices)
-    self.rules = (standard_logical_axis_rules() if logical_axis_rules is None
-                  else _as_rules(logical_axis_rules))
-    self.drafter_rules = (self.rules if drafter_logical_axis_rules is None
-                          else _as_rules(drafter_logical_axis_rules))
+    self.rules = (
+        standard_logical_axis_rules()
+        if logical_axis_rules is None
+        else _as_rules(logical_axis_rules)
+    )
+    self.drafter_rules = (
+        self.rules if drafter_logical_axis_rules is None else _as_rules(drafter_logical_axis_rules)
+    )
     check_rules(self.rules, self.mesh)
     check_rules(self.drafter_rules, self.mesh)
 
@@ -262,8 +311,10 @@ class Partitioner:
     target = param_shardings(model.module.config, self.mesh, self.rules)
     if not isinstance(model, models.SpeculativeEncoderDecoderModel):
       return target
-    return {"target": target,
-            "drafter": drafter_shardings(model.drafter, self.mesh, self.drafter_rules)}
+    return {
+        "target": target,
+        "drafter": drafter_shardings(model.drafter, self.mesh, self.drafter_rules),
+    }
 
   def place_params(self, model: models.EncoderDecoderModel, params: Any) -> Any:
     """Puts `params` on the mesh with `params_shardings(model)`."""
@@ -273,14 +324,19 @@ class Partitioner:
     """Puts a batch of batch-first arrays on the mesh, split over 'data'."""
     return jax.device_put(batch, state_shardings(batch, self.mesh, self.rules))
 
-  def partition_predict(self, model: models.EncoderDecoderModel, **jit_predict_kwargs
-                        ) -> Callable:
+  def partition_predict(self, model: models.EncoderDecoderModel, **jit_predict_kwargs) -> Callable:
     """`model.jit_predict(**kwargs)` compiled for the mesh: `fn(params, batch, rng, temperature)
     -> (decodes, aux)` with params placed by `params_shardings(model)`, the batch and every output
     split over 'data' (batch sizes must divide the 'data' axis), rng and temperature replicated.
     The returned jitted function also lowers ahead of time (`fn.lower(...)` with abstract
     arguments)."""
-    return jax.jit(model.jit_predict(**jit_predict_kwargs),
-                   in_shardings=(self.params_shardings(model), self.data_sharding,
-                                 self.replicated, self.replicated),
-                   out_shardings=self.data_sharding)
+    return jax.jit(
+        model.jit_predict(**jit_predict_kwargs),
+        in_shardings=(
+            self.params_shardings(model),
+            self.data_sharding,
+            self.replicated,
+            self.replicated,
+        ),
+        out_shardings=self.data_sharding,
+    )

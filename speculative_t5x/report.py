@@ -50,6 +50,7 @@ What a `SpeedupRow` reports from them:
                          temperature 0; at other temperatures the two sample the same distribution
                          with different draws.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,6 +68,7 @@ from speculative_t5x import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import speculative
 from speculative_t5x import tasks
 from speculative_t5x import theory
 
@@ -83,6 +85,7 @@ class ExampleResult:
   up to and including its first EOS; stats: the speculative decode's per-row statistics (None for
   the baseline).
   """
+
   timing: benchmark.Timing
   prefill: benchmark.Timing
   decodes: np.ndarray
@@ -90,19 +93,32 @@ class ExampleResult:
   stats: decoding.SpeculativeStats | None = None
 
   @classmethod
-  def from_decode(cls, timing: benchmark.Timing, prefill: benchmark.Timing, decodes: Any,
-                  aux: Mapping[str, Any], eos_id: int) -> "ExampleResult":
+  def from_decode(
+      cls,
+      timing: benchmark.Timing,
+      prefill: benchmark.Timing,
+      decodes: Any,
+      aux: Mapping[str, Any],
+      eos_id: int,
+  ) -> "ExampleResult":
     """From a predict call's output: decodes [B, L] and aux (with 'speculative_stats' for a
     speculative decode)."""
     decodes = np.asarray(jax.device_get(decodes))
     stats = aux.get("speculative_stats")
-    return cls(timing, prefill, decodes, int(np.sum(decoding.decoded_lengths(decodes, eos_id))),
-               None if stats is None else decoding.SpeculativeStats.from_dict(
-                   jax.device_get(stats)))
+    return cls(
+        timing,
+        prefill,
+        decodes,
+        int(np.sum(decoding.decoded_lengths(decodes, eos_id))),
+        None if stats is None else decoding.SpeculativeStats.from_dict(jax.device_get(stats)),
+    )
 
 
-def _per_token_ms(timings: Sequence[benchmark.Timing], tokens: Sequence[int],
-                  prefills: Sequence[benchmark.Timing] | None = None) -> float:
+def _per_token_ms(
+    timings: Sequence[benchmark.Timing],
+    tokens: Sequence[int],
+    prefills: Sequence[benchmark.Timing] | None = None,
+) -> float:
   """Median times summed over the examples (each less its prefill's median, if given) over the
   tokens summed over them, in ms per token."""
   ms = sum(t.median_ms for t in timings) - sum(p.median_ms for p in prefills or ())
@@ -111,9 +127,11 @@ def _per_token_ms(timings: Sequence[benchmark.Timing], tokens: Sequence[int],
 
 def _summarize(timings: Sequence[benchmark.Timing]) -> dict:
   """Per-example timings -> the mean of their medians and IQRs (ms), and each one."""
-  return {"mean_median_ms": float(np.mean([t.median_ms for t in timings])),
-          "mean_iqr_ms": float(np.mean([t.iqr_ms for t in timings])),
-          "per_example": [t.as_dict() for t in timings]}
+  return {
+      "mean_median_ms": float(np.mean([t.median_ms for t in timings])),
+      "mean_iqr_ms": float(np.mean([t.iqr_ms for t in timings])),
+      "per_example": [t.as_dict() for t in timings],
+  }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +142,7 @@ class SpeedupRow:
   efficiencies are properties computed from them, each by one formula. Per-example fields hold
   one entry per example, in order: times of the decodes and of their prefills, decoded tokens.
   """
+
   task: str
   drafter: str
   temperature: float
@@ -145,33 +164,61 @@ class SpeedupRow:
   outputs_match_baseline: float
 
   def __post_init__(self):
-    counts = {len(getattr(self, name)) for name in (
-        "baseline_ms", "speculative_ms", "baseline_prefill_ms", "speculative_prefill_ms",
-        "baseline_tokens", "speculative_tokens")}
+    counts = {
+        len(getattr(self, name))
+        for name in (
+            "baseline_ms",
+            "speculative_ms",
+            "baseline_prefill_ms",
+            "speculative_prefill_ms",
+            "baseline_tokens",
+            "speculative_tokens",
+        )
+    }
     if len(counts) != 1 or 0 in counts:
-      raise ValueError(f"a row needs the same non-zero number of examples in every per-example "
-                       f"field, got {sorted(counts)}.")
+      raise ValueError(
+          f"a row needs the same non-zero number of examples in every per-example "
+          f"field, got {sorted(counts)}."
+      )
 
   @classmethod
-  def from_results(cls, task: str, drafter: str, temperature: float, gamma: int,
-                   costs: benchmark.DecodeCosts, baseline: Sequence[ExampleResult],
-                   speculative: Sequence[ExampleResult]) -> "SpeedupRow":
+  def from_results(
+      cls,
+      task: str,
+      drafter: str,
+      temperature: float,
+      gamma: int,
+      costs: benchmark.DecodeCosts,
+      baseline: Sequence[ExampleResult],
+      speculative: Sequence[ExampleResult],
+  ) -> "SpeedupRow":
     """The row of one setting from its per-example results and the baseline's on the same
     examples (in the same order), with the step costs of its drafter at its temperature; alpha
     and tokens per target call pool the speculative results' statistics over all their rows."""
     if len(baseline) != len(speculative) or not baseline:
-      raise ValueError(f"need the baseline's and the speculative decode's results on the same "
-                       f"examples, got {len(baseline)} and {len(speculative)}.")
+      raise ValueError(
+          f"need the baseline's and the speculative decode's results on the same "
+          f"examples, got {len(baseline)} and {len(speculative)}."
+      )
     if any(result.stats is None for result in speculative):
-      raise ValueError("a speculative result has no stats: build it from a speculative decode's "
-                       "aux (ExampleResult.from_decode).")
+      raise ValueError(
+          "a speculative result has no stats: build it from a speculative decode's "
+          "aux (ExampleResult.from_decode)."
+      )
     stats = decoding.SpeculativeStats.concatenate([result.stats for result in speculative])
     matches = [np.array_equal(b.decodes, s.decodes) for b, s in zip(baseline, speculative)]
     return cls(
-        task=task, drafter=drafter, temperature=float(temperature), gamma=int(gamma),
-        alpha=stats.alpha, tokens_per_target_call=stats.tokens_per_call,
-        acceptance_rate=stats.acceptance_rate, stat_totals=stats.totals(), c=costs.c,
-        verify_cost=costs.verify_cost(gamma), iteration_cost=costs.iteration_cost(gamma),
+        task=task,
+        drafter=drafter,
+        temperature=float(temperature),
+        gamma=int(gamma),
+        alpha=stats.alpha,
+        tokens_per_target_call=stats.tokens_per_call,
+        acceptance_rate=stats.acceptance_rate,
+        stat_totals=stats.totals(),
+        c=costs.c,
+        verify_cost=costs.verify_cost(gamma),
+        iteration_cost=costs.iteration_cost(gamma),
         interference_ms=costs.interference_ms(gamma),
         baseline_ms=tuple(r.timing for r in baseline),
         speculative_ms=tuple(r.timing for r in speculative),
@@ -179,27 +226,30 @@ class SpeedupRow:
         speculative_prefill_ms=tuple(r.prefill for r in speculative),
         baseline_tokens=tuple(r.tokens for r in baseline),
         speculative_tokens=tuple(r.tokens for r in speculative),
-        outputs_match_baseline=float(np.mean(matches)))
+        outputs_match_baseline=float(np.mean(matches)),
+    )
 
   # ---- measured
   @property
   def speedup(self) -> float:
     """Baseline ms per decoded token over speculative ms per decoded token."""
-    return (_per_token_ms(self.baseline_ms, self.baseline_tokens)
-            / _per_token_ms(self.speculative_ms, self.speculative_tokens))
+    return _per_token_ms(self.baseline_ms, self.baseline_tokens) / _per_token_ms(
+        self.speculative_ms, self.speculative_tokens
+    )
 
   @property
   def speedup_per_example(self) -> float:
     """The mean over examples of baseline time over speculative time (medians)."""
-    return float(np.mean([b.median_ms / s.median_ms
-                          for b, s in zip(self.baseline_ms, self.speculative_ms)]))
+    return float(
+        np.mean([b.median_ms / s.median_ms for b, s in zip(self.baseline_ms, self.speculative_ms)])
+    )
 
   @property
   def loop_speedup(self) -> float:
     """`speedup` with each call's prefill time taken off: the decoding loops alone."""
-    return (_per_token_ms(self.baseline_ms, self.baseline_tokens, self.baseline_prefill_ms)
-            / _per_token_ms(self.speculative_ms, self.speculative_tokens,
-                            self.speculative_prefill_ms))
+    return _per_token_ms(
+        self.baseline_ms, self.baseline_tokens, self.baseline_prefill_ms
+    ) / _per_token_ms(self.speculative_ms, self.speculative_tokens, self.speculative_prefill_ms)
 
   # ---- predicted
   @property
@@ -215,8 +265,11 @@ class SpeedupRow:
   @property
   def predicted_hw_realized(self) -> float:
     """`predicted_hw` with the realized tokens per target call in place of E[tokens](alpha)."""
-    return (self.predicted_hw * self.tokens_per_target_call
-            / theory.expected_tokens(self.alpha, self.gamma))
+    return (
+        self.predicted_hw
+        * self.tokens_per_target_call
+        / theory.expected_tokens(self.alpha, self.gamma)
+    )
 
   @property
   def predicted_in_situ(self) -> float:
@@ -239,16 +292,26 @@ class SpeedupRow:
   def as_dict(self) -> dict:
     """The row as results.json writes it (times in ms: per-example timings and their means)."""
     return {
-        "task": self.task, "drafter": self.drafter, "temperature": self.temperature,
-        "gamma": self.gamma, "alpha": self.alpha,
+        "task": self.task,
+        "drafter": self.drafter,
+        "temperature": self.temperature,
+        "gamma": self.gamma,
+        "alpha": self.alpha,
         "tokens_per_target_call": self.tokens_per_target_call,
-        "acceptance_rate": self.acceptance_rate, "c": self.c, "verify_cost": self.verify_cost,
-        "speedup": self.speedup, "speedup_per_example": self.speedup_per_example,
-        "loop_speedup": self.loop_speedup, "predicted": self.predicted,
-        "predicted_hw": self.predicted_hw, "efficiency": self.efficiency,
+        "acceptance_rate": self.acceptance_rate,
+        "c": self.c,
+        "verify_cost": self.verify_cost,
+        "speedup": self.speedup,
+        "speedup_per_example": self.speedup_per_example,
+        "loop_speedup": self.loop_speedup,
+        "predicted": self.predicted,
+        "predicted_hw": self.predicted_hw,
+        "efficiency": self.efficiency,
         "predicted_hw_realized": self.predicted_hw_realized,
-        "efficiency_realized": self.efficiency_realized, "iteration_cost": self.iteration_cost,
-        "interference_ms": self.interference_ms, "predicted_in_situ": self.predicted_in_situ,
+        "efficiency_realized": self.efficiency_realized,
+        "iteration_cost": self.iteration_cost,
+        "interference_ms": self.interference_ms,
+        "predicted_in_situ": self.predicted_in_situ,
         "efficiency_in_situ": self.efficiency_in_situ,
         "baseline_ms": _summarize(self.baseline_ms),
         "speculative_ms": _summarize(self.speculative_ms),
@@ -257,18 +320,40 @@ class SpeedupRow:
         "baseline_tokens": list(self.baseline_tokens),
         "speculative_tokens": list(self.speculative_tokens),
         "outputs_match_baseline": self.outputs_match_baseline,
-        "stats": {"alpha": self.alpha, "acceptance_rate": self.acceptance_rate,
-                  "tokens_per_target_call": self.tokens_per_target_call, **self.stat_totals},
+        "stats": {
+            "alpha": self.alpha,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_target_call": self.tokens_per_target_call,
+            **self.stat_totals,
+        },
     }
 
 
 # ----------------------------------------------------------------------------------------------
 # Markdown
 # ----------------------------------------------------------------------------------------------
-COLUMNS = ("task", "drafter", "temp", "gamma", "alpha", "tokens/call", "c", "verify cost",
-           "baseline ms (IQR)", "speculative ms (IQR)", "prefill ms (base / spec)", "speedup",
-           "speedup per example", "loop speedup", "predicted", "predicted_hw", "efficiency",
-           "efficiency (realized)", "iteration cost", "efficiency in situ")
+COLUMNS = (
+    "task",
+    "drafter",
+    "temp",
+    "gamma",
+    "alpha",
+    "tokens/call",
+    "c",
+    "verify cost",
+    "baseline ms (IQR)",
+    "speculative ms (IQR)",
+    "prefill ms (base / spec)",
+    "speedup",
+    "speedup per example",
+    "loop speedup",
+    "predicted",
+    "predicted_hw",
+    "efficiency",
+    "efficiency (realized)",
+    "iteration cost",
+    "efficiency in situ",
+)
 NOTES = (
     "speedup: baseline over speculative time per decoded token (whole calls, median per example); "
     "speedup per example: the mean over examples of baseline over speculative time; loop "
@@ -280,7 +365,8 @@ NOTES = (
     "drafter steps and the verification timed together in one loop, over the target's step "
     "(apart they cost gamma * c + verify cost); efficiency in situ: loop speedup / (expected "
     "tokens per iteration / iteration cost), the speculative loop's own overhead (acceptance, "
-    "writes, bookkeeping) alone.")
+    "writes, bookkeeping) alone."
+)
 
 
 def _mean_ms(timings: Sequence[benchmark.Timing]) -> str:
@@ -292,15 +378,38 @@ def markdown_table(rows: Sequence[SpeedupRow]) -> str:
   """The rows as a Markdown table (`COLUMNS`; `NOTES` explains them), one line per row."""
   lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
   for r in rows:
-    prefill = (f"{_summarize(r.baseline_prefill_ms)['mean_median_ms']:.1f} / "
-               f"{_summarize(r.speculative_prefill_ms)['mean_median_ms']:.1f}")
-    lines.append("| " + " | ".join([
-        r.task, r.drafter, f"{r.temperature:g}", str(r.gamma), f"{r.alpha:.3f}",
-        f"{r.tokens_per_target_call:.2f}", f"{r.c:.3f}", f"{r.verify_cost:.2f}",
-        _mean_ms(r.baseline_ms), _mean_ms(r.speculative_ms), prefill, f"{r.speedup:.2f}",
-        f"{r.speedup_per_example:.2f}", f"{r.loop_speedup:.2f}", f"{r.predicted:.2f}",
-        f"{r.predicted_hw:.2f}", f"{r.efficiency:.2f}", f"{r.efficiency_realized:.2f}",
-        f"{r.iteration_cost:.2f}", f"{r.efficiency_in_situ:.2f}"]) + " |")
+    prefill = (
+        f"{_summarize(r.baseline_prefill_ms)['mean_median_ms']:.1f} / "
+        f"{_summarize(r.speculative_prefill_ms)['mean_median_ms']:.1f}"
+    )
+    lines.append(
+        "| "
+        + " | ".join(
+            [
+                r.task,
+                r.drafter,
+                f"{r.temperature:g}",
+                str(r.gamma),
+                f"{r.alpha:.3f}",
+                f"{r.tokens_per_target_call:.2f}",
+                f"{r.c:.3f}",
+                f"{r.verify_cost:.2f}",
+                _mean_ms(r.baseline_ms),
+                _mean_ms(r.speculative_ms),
+                prefill,
+                f"{r.speedup:.2f}",
+                f"{r.speedup_per_example:.2f}",
+                f"{r.loop_speedup:.2f}",
+                f"{r.predicted:.2f}",
+                f"{r.predicted_hw:.2f}",
+                f"{r.efficiency:.2f}",
+                f"{r.efficiency_realized:.2f}",
+                f"{r.iteration_cost:.2f}",
+                f"{r.efficiency_in_situ:.2f}",
+            ]
+        )
+        + " |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -309,33 +418,55 @@ CostsByTemperature = Mapping[float, Mapping[str, benchmark.DecodeCosts]]
 
 def costs_table(costs_by_temperature: CostsByTemperature) -> str:
   """The decode-step costs, one line per temperature and drafter, as a Markdown table."""
-  lines = ["| temp | drafter | target step ms | drafter step ms | c | verify cost by gamma | "
-           "iteration cost by gamma | interference ms by gamma |", "|---" * 8 + "|"]
+  lines = [
+      "| temp | drafter | target step ms | drafter step ms | c | verify cost by gamma | "
+      "iteration cost by gamma | interference ms by gamma |",
+      "|---" * 8 + "|",
+  ]
   for temperature, costs in costs_by_temperature.items():
     for name, cost in costs.items():
       gammas = sorted(cost.verify)
-      by_gamma = [", ".join(f"{g}: {f(g):.{digits}f}" for g in gammas) for f, digits in (
-          (cost.verify_cost, 2), (cost.iteration_cost, 2), (cost.interference_ms, 3))]
-      lines.append(f"| {temperature:g} | {name} | {cost.target_step.median_ms:.3f} | "
-                   f"{cost.drafter_step.median_ms:.3f} | {cost.c:.3f} | "
-                   + " | ".join(by_gamma) + " |")
+      by_gamma = [
+          ", ".join(f"{g}: {f(g):.{digits}f}" for g in gammas)
+          for f, digits in (
+              (cost.verify_cost, 2),
+              (cost.iteration_cost, 2),
+              (cost.interference_ms, 3),
+          )
+      ]
+      lines.append(
+          f"| {temperature:g} | {name} | {cost.target_step.median_ms:.3f} | "
+          f"{cost.drafter_step.median_ms:.3f} | {cost.c:.3f} | " + " | ".join(by_gamma) + " |"
+      )
   return "\n".join(lines) + "\n"
 
 
 def costs_as_dict(costs_by_temperature: CostsByTemperature) -> dict:
   """{'t=<temperature>': {drafter: DecodeCosts.as_dict()}}, as results.json and costs.json hold
   them."""
-  return {f"t={t:g}": {name: cost.as_dict() for name, cost in costs.items()}
-          for t, costs in costs_by_temperature.items()}
+  return {
+      f"t={t:g}": {name: cost.as_dict() for name, cost in costs.items()}
+      for t, costs in costs_by_temperature.items()
+  }
 
 
-def results_markdown(rows: Sequence[SpeedupRow], costs_by_temperature: CostsByTemperature,
-                     header: str) -> str:
+def results_markdown(
+    rows: Sequence[SpeedupRow], costs_by_temperature: CostsByTemperature, header: str
+) -> str:
   """A run's report: the header, the rows' table and its notes, then the step costs."""
-  return "\n".join([
-      header, "", markdown_table(rows), NOTES, "",
-      "Decode-step costs (marginal time per step incl. standardization and draw, median over the "
-      "timed rounds):", "", costs_table(costs_by_temperature)])
+  return "\n".join(
+      [
+          header,
+          "",
+          markdown_table(rows),
+          NOTES,
+          "",
+          "Decode-step costs (marginal time per step incl. standardization and draw, median over the "
+          "timed rounds):",
+          "",
+          costs_table(costs_by_temperature),
+      ]
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -345,6 +476,7 @@ def results_markdown(rows: Sequence[SpeedupRow], costs_by_temperature: CostsByTe
 class Setting:
   """One way to decode: `predict(params, batch, rng, temperature) -> (decodes [B, L], aux)` and
   `prefill(params, batch)`, both jitted, and their params."""
+
   predict: Callable[..., Any]
   prefill: Callable[..., Any]
   params: Any
@@ -353,32 +485,68 @@ class Setting:
 Drafters = Mapping[str, tuple[network.T5Config, Any]]
 
 
-def build_settings(target_config: network.T5Config, target_params: Any, drafters: Drafters,
-             gammas: Sequence[int], vocabulary: seqio.Vocabulary) -> dict[Hashable, Setting]:
-  """BASELINE and (drafter name, gamma) -> Setting; drafters of one config share compiled
-  functions (their parameters are arguments).
+def setting_labels(
+    drafters: Drafters, verifiers: Mapping[str, speculative.Verifier] | None = None
+) -> dict[str, tuple[str, speculative.Verifier]]:
+  """label -> (drafter name, verifier) of every speculative setting: the drafter's name with the
+  default verifier alone (Algorithm 1), '<name>, <verifier> verification' with several."""
+  verifiers = verifiers or {"token": speculative.ALGORITHM_1}
+  return {
+      (name if len(verifiers) == 1 else f"{name}, {label} verification"): (name, verifier)
+      for name in drafters
+      for label, verifier in verifiers.items()
+  }
+
+
+def build_settings(
+    target_config: network.T5Config,
+    target_params: Any,
+    drafters: Drafters,
+    gammas: Sequence[int],
+    vocabulary: seqio.Vocabulary,
+    verifiers: Mapping[str, speculative.Verifier] | None = None,
+) -> dict[Hashable, Setting]:
+  """BASELINE and (setting label, gamma) -> Setting (labels: `setting_labels`); drafters of one
+  config share compiled functions per verifier (their parameters are arguments).
 
   Args:
     drafters: name -> (config, params) of a T5 drafter.
+    verifiers: label -> speculative.Verifier (default: Algorithm 1 alone).
   """
   target = network.Transformer(target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary)
   result = {BASELINE: Setting(baseline.jit_predict(), jax.jit(baseline.prefill), target_params)}
   functions = {}
-  for name, (drafter_config, drafter_params) in drafters.items():
+  for label, (name, verifier) in setting_labels(drafters, verifiers).items():
+    drafter_config, drafter_params = drafters[name]
     for gamma in gammas:
-      if (drafter_config, gamma) not in functions:
+      if (drafter_config, gamma, verifier) not in functions:
         model = models.SpeculativeEncoderDecoderModel(
-            target, network.Transformer(drafter_config), vocabulary, vocabulary, gamma=gamma)
-        functions[drafter_config, gamma] = (model.jit_predict(), jax.jit(model.prefill))
-      result[name, gamma] = Setting(*functions[drafter_config, gamma],
-                                    {"target": target_params, "drafter": drafter_params})
+            target,
+            network.Transformer(drafter_config),
+            vocabulary,
+            vocabulary,
+            gamma=gamma,
+            verifier=verifier,
+        )
+        functions[drafter_config, gamma, verifier] = (model.jit_predict(), jax.jit(model.prefill))
+      result[label, gamma] = Setting(
+          *functions[drafter_config, gamma, verifier],
+          {"target": target_params, "drafter": drafter_params},
+      )
   return result
 
 
-def time_example(decoders: Mapping[Hashable, Setting], batch: Mapping[str, jax.Array],
-                 rng: jax.Array, temperature: float, eos_id: int, *, repeats: int,
-                 warmup: int = benchmark.DEFAULT_WARMUP) -> dict[Hashable, ExampleResult]:
+def time_example(
+    decoders: Mapping[Hashable, Setting],
+    batch: Mapping[str, jax.Array],
+    rng: jax.Array,
+    temperature: float,
+    eos_id: int,
+    *,
+    repeats: int,
+    warmup: int = benchmark.DEFAULT_WARMUP,
+) -> dict[Hashable, ExampleResult]:
   """Every setting's decode of one example, and its prefill, timed side by side
   (`benchmark.time_calls`) -> key -> ExampleResult.
 
@@ -395,16 +563,24 @@ def time_example(decoders: Mapping[Hashable, Setting], batch: Mapping[str, jax.A
   for key in decoders:
     fn, args = calls["decode", key]
     decodes, aux = fn(*args)
-    results[key] = ExampleResult.from_decode(timings["decode", key], timings["prefill", key],
-                                             decodes, aux, eos_id)
+    results[key] = ExampleResult.from_decode(
+        timings["decode", key], timings["prefill", key], decodes, aux, eos_id
+    )
   return results
 
 
-def load_inputs(vocab_size: int, task_feature_lengths: Mapping[str, int], *,
-                task: str | None = None, split: str = "test", input_file: str | None = None,
-                sentencepiece_model: str | None = None,
-                num_examples: int = 0, seed: int = 0,
-                eos_id: int = 1) -> tuple[str, seqio.Vocabulary, np.ndarray]:
+def load_inputs(
+    vocab_size: int,
+    task_feature_lengths: Mapping[str, int],
+    *,
+    task: str | None = None,
+    split: str = "test",
+    input_file: str | None = None,
+    sentencepiece_model: str | None = None,
+    num_examples: int = 0,
+    seed: int = 0,
+    eos_id: int = 1,
+) -> tuple[str, seqio.Vocabulary, np.ndarray]:
   """A sweep's examples, from one of three sources:
     - `task`: the 'inputs' of its `split` through the task's pipeline (truncated as in T5X), in
       the task's vocabulary;
@@ -425,20 +601,31 @@ def load_inputs(vocab_size: int, task_feature_lengths: Mapping[str, int], *,
     seqio_task = tasks.get_task(task)
     vocabulary = seqio_task.output_features["targets"].vocabulary
     benchmark.check_vocabulary(vocabulary, vocab_size, f"task {task}")
-    return (f"{task}:{split}", vocabulary, tasks.feature_arrays(
-        seqio_task, split, "inputs", task_feature_lengths, num_examples or None))
+    return (
+        f"{task}:{split}",
+        vocabulary,
+        tasks.feature_arrays(
+            seqio_task, split, "inputs", task_feature_lengths, num_examples or None
+        ),
+    )
   if input_file:
     if not sentencepiece_model:
       raise ValueError(f"{input_file} needs a sentencepiece model to tokenize it.")
     vocabulary = seqio.SentencePieceVocabulary(sentencepiece_model)
     benchmark.check_vocabulary(vocabulary, vocab_size, sentencepiece_model)
     lines = benchmark.read_lines(input_file, num_examples or None)
-    return (pathlib.Path(input_file).stem, vocabulary,
-            benchmark.encode_texts(lines, vocabulary, length))
+    return (
+        pathlib.Path(input_file).stem,
+        vocabulary,
+        benchmark.encode_texts(lines, vocabulary, length),
+    )
   if num_examples < 1:
     raise ValueError(f"random inputs need num_examples >= 1, got {num_examples}.")
-  return (RANDOM_TASK, seqio.PassThroughVocabulary(vocab_size, eos_id=eos_id),
-          benchmark.random_inputs(vocab_size, num_examples, length, seed, eos_id))
+  return (
+      RANDOM_TASK,
+      seqio.PassThroughVocabulary(vocab_size, eos_id=eos_id),
+      benchmark.random_inputs(vocab_size, num_examples, length, seed, eos_id),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -449,41 +636,69 @@ class Sweep:
   DecodeCosts; results: temperature -> setting (BASELINE or (drafter, gamma)) -> one
   ExampleResult per example; cost_rounds: the timed rounds behind each step cost.
   """
+
   rows: list[SpeedupRow]
   costs: dict[float, dict[str, benchmark.DecodeCosts]]
   results: dict[float, dict[Hashable, list[ExampleResult]]]
   cost_rounds: int
 
 
-def _check_sweep(target_config, drafters, gammas, temperatures, encoder_inputs, decode_length,
-                 repeats, cost_repeats) -> None:
+def _check_sweep(
+    target_config,
+    drafters,
+    gammas,
+    temperatures,
+    encoder_inputs,
+    decode_length,
+    repeats,
+    cost_repeats,
+) -> None:
   if not drafters:
     raise ValueError("no drafters to sweep: give at least one name -> (config, params).")
   for name, (config, _) in drafters.items():
     if config.vocab_size != target_config.vocab_size:
-      raise ValueError(f"drafter {name!r} has vocab_size {config.vocab_size} but the target has "
-                       f"{target_config.vocab_size}: speculative decoding needs one vocabulary.")
+      raise ValueError(
+          f"drafter {name!r} has vocab_size {config.vocab_size} but the target has "
+          f"{target_config.vocab_size}: speculative decoding needs one vocabulary."
+      )
   if not gammas or min(gammas) < 1:
     raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {list(gammas)}.")
   if not temperatures:
     raise ValueError("no temperatures to sweep: give at least one (0 is greedy).")
   if np.ndim(encoder_inputs) != 3 or min(np.shape(encoder_inputs)) < 1:
-    raise ValueError(f"encoder_inputs must be [examples, batch, length] with every size >= 1, got "
-                     f"shape {np.shape(encoder_inputs)} (one batch-1 example per row of x [N, Le]: "
-                     "pass x[:, None]).")
+    raise ValueError(
+        f"encoder_inputs must be [examples, batch, length] with every size >= 1, got "
+        f"shape {np.shape(encoder_inputs)} (one batch-1 example per row of x [N, Le]: "
+        "pass x[:, None])."
+    )
   if min(decode_length, repeats, cost_repeats) < 1:
-    raise ValueError(f"decode_length, repeats and cost_repeats must be >= 1, got {decode_length}, "
-                     f"{repeats} and {cost_repeats}.")
+    raise ValueError(
+        f"decode_length, repeats and cost_repeats must be >= 1, got {decode_length}, "
+        f"{repeats} and {cost_repeats}."
+    )
 
 
-def sweep(target_config: network.T5Config, target_params: Any, drafters: Drafters,
-          gammas: Sequence[int], temperatures: Sequence[float], encoder_inputs: np.ndarray,
-          decode_length: int, *, vocabulary: seqio.Vocabulary, task: str, seed: int = 0,
-          repeats: int = 3, warmup: int = benchmark.DEFAULT_WARMUP,
-          cost_repeats: int = benchmark.DEFAULT_REPEATS,
-          steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
-          progress: bool = False) -> Sweep:
-  """Measures every (drafter, gamma, temperature) against the baseline (the module docstring).
+def sweep(
+    target_config: network.T5Config,
+    target_params: Any,
+    drafters: Drafters,
+    gammas: Sequence[int],
+    temperatures: Sequence[float],
+    encoder_inputs: np.ndarray,
+    decode_length: int,
+    *,
+    vocabulary: seqio.Vocabulary,
+    task: str,
+    seed: int = 0,
+    repeats: int = 3,
+    warmup: int = benchmark.DEFAULT_WARMUP,
+    cost_repeats: int = benchmark.DEFAULT_REPEATS,
+    steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
+    progress: bool = False,
+    verifiers: Mapping[str, speculative.Verifier] | None = None,
+) -> Sweep:
+  """Measures every (drafter, verifier, gamma, temperature) against the baseline (the module
+  docstring).
 
   For each temperature, each example's decodes (the baseline and every speculative setting, with
   the rng fold_in(PRNGKey(seed), example)) are timed side by side (`time_example`); after them,
@@ -498,44 +713,66 @@ def sweep(target_config: network.T5Config, target_params: Any, drafters: Drafter
     vocabulary: the models' output vocabulary (its eos_id ends the decodes).
     task: the rows' task label.
     progress: show a progress bar over the examples.
+    verifiers: label -> speculative.Verifier, each measured with every drafter (default:
+      Algorithm 1 alone); all settings of an example are timed side by side.
   Returns:
     The rows, the costs, every example's results and the cost rounds.
   """
   gammas, temperatures = sorted({int(g) for g in gammas}), [float(t) for t in temperatures]
-  _check_sweep(target_config, drafters, gammas, temperatures, encoder_inputs, decode_length,
-               repeats, cost_repeats)
+  _check_sweep(
+      target_config,
+      drafters,
+      gammas,
+      temperatures,
+      encoder_inputs,
+      decode_length,
+      repeats,
+      cost_repeats,
+  )
   examples, batch_size, encoder_length = np.shape(encoder_inputs)
-  geometry = benchmark.DecodeGeometry.for_decoding(encoder_length, decode_length, max(gammas) + 1,
-                                                   steps_per_call)
-  decoders = build_settings(target_config, target_params, drafters, gammas, vocabulary)
+  geometry = benchmark.DecodeGeometry.for_decoding(
+      encoder_length, decode_length, max(gammas) + 1, steps_per_call
+  )
+  decoders = build_settings(target_config, target_params, drafters, gammas, vocabulary, verifiers)
   steps = benchmark.cost_steps(target_config, target_params, drafters, gammas)
-  batches = [{"encoder_input_tokens": jnp.asarray(x, jnp.int32),
-              "decoder_input_tokens": jnp.zeros((batch_size, decode_length), jnp.int32)}
-             for x in encoder_inputs]
+  batches = [
+      {
+          "encoder_input_tokens": jnp.asarray(x, jnp.int32),
+          "decoder_input_tokens": jnp.zeros((batch_size, decode_length), jnp.int32),
+      }
+      for x in encoder_inputs
+  ]
   rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(examples)]
   cost_rounds = max(1, math.ceil(cost_repeats / examples))
   results = {t: {key: [] for key in decoders} for t in temperatures}
   costs = {}
-  bar = tqdm.tqdm(total=len(temperatures) * examples, desc="examples", unit="example",
-                  disable=not progress)
+  bar = tqdm.tqdm(
+      total=len(temperatures) * examples, desc="examples", unit="example", disable=not progress
+  )
   for temperature in temperatures:
-    calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature,
-                                        batch=batch_size)
+    calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature, batch=batch_size)
     seconds = {key: [] for key in calls}
     for i, (batch, rng) in enumerate(zip(batches, rngs)):
-      for key, result in time_example(decoders, batch, rng, temperature, vocabulary.eos_id,
-                                      repeats=repeats, warmup=warmup).items():
+      for key, result in time_example(
+          decoders, batch, rng, temperature, vocabulary.eos_id, repeats=repeats, warmup=warmup
+      ).items():
         results[temperature][key].append(result)
-      for key, times in benchmark.time_rounds(calls, repeats=cost_rounds,
-                                              warmup=warmup if i == 0 else 0,
-                                              compiled=i > 0).items():
+      for key, times in benchmark.time_rounds(
+          calls, repeats=cost_rounds, warmup=warmup if i == 0 else 0, compiled=i > 0
+      ).items():
         seconds[key].append(times)
       bar.update()
     timings = benchmark.marginal_step_timings(
-        {key: np.concatenate(times) for key, times in seconds.items()}, geometry)
+        {key: np.concatenate(times) for key, times in seconds.items()}, geometry
+    )
     costs[temperature] = benchmark.costs_from_timings(timings, list(drafters), gammas, geometry)
   bar.close()
-  rows = [SpeedupRow.from_results(task, name, t, gamma, costs[t][name], results[t][BASELINE],
-                                  results[t][name, gamma])
-          for name in drafters for gamma in gammas for t in temperatures]
+  rows = [
+      SpeedupRow.from_results(
+          task, label, t, gamma, costs[t][name], results[t][BASELINE], results[t][label, gamma]
+      )
+      for label, (name, _) in setting_labels(drafters, verifiers).items()
+      for gamma in gammas
+      for t in temperatures
+  ]
   return Sweep(rows, costs, results, cost_rounds * examples)

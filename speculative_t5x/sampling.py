@@ -9,6 +9,7 @@ Temperature may be a traced scalar or a `[batch]` array (no recompilation when i
 known at trace time to be greedy (`is_greedy`) selects a greedy specialization: every distribution
 is then a one-hot argmax, so the loops take argmaxes of the logits and never build distributions.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,10 @@ SAMPLE_BLOCK = 128
 def validate(temperature=None, topk: int = 0, topp: float = 0.0) -> None:
   """Raises ValueError for settings that have no meaning, before anything is traced."""
   if topk and topp:
-    raise ValueError(f"topk={topk} and topp={topp} were both set: at most one of top-k and top-p "
-                     "may be non-zero (set the other to 0).")
+    raise ValueError(
+        f"topk={topk} and topp={topp} were both set: at most one of top-k and top-p "
+        "may be non-zero (set the other to 0)."
+    )
   if int(topk) != topk or topk < 0:
     raise ValueError(f"topk must be a non-negative integer (0 = no cutoff), got {topk}.")
   if not 0.0 <= topp <= 1.0:
@@ -121,8 +124,9 @@ def sample(u: jax.Array, probs: jax.Array) -> jax.Array:
   block = _first_above(block_cdf, threshold)
   inside = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]
   before = jnp.take_along_axis(block_cdf - mass, block[..., None], axis=-1)
-  return (block * SAMPLE_BLOCK + _first_above(jnp.cumsum(inside, axis=-1),
-                                              threshold - before)).astype(jnp.int32)
+  return (
+      block * SAMPLE_BLOCK + _first_above(jnp.cumsum(inside, axis=-1), threshold - before)
+  ).astype(jnp.int32)
 
 
 def _first_above(cdf: jax.Array, threshold: jax.Array) -> jax.Array:
@@ -143,6 +147,7 @@ class Standardizer:
   `temperature` is a scalar or an array broadcastable against logits[..., 0] (e.g. [rows, 1] for
   [rows, k, vocab]); it may be traced.
   """
+
   temperature: Any
   topk: int = 0
   topp: float = 0.0
@@ -161,8 +166,11 @@ class Standardizer:
     one scalar temperature at or below MIN_TEMPERATURE the distributions are one-hot, and the
     argmax is taken without sampling."""
     if jnp.ndim(self.temperature) == 0:
-      return jax.lax.cond(jnp.asarray(self.temperature) <= MIN_TEMPERATURE,
-                          lambda: argmax(probs), lambda: sample(u, probs))
+      return jax.lax.cond(
+          jnp.asarray(self.temperature) <= MIN_TEMPERATURE,
+          lambda: argmax(probs),
+          lambda: sample(u, probs),
+      )
     return sample(u, probs)
 
   def draw_from_logits(self, u: jax.Array, logits: jax.Array) -> tuple[jax.Array, Any]:

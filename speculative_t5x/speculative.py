@@ -14,6 +14,7 @@ The output x_1..x_n, t is distributed exactly as sampling from p one token at a 
 `accept` and `accept_greedy` are those formulas; `Verifier` is the strategy the decoding loop
 calls, and `TokenVerifier`, Algorithm 1 itself, is its default.
 """
+
 from __future__ import annotations
 
 import abc
@@ -60,8 +61,9 @@ def acceptance_probability(p: jax.Array, q: jax.Array, drafts: jax.Array) -> jax
   return jnp.where(valid, ratio, 0.0)
 
 
-def adjusted_distribution(p: jax.Array, q: jax.Array, n: jax.Array,
-                          weight: jax.Array | None = None) -> jax.Array:
+def adjusted_distribution(
+    p: jax.Array, q: jax.Array, n: jax.Array, weight: jax.Array | None = None
+) -> jax.Array:
   """p' = norm(max(0, w p_{n+1} - q_{n+1})) for n < gamma, p_{gamma+1} for n = gamma -> [batch, V].
 
   w [batch] is 1 (None) for Algorithm 1, the prefix weight w_n for block verification.
@@ -80,9 +82,13 @@ def adjusted_distribution(p: jax.Array, q: jax.Array, n: jax.Array,
   return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
 
 
-def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, u: jax.Array,
-           draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample
-           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def accept(
+    p: jax.Array,
+    q: jax.Array,
+    drafts: jax.Array,
+    u: jax.Array,
+    draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """One speculative step per row.
 
   Args:
@@ -101,8 +107,10 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, u: jax.Array,
   """
   batch, gamma = drafts.shape
   if u.shape != (batch, gamma + 1):
-    raise ValueError(f"need uniforms of shape {(batch, gamma + 1)} (r_1..r_gamma and one for the "
-                     f"token), got {u.shape}.")
+    raise ValueError(
+        f"need uniforms of shape {(batch, gamma + 1)} (r_1..r_gamma and one for the "
+        f"token), got {u.shape}."
+    )
   accepted = u[:, :gamma] < acceptance_probability(p, q, drafts)
   n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
   q, _ = valid_drafts(q, drafts)
@@ -111,8 +119,9 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, u: jax.Array,
   return n, token, beta
 
 
-def accept_greedy(target_tokens: jax.Array, drafts: jax.Array
-                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def accept_greedy(
+    target_tokens: jax.Array, drafts: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`accept` at temperature 0, where every p_i and q_i is one-hot, without building them.
 
   p_i(x_i) / q_i(x_i) is 1 when x_i is the target's argmax and 0 otherwise, so draft i is accepted
@@ -161,16 +170,20 @@ def block_thresholds(p: jax.Array, q: jax.Array, weights: jax.Array) -> jax.Arra
   w_i -> 1); h_gamma = w_gamma.
   """
   gamma = q.shape[1]
-  w = weights[:, :gamma - 1, None]
+  w = weights[:, : gamma - 1, None]
   mass = jnp.sum(jnp.maximum(w * p[:, 1:gamma] - q[:, 1:gamma], 0.0), axis=-1)
-  denominator = mass + 1.0 - weights[:, :gamma - 1]
+  denominator = mass + 1.0 - weights[:, : gamma - 1]
   h = jnp.where(denominator > 0, mass / jnp.where(denominator > 0, denominator, 1.0), 1.0)
-  return jnp.concatenate([h, weights[:, gamma - 1:]], axis=1)
+  return jnp.concatenate([h, weights[:, gamma - 1 :]], axis=1)
 
 
-def accept_block(p: jax.Array, q: jax.Array, drafts: jax.Array, u: jax.Array,
-                 draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample
-                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def accept_block(
+    p: jax.Array,
+    q: jax.Array,
+    drafts: jax.Array,
+    u: jax.Array,
+    draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh, "Block
   Verification Accelerates Speculative Decoding", ICLR 2025): the drafts are verified jointly.
 
@@ -187,14 +200,17 @@ def accept_block(p: jax.Array, q: jax.Array, drafts: jax.Array, u: jax.Array,
   """
   batch, gamma = drafts.shape
   if u.shape != (batch, gamma + 1):
-    raise ValueError(f"need uniforms of shape {(batch, gamma + 1)} (eta_1..eta_gamma and one for "
-                     f"the token), got {u.shape}.")
+    raise ValueError(
+        f"need uniforms of shape {(batch, gamma + 1)} (eta_1..eta_gamma and one for "
+        f"the token), got {u.shape}."
+    )
   weights = prefix_weights(p, q, drafts)
   q, _ = valid_drafts(q, drafts)
   passed = u[:, :gamma] < block_thresholds(p, q, weights)
   n = jnp.max(jnp.where(passed, jnp.arange(1, gamma + 1)[None], 0), axis=1).astype(jnp.int32)
-  weight = jnp.take_along_axis(jnp.pad(weights, ((0, 0), (1, 0)), constant_values=1.0),
-                               n[:, None], axis=1)[:, 0]
+  weight = jnp.take_along_axis(
+      jnp.pad(weights, ((0, 0), (1, 0)), constant_values=1.0), n[:, None], axis=1
+  )[:, 0]
   token = draw(u[:, gamma], adjusted_distribution(p, q, n, weight))
   beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
   return n, token, beta
@@ -231,14 +247,20 @@ class Verifier(abc.ABC):
   """
 
   @abc.abstractmethod
-  def verify(self, p: jax.Array, q: jax.Array, drafts: jax.Array, u: jax.Array,
-             draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample
-             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def verify(
+      self,
+      p: jax.Array,
+      q: jax.Array,
+      drafts: jax.Array,
+      u: jax.Array,
+      draw: Callable[[jax.Array, jax.Array], jax.Array] = sampling.sample,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(p [B, gamma+1, V], q [B, gamma, V], drafts [B, gamma], u [B, gamma+1]) -> (n, token, beta)."""
 
   @abc.abstractmethod
-  def verify_greedy(self, target_tokens: jax.Array, drafts: jax.Array
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def verify_greedy(
+      self, target_tokens: jax.Array, drafts: jax.Array
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(target_tokens [B, gamma+1], drafts [B, gamma]) -> (n, token, beta) at temperature 0."""
 
 
@@ -253,6 +275,10 @@ class TokenVerifier(Verifier):
 
   def verify_greedy(self, target_tokens, drafts):
     return accept_greedy(target_tokens, drafts)
+
+
+# The default verifier of the loop and the models: Algorithm 1.
+ALGORITHM_1 = TokenVerifier()
 
 
 @gin.configurable(module="speculative")

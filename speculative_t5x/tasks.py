@@ -22,6 +22,7 @@ examples a given set of lengths cuts, for a script to log.
 
 Registering a name again replaces the earlier task, so re-importing or re-registering never raises.
 """
+
 import dataclasses
 import difflib
 import os
@@ -51,9 +52,16 @@ DEMO_DATA_ENV = "SPECULATIVE_T5X_DEMO_DATA"
 # The repository's data/demo_ende in a clone; the package's copy (package data) once installed.
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 DEFAULT_DEMO_DATA_DIR = next(
-    (path for path in (_PACKAGE_DIR.parent / "data" / "demo_ende",
-                       _PACKAGE_DIR / "data" / "demo_ende") if path.is_dir()),
-    _PACKAGE_DIR.parent / "data" / "demo_ende")
+    (
+        path
+        for path in (
+            _PACKAGE_DIR.parent / "data" / "demo_ende",
+            _PACKAGE_DIR / "data" / "demo_ende",
+        )
+        if path.is_dir()
+    ),
+    _PACKAGE_DIR.parent / "data" / "demo_ende",
+)
 DEMO_SPLITS = ("train", "validation", "test")
 DEMO_VOCABULARY_FILE = "sentencepiece.model"
 
@@ -69,8 +77,10 @@ def get_vocabulary(path: Optional[str] = None) -> seqio.SentencePieceVocabulary:
 
 def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
   """T5's DEFAULT_OUTPUT_FEATURES: inputs (optional) and targets, both ending in EOS."""
-  return {"inputs": seqio.Feature(vocabulary, add_eos=True, required=False),
-          "targets": seqio.Feature(vocabulary, add_eos=True)}
+  return {
+      "inputs": seqio.Feature(vocabulary, add_eos=True, required=False),
+      "targets": seqio.Feature(vocabulary, add_eos=True),
+  }
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -78,8 +88,10 @@ def output_features(vocabulary: seqio.Vocabulary) -> dict[str, seqio.Feature]:
 
 def _check_pairs(targets: Sequence[str], predictions: Sequence[str]) -> None:
   if len(targets) != len(predictions):
-    raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions: a metric needs "
-                     "one prediction per target, in the same order")
+    raise ValueError(
+        f"{len(targets)} targets but {len(predictions)} predictions: a metric needs "
+        "one prediction per target, in the same order"
+    )
   if not targets:
     raise ValueError("no targets and predictions to score: the metric of an empty set is undefined")
 
@@ -91,9 +103,16 @@ def bleu(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]
   exponential smoothing with value 0, no effective order. Returns {"bleu": score}.
   """
   _check_pairs(targets, predictions)
-  score = sacrebleu.corpus_bleu(list(predictions), [list(targets)], smooth_method="exp",
-                                smooth_value=0.0, force=False, lowercase=False, tokenize="intl",
-                                use_effective_order=False)
+  score = sacrebleu.corpus_bleu(
+      list(predictions),
+      [list(targets)],
+      smooth_method="exp",
+      smooth_value=0.0,
+      force=False,
+      lowercase=False,
+      tokenize="intl",
+      use_effective_order=False,
+  )
   return {"bleu": score.score}
 
 
@@ -102,7 +121,6 @@ def _sentences_on_lines(text: str) -> str:
   if "\n" in text:
     return text
   return "\n".join(s for s in _SENTENCE_BREAK.split(text) if s)
-
 
 
 def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float]:
@@ -115,8 +133,10 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
   """
   _check_pairs(targets, predictions)
   scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
-  scores = [scorer.score(_sentences_on_lines(t), _sentences_on_lines(p))
-            for t, p in zip(targets, predictions)]
+  scores = [
+      scorer.score(_sentences_on_lines(t), _sentences_on_lines(p))
+      for t, p in zip(targets, predictions)
+  ]
   return {key: 100.0 * float(np.mean([s[key].fmeasure for s in scores])) for key in ROUGE_TYPES}
 
 
@@ -126,29 +146,43 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
 @seqio.map_over_dataset
 def translate_en_de(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
   """{"en", "de"} -> {"inputs": "translate English to German: " + en, "targets": de}."""
-  return {"inputs": tf.strings.join([TRANSLATE_EN_DE_PREFIX, example["en"]]),
-          "targets": example["de"]}
+  return {
+      "inputs": tf.strings.join([TRANSLATE_EN_DE_PREFIX, example["en"]]),
+      "targets": example["de"],
+  }
 
 
 @seqio.map_over_dataset
 def summarize(example: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
   """{"article", "highlights"} -> {"inputs": "summarize: " + article, "targets": highlights}."""
-  return {"inputs": tf.strings.join([SUMMARIZE_PREFIX, example["article"]]),
-          "targets": example["highlights"]}
+  return {
+      "inputs": tf.strings.join([SUMMARIZE_PREFIX, example["article"]]),
+      "targets": example["highlights"],
+  }
 
 
 @seqio.map_over_dataset
 def parse_tsv_en_de(line: tf.Tensor) -> dict[str, tf.Tensor]:
   """A corpus line `english<TAB>german` -> {"en", "de"}; any other number of fields is an error."""
   fields = tf.strings.split(line, "\t")
-  with tf.control_dependencies([tf.debugging.assert_equal(
-      tf.size(fields), 2, message="demo corpus lines must be 'english<TAB>german'; rebuild the "
-      "corpus with scripts/build_demo_corpus.py")]):
+  with tf.control_dependencies(
+      [
+          tf.debugging.assert_equal(
+              tf.size(fields),
+              2,
+              message="demo corpus lines must be 'english<TAB>german'; rebuild the "
+              "corpus with scripts/build_demo_corpus.py",
+          )
+      ]
+  ):
     return {"en": tf.identity(fields[0]), "de": tf.identity(fields[1])}
 
 
-_TOKENIZE_AND_APPEND_EOS = (seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder(),
-                            seqio.preprocessors.append_eos_after_trim)
+_TOKENIZE_AND_APPEND_EOS = (
+    seqio.preprocessors.tokenize,
+    seqio.CacheDatasetPlaceholder(),
+    seqio.preprocessors.append_eos_after_trim,
+)
 
 
 # ----------------------------------------------------------------------------- registration
@@ -170,12 +204,16 @@ def register_tasks(vocabulary: seqio.Vocabulary, suffix: str = "") -> tuple[str,
       WMT_ENDE_TASK + suffix,
       source=seqio.TfdsDataSource(tfds_name=WMT_ENDE_TFDS_NAME),
       preprocessors=[translate_en_de, *_TOKENIZE_AND_APPEND_EOS],
-      output_features=features, metric_fns=[bleu])
+      output_features=features,
+      metric_fns=[bleu],
+  )
   cnn = _add_task(
       CNN_DAILYMAIL_TASK + suffix,
       source=seqio.TfdsDataSource(tfds_name=CNN_DAILYMAIL_TFDS_NAME),
       preprocessors=[summarize, *_TOKENIZE_AND_APPEND_EOS],
-      output_features=features, metric_fns=[rouge])
+      output_features=features,
+      metric_fns=[rouge],
+  )
   return wmt, cnn
 
 
@@ -189,8 +227,10 @@ class _DemoCorpusSource(seqio.TextLineDataSource):
     if not all(tf.io.gfile.glob(f) for f in files):
       raise FileNotFoundError(
           f"demo corpus file {self._split_to_filepattern[split]} is missing: build the corpus with "
-          "`python scripts/build_demo_corpus.py --output_dir=DIR` and set $" + DEMO_DATA_ENV +
-          "=DIR (or call register_demo_task(data_dir=DIR))")
+          "`python scripts/build_demo_corpus.py --output_dir=DIR` and set $"
+          + DEMO_DATA_ENV
+          + "=DIR (or call register_demo_task(data_dir=DIR))"
+      )
     return files
 
 
@@ -199,9 +239,11 @@ def demo_data_dir() -> pathlib.Path:
   return pathlib.Path(os.environ.get(DEMO_DATA_ENV) or DEFAULT_DEMO_DATA_DIR)
 
 
-def register_demo_task(data_dir: Optional[Union[str, os.PathLike]] = None,
-                       vocabulary: Optional[seqio.Vocabulary] = None,
-                       name: str = DEMO_ENDE_TASK) -> str:
+def register_demo_task(
+    data_dir: Optional[Union[str, os.PathLike]] = None,
+    vocabulary: Optional[seqio.Vocabulary] = None,
+    name: str = DEMO_ENDE_TASK,
+) -> str:
   """Registers the offline En-De task reading `{train,validation,test}.tsv` in `data_dir`.
 
   `data_dir` defaults to `demo_data_dir()`, `vocabulary` to the corpus's own `sentencepiece.model`
@@ -213,7 +255,9 @@ def register_demo_task(data_dir: Optional[Union[str, os.PathLike]] = None,
       name,
       source=_DemoCorpusSource({split: str(data_dir / f"{split}.tsv") for split in DEMO_SPLITS}),
       preprocessors=[parse_tsv_en_de, translate_en_de, *_TOKENIZE_AND_APPEND_EOS],
-      output_features=output_features(vocabulary), metric_fns=[bleu])
+      output_features=output_features(vocabulary),
+      metric_fns=[bleu],
+  )
 
 
 # ----------------------------------------------------------------------------- look-up
@@ -225,15 +269,18 @@ def get_task(name: str) -> seqio.Task:
   if name not in registered:
     close = difflib.get_close_matches(name, registered, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
-    raise ValueError(f"unknown task or mixture {name!r}: {hint}tasks are registered by importing "
-                     "speculative_t5x.tasks (gin: `import speculative_t5x.tasks`); registered: "
-                     f"{', '.join(registered) or 'none'}")
+    raise ValueError(
+        f"unknown task or mixture {name!r}: {hint}tasks are registered by importing "
+        "speculative_t5x.tasks (gin: `import speculative_t5x.tasks`); registered: "
+        f"{', '.join(registered) or 'none'}"
+    )
   return seqio.get_mixture_or_task(name)
 
 
 @dataclasses.dataclass(frozen=True)
 class TruncationCount:
   """How many of `examples` have a feature longer (EOS included) than its feature length."""
+
   examples: int
   truncated: dict[str, int]
 
@@ -242,8 +289,12 @@ class TruncationCount:
     return f"{parts} of {self.examples} examples are truncated"
 
 
-def count_truncated(task: Union[str, seqio.Task], split: str, feature_lengths: Mapping[str, int],
-                    max_examples: Optional[int] = None) -> TruncationCount:
+def count_truncated(
+    task: Union[str, seqio.Task],
+    split: str,
+    feature_lengths: Mapping[str, int],
+    max_examples: Optional[int] = None,
+) -> TruncationCount:
   """Counts the examples of `task`/`split` that `feature_lengths` will truncate, per feature.
 
   Reads the tokenized examples untrimmed (EOS included) and compares their lengths with
@@ -252,10 +303,13 @@ def count_truncated(task: Union[str, seqio.Task], split: str, feature_lengths: M
   task = get_task(task) if isinstance(task, str) else task
   unknown = set(feature_lengths) - set(task.output_features)
   if unknown:
-    raise ValueError(f"feature_lengths names {sorted(unknown)}, which task {task.name!r} does not "
-                     f"have; its features are {sorted(task.output_features)}")
-  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, use_cached=False,
-                             try_in_mem_cache=False)
+    raise ValueError(
+        f"feature_lengths names {sorted(unknown)}, which task {task.name!r} does not "
+        f"have; its features are {sorted(task.output_features)}"
+    )
+  dataset = task.get_dataset(
+      sequence_length=None, split=split, shuffle=False, use_cached=False, try_in_mem_cache=False
+  )
   if max_examples is not None:
     dataset = dataset.take(max_examples)
   dataset = dataset.map(lambda ex: {key: tf.size(ex[key]) for key in feature_lengths})
@@ -271,15 +325,21 @@ register_tasks(get_vocabulary())
 register_demo_task()
 
 
-def feature_arrays(task: Union[str, seqio.Task], split: str, feature: str,
-                   feature_lengths: Mapping[str, int], limit: Optional[int] = None) -> np.ndarray:
+def feature_arrays(
+    task: Union[str, seqio.Task],
+    split: str,
+    feature: str,
+    feature_lengths: Mapping[str, int],
+    limit: Optional[int] = None,
+) -> np.ndarray:
   """The tokenized `feature` of a split's first `limit` examples (all if None), in order, through
   the task's pipeline at `feature_lengths` (so truncated as in T5X, see the module docstring),
   zero-padded -> [N, feature_lengths[feature]] int32."""
   task = get_task(task) if isinstance(task, str) else task
   length = int(feature_lengths[feature])
-  ds = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, use_cached=False,
-                        try_in_mem_cache=False)
+  ds = task.get_dataset(
+      dict(feature_lengths), split=split, shuffle=False, use_cached=False, try_in_mem_cache=False
+  )
   rows = []
   for example in ds.as_numpy_iterator():
     rows.append(np.pad(example[feature], (0, length - len(example[feature]))))

@@ -14,6 +14,7 @@ section 3 and Appendix A.5. Notation follows the paper:
 Every function broadcasts over numpy arrays of alpha (and of gamma, c where it makes sense) and
 returns a Python float when all its inputs are scalars. Nothing here depends on JAX or on a model.
 """
+
 import numpy as np
 
 # Largest gamma `optimal_gamma` searches by default. Figure 3's largest finite optimum is 40
@@ -45,8 +46,10 @@ def _check_gamma(gamma, allow_inf=True):
   if not allow_inf and not np.all(finite):
     raise ValueError(f"gamma must be finite here, got {gamma!r}")
   if np.any(gamma < 1) or np.any(finite & (gamma != np.floor(gamma))):
-    raise ValueError(f"gamma must be a positive integer (tokens drafted per step), got {gamma!r}; "
-                     "gamma = 0 is plain autoregressive decoding")
+    raise ValueError(
+        f"gamma must be a positive integer (tokens drafted per step), got {gamma!r}; "
+        "gamma = 0 is plain autoregressive decoding"
+    )
   return gamma
 
 
@@ -66,7 +69,7 @@ def _expected_tokens(alpha, gamma):
   """Eq. (1) on checked float64 arrays; see `expected_tokens`."""
   with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
     finite_gamma = np.where(np.isinf(gamma), 1.0, gamma)
-    capped = np.where(alpha == 1, finite_gamma + 1, (1 - alpha**(finite_gamma + 1)) / (1 - alpha))
+    capped = np.where(alpha == 1, finite_gamma + 1, (1 - alpha ** (finite_gamma + 1)) / (1 - alpha))
     return np.where(np.isinf(gamma), 1 / (1 - alpha), capped)
 
 
@@ -158,8 +161,10 @@ def optimal_gamma(alpha, c, max_gamma=DEFAULT_MAX_GAMMA):
     (gamma, speedup): the best gamma as an int and Theorem 3.8 at that gamma.
   """
   if np.ndim(alpha) != 0 or np.ndim(c) != 0:
-    raise ValueError(f"optimal_gamma takes scalar alpha and c, got alpha={alpha!r}, c={c!r}; "
-                     "call it once per (alpha, c) pair")
+    raise ValueError(
+        f"optimal_gamma takes scalar alpha and c, got alpha={alpha!r}, c={c!r}; "
+        "call it once per (alpha, c) pair"
+    )
   max_gamma = int(_check_gamma(max_gamma, allow_inf=False))
   alpha, c = float(_check_alpha(alpha)), float(_check_cost("c", c))
   if (c == 0 and alpha > 0) or (alpha == 1 and c < 1):
@@ -213,12 +218,16 @@ def lenient_alpha(p, q, lenience=1.0):
   if not 0 < lenience <= 1:
     raise ValueError(f"lenience must lie in (0, 1] (1 is exact sampling), got {lenience}")
   if p.shape != q.shape or p.ndim == 0:
-    raise ValueError(f"p and q must be distributions of the same shape [..., vocab], "
-                     f"got {p.shape} and {q.shape}")
+    raise ValueError(
+        f"p and q must be distributions of the same shape [..., vocab], "
+        f"got {p.shape} and {q.shape}"
+    )
   for name, dist in (("p", p), ("q", q)):
     if np.any(dist < 0) or np.any(np.abs(dist.sum(axis=-1) - 1) > _PROBABILITY_SUM_TOLERANCE):
-      raise ValueError(f"{name} must hold probabilities (non-negative, summing to 1 over the last "
-                       "axis); pass softmax outputs, not logits")
+      raise ValueError(
+          f"{name} must hold probabilities (non-negative, summing to 1 over the last "
+          "axis); pass softmax outputs, not logits"
+      )
   return _to_output(np.minimum(p / lenience, q).sum(axis=-1))
 
 
@@ -249,8 +258,10 @@ def block_expected_tokens(p, q, gamma):
   p = _as_float_array("p", p)
   q = _as_float_array("q", q)
   if p.ndim != 1 or p.shape != q.shape:
-    raise ValueError(f"p and q must be distributions over one vocabulary, shape [V], got "
-                     f"{p.shape} and {q.shape}")
+    raise ValueError(
+        f"p and q must be distributions over one vocabulary, shape [V], got "
+        f"{p.shape} and {q.shape}"
+    )
   for name, dist in (("p", p), ("q", q)):
     if np.any(dist < 0) or abs(dist.sum() - 1) > _PROBABILITY_SUM_TOLERANCE:
       raise ValueError(f"{name} must be a distribution (non-negative, summing to 1)")
@@ -273,8 +284,10 @@ def _check_counts(numerator_name, numerator, count_name, count):
   numerator = _as_float_array(numerator_name, numerator)
   count = _as_float_array(count_name, count)
   if numerator.shape != count.shape:
-    raise ValueError(f"{numerator_name} and {count_name} must have the same shape, "
-                     f"got {numerator.shape} and {count.shape}")
+    raise ValueError(
+        f"{numerator_name} and {count_name} must have the same shape, "
+        f"got {numerator.shape} and {count.shape}"
+    )
   if np.any(numerator < 0) or np.any(count < 0):
     raise ValueError(f"{numerator_name} and {count_name} must be non-negative")
   total = count.sum()
@@ -317,4 +330,3 @@ def tokens_per_call(accepted_drafts, target_calls):
   """
   accepted, calls = _check_counts("accepted_drafts", accepted_drafts, "target_calls", target_calls)
   return float((accepted + calls) / calls)
-

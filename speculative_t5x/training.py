@@ -19,6 +19,7 @@ Distillation (`distill_from`): the targets of every training batch are replaced 
 own decodes of its inputs (greedy, or sampled at `distill_temperature`), so a drafter learns the
 distribution it will be verified against, which raises alpha.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,6 +57,7 @@ COSINE_FINAL_FRACTION = 0.1
 @flax.struct.dataclass
 class TrainState:
   """What a checkpoint holds: the number of steps taken, the parameters, the optimizer state."""
+
   step: jax.Array
   params: Any
   opt_state: Any
@@ -65,9 +67,15 @@ class TrainState:
 # Optimizer
 # ----------------------------------------------------------------------------------------------
 @gin.configurable(denylist=["num_steps"])
-def make_optimizer(num_steps: int, name: str = "adafactor", learning_rate: float = 1e-2,
-                   warmup_steps: int = 0, schedule: str = "rsqrt", weight_decay: float = 0.0,
-                   clip_norm: float | None = 1.0) -> optax.GradientTransformation:
+def make_optimizer(
+    num_steps: int,
+    name: str = "adafactor",
+    learning_rate: float = 1e-2,
+    warmup_steps: int = 0,
+    schedule: str = "rsqrt",
+    weight_decay: float = 0.0,
+    clip_norm: float | None = 1.0,
+) -> optax.GradientTransformation:
   """An optax optimizer with a warmup and a decay schedule.
 
   name: 'adafactor' (optax's, factored second moments, updates scaled by the parameter RMS, as in
@@ -82,8 +90,10 @@ def make_optimizer(num_steps: int, name: str = "adafactor", learning_rate: float
   if schedule not in SCHEDULES:
     raise ValueError(f"unknown learning-rate schedule {schedule!r}: use one of {SCHEDULES}.")
   if learning_rate <= 0 or warmup_steps < 0 or num_steps < 1:
-    raise ValueError(f"need learning_rate > 0, warmup_steps >= 0 and num_steps >= 1, got "
-                     f"{learning_rate}, {warmup_steps}, {num_steps}.")
+    raise ValueError(
+        f"need learning_rate > 0, warmup_steps >= 0 and num_steps >= 1, got "
+        f"{learning_rate}, {warmup_steps}, {num_steps}."
+    )
 
   def rate(step):
     step = jnp.asarray(step, jnp.float32)
@@ -105,18 +115,24 @@ def make_optimizer(num_steps: int, name: str = "adafactor", learning_rate: float
   return update if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), update)
 
 
-def init_state(model: models.EncoderDecoderModel, optimizer: optax.GradientTransformation,
-               rng: jax.Array, feature_lengths: Mapping[str, int]) -> TrainState:
+def init_state(
+    model: models.EncoderDecoderModel,
+    optimizer: optax.GradientTransformation,
+    rng: jax.Array,
+    feature_lengths: Mapping[str, int],
+) -> TrainState:
   """Fresh parameters (`model.get_initial_variables`) and optimizer state at step 0."""
-  shapes = {"encoder_input_tokens": (1, feature_lengths["inputs"]),
-            "decoder_input_tokens": (1, feature_lengths["targets"])}
+  shapes = {
+      "encoder_input_tokens": (1, feature_lengths["inputs"]),
+      "decoder_input_tokens": (1, feature_lengths["targets"]),
+  }
   params = model.get_initial_variables(rng, shapes)["params"]
-  return TrainState(step=jnp.asarray(0, jnp.int32), params=params,
-                    opt_state=optimizer.init(params))
+  return TrainState(step=jnp.asarray(0, jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
-def make_train_step(model: models.EncoderDecoderModel, optimizer: optax.GradientTransformation
-                    ) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
+def make_train_step(
+    model: models.EncoderDecoderModel, optimizer: optax.GradientTransformation
+) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
   """A jitted `step(state, batch, dropout_rng) -> (state, metrics)`: one optimizer update on
   `model.loss_fn` (its metrics: loss, z_loss, accuracy, tokens) plus the gradient norm."""
 
@@ -135,16 +151,28 @@ def make_train_step(model: models.EncoderDecoderModel, optimizer: optax.Gradient
 # ----------------------------------------------------------------------------------------------
 # Input
 # ----------------------------------------------------------------------------------------------
-def train_batches(task_name: str, feature_lengths: Mapping[str, int], batch_size: int,
-                  seed: int, pack: bool = True, start_step: int = 0) -> Iterator[dict]:
+def train_batches(
+    task_name: str,
+    feature_lengths: Mapping[str, int],
+    batch_size: int,
+    seed: int,
+    pack: bool = True,
+    start_step: int = 0,
+) -> Iterator[dict]:
   """Endless training batches [batch_size, length] in EncDecFeatureConverter's layout.
 
   The order is fixed by `seed`; `start_step` skips that many batches (a resumed run).
   """
   task = tasks.get_task(task_name)
-  dataset = task.get_dataset(dict(feature_lengths), split="train", shuffle=True, seed=seed,
-                             num_epochs=None, use_cached=False,
-                             shuffle_buffer_size=SHUFFLE_BUFFER)
+  dataset = task.get_dataset(
+      dict(feature_lengths),
+      split="train",
+      shuffle=True,
+      seed=seed,
+      num_epochs=None,
+      use_cached=False,
+      shuffle_buffer_size=SHUFFLE_BUFFER,
+  )
   dataset = seqio.EncDecFeatureConverter(pack=pack)(dataset, dict(feature_lengths))
   dataset = dataset.batch(batch_size, drop_remainder=True).skip(start_step).prefetch(2)
   return dataset.as_numpy_iterator()
@@ -154,18 +182,25 @@ def train_batches(task_name: str, feature_lengths: Mapping[str, int], batch_size
 class EvalSet:
   """Fixed evaluation batches: unpacked [batch_size, length] (the last padded with empty rows),
   the number of real rows in each, and the references (`targets_pretokenized`) in order."""
+
   batches: list[dict]
   rows: list[int]
   references: list[str]
   task: seqio.Task
 
 
-def eval_set(task_name: str, split: str, feature_lengths: Mapping[str, int], batch_size: int,
-             max_examples: int | None = None) -> EvalSet:
+def eval_set(
+    task_name: str,
+    split: str,
+    feature_lengths: Mapping[str, int],
+    batch_size: int,
+    max_examples: int | None = None,
+) -> EvalSet:
   """The first `max_examples` examples (all if None) of `split`, in file order."""
   task = tasks.get_task(task_name)
-  dataset = task.get_dataset(dict(feature_lengths), split=split, shuffle=False, num_epochs=1,
-                             use_cached=False)
+  dataset = task.get_dataset(
+      dict(feature_lengths), split=split, shuffle=False, num_epochs=1, use_cached=False
+  )
   if max_examples is not None:
     dataset = dataset.take(max_examples)
   references = [ex["targets_pretokenized"].decode("utf-8") for ex in dataset.as_numpy_iterator()]
@@ -185,13 +220,18 @@ def detokenize(vocabulary: seqio.Vocabulary, decodes: np.ndarray, eos_id: int) -
   texts = []
   for row in np.asarray(decodes).tolist():
     if eos_id in row:
-      row = row[:row.index(eos_id)]
+      row = row[: row.index(eos_id)]
     texts.append(vocabulary.decode([t for t in row if t > 0]))
   return texts
 
 
-def evaluate(model: models.EncoderDecoderModel, params: Any, examples: EvalSet,
-             predict_fn: Callable | None = None, decode: bool = True) -> tuple[dict, list[str]]:
+def evaluate(
+    model: models.EncoderDecoderModel,
+    params: Any,
+    examples: EvalSet,
+    predict_fn: Callable | None = None,
+    decode: bool = True,
+) -> tuple[dict, list[str]]:
   """Teacher-forced loss / accuracy over `examples`, and (if `decode`) the task's metrics on
   greedy decodes -> (metrics, predictions)."""
   eval_fn = jax.jit(model.eval_fn)
@@ -217,8 +257,9 @@ def evaluate(model: models.EncoderDecoderModel, params: Any, examples: EvalSet,
 # ----------------------------------------------------------------------------------------------
 # Distillation
 # ----------------------------------------------------------------------------------------------
-def make_teacher_targets(teacher_dir: str | os.PathLike, vocabulary: seqio.Vocabulary,
-                         temperature: float, seed: int) -> Callable[[dict, int], dict]:
+def make_teacher_targets(
+    teacher_dir: str | os.PathLike, vocabulary: seqio.Vocabulary, temperature: float, seed: int
+) -> Callable[[dict, int], dict]:
   """`relabel(batch, step) -> batch` whose targets are the teacher's decodes of its inputs.
 
   `teacher_dir` is a `checkpoints.save_model` directory (e.g. a trained target's
@@ -231,8 +272,11 @@ def make_teacher_targets(teacher_dir: str | os.PathLike, vocabulary: seqio.Vocab
   @jax.jit
   def to_batch(decodes: jax.Array) -> dict:
     inputs = jnp.pad(decodes, ((0, 0), (1, 0)))[:, :-1]
-    return {"decoder_target_tokens": decodes, "decoder_input_tokens": inputs,
-            "decoder_loss_weights": (decodes > 0).astype(jnp.int32)}
+    return {
+        "decoder_target_tokens": decodes,
+        "decoder_input_tokens": inputs,
+        "decoder_loss_weights": (decodes > 0).astype(jnp.int32),
+    }
 
   def relabel(batch: dict, step: int) -> dict:
     if "encoder_segment_ids" in batch:
@@ -247,8 +291,7 @@ def make_teacher_targets(teacher_dir: str | os.PathLike, vocabulary: seqio.Vocab
 # ----------------------------------------------------------------------------------------------
 # Checkpoints
 # ----------------------------------------------------------------------------------------------
-def checkpoint_manager(model_dir: str | os.PathLike, max_to_keep: int = 2
-                       ) -> ocp.CheckpointManager:
+def checkpoint_manager(model_dir: str | os.PathLike, max_to_keep: int = 2) -> ocp.CheckpointManager:
   """An orbax CheckpointManager of TrainStates under `model_dir/checkpoints`."""
   directory = os.path.join(os.path.abspath(os.fspath(model_dir)), CHECKPOINTS_DIR)
   options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
@@ -294,15 +337,28 @@ def _read_summary(model_dir: str) -> dict:
 
 
 @gin.configurable(denylist=["model_dir"])
-def train(model_dir: str | os.PathLike, model_config: network.T5Config = gin.REQUIRED,
-          mixture_or_task_name: str = gin.REQUIRED,
-          task_feature_lengths: Mapping[str, int] = gin.REQUIRED, batch_size: int = 32,
-          num_steps: int = 1000, pack: bool = True, z_loss: float = 1e-4,
-          label_smoothing: float = 0.0, eval_period: int = 500, eval_split: str = "validation",
-          eval_examples: int | None = 256, eval_batch_size: int = 64, checkpoint_period: int = 500,
-          keep_checkpoints: int = 2, log_period: int = 10, seed: int = 0,
-          distill_from: str | None = None, distill_temperature: float = 0.0,
-          progress: bool = True) -> dict:
+def train(
+    model_dir: str | os.PathLike,
+    model_config: network.T5Config = gin.REQUIRED,
+    mixture_or_task_name: str = gin.REQUIRED,
+    task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
+    batch_size: int = 32,
+    num_steps: int = 1000,
+    pack: bool = True,
+    z_loss: float = 1e-4,
+    label_smoothing: float = 0.0,
+    eval_period: int = 500,
+    eval_split: str = "validation",
+    eval_examples: int | None = 256,
+    eval_batch_size: int = 64,
+    checkpoint_period: int = 500,
+    keep_checkpoints: int = 2,
+    log_period: int = 10,
+    seed: int = 0,
+    distill_from: str | None = None,
+    distill_temperature: float = 0.0,
+    progress: bool = True,
+) -> dict:
   """Trains `model_config` on the task's train split up to `num_steps`; returns the summary.
 
   Resumes from the latest checkpoint in `model_dir` if there is one. Writes checkpoints every
@@ -317,14 +373,23 @@ def train(model_dir: str | os.PathLike, model_config: network.T5Config = gin.REQ
   task = tasks.get_task(mixture_or_task_name)
   vocabulary = task.output_features["targets"].vocabulary
   if model_config.vocab_size < vocabulary.vocab_size:
-    raise ValueError(f"model vocab_size {model_config.vocab_size} < the task vocabulary's "
-                     f"{vocabulary.vocab_size} pieces: set the config's vocab_size to at least "
-                     f"{vocabulary.vocab_size}.")
+    raise ValueError(
+        f"model vocab_size {model_config.vocab_size} < the task vocabulary's "
+        f"{vocabulary.vocab_size} pieces: set the config's vocab_size to at least "
+        f"{vocabulary.vocab_size}."
+    )
   if distill_from and pack:
-    raise ValueError("distill_from needs unpacked batches (the teacher decodes one input per "
-                     "row): set training.train.pack = False.")
-  model = models.EncoderDecoderModel(network.Transformer(model_config), vocabulary, vocabulary,
-                                     z_loss=z_loss, label_smoothing=label_smoothing)
+    raise ValueError(
+        "distill_from needs unpacked batches (the teacher decodes one input per "
+        "row): set training.train.pack = False."
+    )
+  model = models.EncoderDecoderModel(
+      network.Transformer(model_config),
+      vocabulary,
+      vocabulary,
+      z_loss=z_loss,
+      label_smoothing=label_smoothing,
+  )
   optimizer = make_optimizer(num_steps)
   manager = checkpoint_manager(model_dir, keep_checkpoints)
   state = restore_latest(manager, init_state(model, optimizer, jax.random.PRNGKey(seed), lengths))
@@ -333,16 +398,28 @@ def train(model_dir: str | os.PathLike, model_config: network.T5Config = gin.REQ
   history = summary.get("history", [])
   step_fn = make_train_step(model, optimizer)
   batches = train_batches(mixture_or_task_name, lengths, batch_size, seed, pack, start)
-  relabel = (make_teacher_targets(distill_from, vocabulary, distill_temperature, seed)
-             if distill_from else None)
-  examples = (eval_set(mixture_or_task_name, eval_split, lengths, eval_batch_size, eval_examples)
-              if eval_period else None)
+  relabel = (
+      make_teacher_targets(distill_from, vocabulary, distill_temperature, seed)
+      if distill_from
+      else None
+  )
+  examples = (
+      eval_set(mixture_or_task_name, eval_split, lengths, eval_batch_size, eval_examples)
+      if eval_period
+      else None
+  )
   predict_fn = model.jit_predict()
   dropout_rng = jax.random.PRNGKey(seed + 1)
   pending, last_train, last_eval = [], summary.get("train", {}), summary.get("eval", {})
   seconds = summary.get("train_seconds", 0.0)
-  bar = tqdm.tqdm(total=num_steps, initial=start, disable=not progress, dynamic_ncols=True,
-                  mininterval=5.0, desc=os.path.basename(model_dir))
+  bar = tqdm.tqdm(
+      total=num_steps,
+      initial=start,
+      disable=not progress,
+      dynamic_ncols=True,
+      mininterval=5.0,
+      desc=os.path.basename(model_dir),
+  )
   started = time.perf_counter()
   for step in range(start + 1, num_steps + 1):
     batch = next(batches)
@@ -361,18 +438,33 @@ def train(model_dir: str | os.PathLike, model_config: network.T5Config = gin.REQ
     if examples is not None and (step % eval_period == 0 or step == num_steps):
       last_eval, predictions = evaluate(model, state.params, examples, predict_fn)
       history.append({"step": step, **last_eval})
-      bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in last_eval.items()) +
-                f" | e.g. {predictions[0]!r} (reference {examples.references[0]!r})")
+      bar.write(
+          f"step {step}: "
+          + ", ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
+          + f" | e.g. {predictions[0]!r} (reference {examples.references[0]!r})"
+      )
   bar.close()
   seconds += time.perf_counter() - started
-  checkpoints.save_model(os.path.join(model_dir, EXPORT_DIR), jax.device_get(state.params),
-                         model_config, overwrite=True)
-  summary = {"model_config": json.loads(checkpoints.config_to_json(model_config)),
-             "parameters": int(sum(np.size(x) for x in jax.tree.leaves(state.params))),
-             "task": mixture_or_task_name, "task_feature_lengths": lengths,
-             "batch_size": batch_size, "pack": pack, "steps": int(state.step),
-             "train_seconds": seconds, "train": last_train, "eval": last_eval,
-             "distill_from": distill_from, "history": history}
+  checkpoints.save_model(
+      os.path.join(model_dir, EXPORT_DIR),
+      jax.device_get(state.params),
+      model_config,
+      overwrite=True,
+  )
+  summary = {
+      "model_config": json.loads(checkpoints.config_to_json(model_config)),
+      "parameters": int(sum(np.size(x) for x in jax.tree.leaves(state.params))),
+      "task": mixture_or_task_name,
+      "task_feature_lengths": lengths,
+      "batch_size": batch_size,
+      "pack": pack,
+      "steps": int(state.step),
+      "train_seconds": seconds,
+      "train": last_train,
+      "eval": last_eval,
+      "distill_from": distill_from,
+      "history": history,
+  }
   with open(os.path.join(model_dir, SUMMARY_FILE), "w") as f:
     json.dump(summary, f, indent=1)
   manager.close()

@@ -7,6 +7,7 @@ the target's own token and how many tokens were kept. `trace_steps` turns one ro
 so far in the default colour, then the accepted drafts in green, the first rejected draft in red
 (struck through) and the target's token in blue.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,11 @@ from speculative_t5x import decoding
 
 ACCEPTED, REJECTED, CORRECTION = "accepted", "rejected", "correction"
 COLORS = {ACCEPTED: "#1a7f37", REJECTED: "#cf222e", CORRECTION: "#0969da"}
-_LEGEND = {ACCEPTED: "accepted draft", REJECTED: "rejected draft",
-           CORRECTION: "target's token (correction, or bonus after gamma acceptances)"}
+_LEGEND = {
+    ACCEPTED: "accepted draft",
+    REJECTED: "rejected draft",
+    CORRECTION: "target's token (correction, or bonus after gamma acceptances)",
+}
 _SENTENCEPIECE_SPACE = "\u2581"
 
 
@@ -34,6 +38,7 @@ class Step:
   correction: the target's token after the accepted drafts: resampled after a rejection, or the
     bonus token after gamma acceptances; None when the row ended before it.
   """
+
   accepted: tuple[int, ...]
   rejected: int | None
   correction: int | None
@@ -49,14 +54,19 @@ def trace_steps(trace: decoding.SpeculativeTrace, row: int) -> list[Step]:
   [B, L, gamma] for drafts) -> its target calls, in order. Concatenating their `tokens` gives the
   row's decode."""
   if not isinstance(trace, decoding.SpeculativeTrace):
-    raise ValueError(f"trace is a {type(trace).__name__}, not a decoding.SpeculativeTrace: pass "
-                     "aux['speculative_trace'] from a decode with "
-                     "decoder_params={'return_trace': True}.")
-  drafts, accepted, token, emitted = (np.asarray(x) for x in (
-      trace.drafts, trace.accepted, trace.token, trace.emitted))
+    raise ValueError(
+        f"trace is a {type(trace).__name__}, not a decoding.SpeculativeTrace: pass "
+        "aux['speculative_trace'] from a decode with "
+        "decoder_params={'return_trace': True}."
+    )
+  drafts, accepted, token, emitted = (
+      np.asarray(x) for x in (trace.drafts, trace.accepted, trace.token, trace.emitted)
+  )
   if drafts.ndim != 3 or accepted.shape != drafts.shape[:2]:
-    raise ValueError(f"trace shapes drafts {drafts.shape}, accepted {accepted.shape}: expected "
-                     "[B, L, gamma] and [B, L] (one decode per row, not return_all_decodes).")
+    raise ValueError(
+        f"trace shapes drafts {drafts.shape}, accepted {accepted.shape}: expected "
+        "[B, L, gamma] and [B, L] (one decode per row, not return_all_decodes)."
+    )
   if not 0 <= row < drafts.shape[0]:
     raise ValueError(f"row {row} is outside the trace's batch of {drafts.shape[0]}.")
   gamma = drafts.shape[2]
@@ -66,9 +76,13 @@ def trace_steps(trace: decoding.SpeculativeTrace, row: int) -> list[Step]:
     if kept == 0:  # the row had ended: every later iteration is empty too.
       break
     corrected = kept == n + 1
-    steps.append(Step(accepted=tuple(int(t) for t in drafted[:min(n, kept)]),
-                      rejected=int(drafted[n]) if corrected and n < gamma else None,
-                      correction=int(target_token) if corrected else None))
+    steps.append(
+        Step(
+            accepted=tuple(int(t) for t in drafted[: min(n, kept)]),
+            rejected=int(drafted[n]) if corrected and n < gamma else None,
+            correction=int(target_token) if corrected else None,
+        )
+    )
   return steps
 
 
@@ -82,6 +96,7 @@ def piece_text(vocabulary) -> Callable[[int], str]:
     if not 0 <= token_id < size:
       return f"<id {token_id}>"
     return processor.id_to_piece(token_id).replace(_SENTENCEPIECE_SPACE, " ")
+
   return text
 
 
@@ -89,8 +104,10 @@ def _span(text: str, kind: str | None = None) -> str:
   if kind is None:
     return html.escape(text)
   strike = "text-decoration: line-through; " if kind == REJECTED else ""
-  return (f'<span class="spec-{kind}" style="color: {COLORS[kind]}; font-weight: bold; '
-          f'{strike}">{html.escape(text)}</span>')
+  return (
+      f'<span class="spec-{kind}" style="color: {COLORS[kind]}; font-weight: bold; '
+      f'{strike}">{html.escape(text)}</span>'
+  )
 
 
 def legend_html() -> str:
@@ -103,8 +120,9 @@ def _id_text(token_id: int) -> str:
   return f" {token_id}"
 
 
-def steps_html(steps: Sequence[Step], token_text: Callable[[int], str] = _id_text,
-               title: str | None = None) -> str:
+def steps_html(
+    steps: Sequence[Step], token_text: Callable[[int], str] = _id_text, title: str | None = None
+) -> str:
   """Figure 1 as an HTML fragment: one line per target call (see the module docstring).
 
   token_text: token id -> its text, e.g. `piece_text(vocabulary)`; by default the id after a space.
@@ -119,5 +137,7 @@ def steps_html(steps: Sequence[Step], token_text: Callable[[int], str] = _id_tex
     lines.append(f"<div>{prefix}{''.join(new)}</div>")
     prefix += "".join(html.escape(token_text(t)) for t in step.tokens)
   heading = "" if title is None else f"<div><b>{html.escape(title)}</b></div>"
-  return (f'<div class="spec-figure1" style="font-family: monospace; white-space: pre-wrap; '
-          f'line-height: 1.5; margin-bottom: 1em">{heading}{"".join(lines)}</div>')
+  return (
+      f'<div class="spec-figure1" style="font-family: monospace; white-space: pre-wrap; '
+      f'line-height: 1.5; margin-bottom: 1em">{heading}{"".join(lines)}</div>'
+  )

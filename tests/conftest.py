@@ -1,4 +1,5 @@
 """Shared test set-up: one CPU device, float32 matmuls, and the T5X fixtures beside the project."""
+
 import os
 import pathlib
 
@@ -20,16 +21,31 @@ def tiny_config(vocab_size: int, **overrides) -> network.T5Config:
 
   Tests that compare against fixed seeds or files pass every dimension they depend on.
   """
-  fields = dict(vocab_size=vocab_size, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
-                num_encoder_layers=1, num_decoder_layers=2, mlp_activations=("gelu", "linear"),
-                dropout_rate=0.0)
+  fields = dict(
+      vocab_size=vocab_size,
+      emb_dim=16,
+      num_heads=2,
+      head_dim=8,
+      mlp_dim=32,
+      num_encoder_layers=1,
+      num_decoder_layers=2,
+      mlp_activations=("gelu", "linear"),
+      dropout_rate=0.0,
+  )
   fields.update(overrides)
   return network.T5Config(**fields)
 
 
 # The dimensions of T5X's test_t5_tiny.checkpoint_0 (fixtures/t5x/README.md).
-FIXTURE_CONFIG = tiny_config(32128, emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16,
-                             num_encoder_layers=2, num_decoder_layers=2)
+FIXTURE_CONFIG = tiny_config(
+    32128,
+    emb_dim=8,
+    num_heads=4,
+    head_dim=3,
+    mlp_dim=16,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "t5x"
@@ -39,8 +55,10 @@ def fixture_path(name: str) -> pathlib.Path:
   """Path of a T5X fixture; skips the calling test where ../shared/fixtures/t5x is absent."""
   path = FIXTURES / name
   if not path.exists():
-    pytest.skip(f"T5X fixture {path} is absent (it ships only beside the project's own clone, "
-                "in ../shared/fixtures/t5x); this test needs files written by T5X itself.")
+    pytest.skip(
+        f"T5X fixture {path} is absent (it ships only beside the project's own clone, "
+        "in ../shared/fixtures/t5x); this test needs files written by T5X itself."
+    )
   return path
 
 

@@ -8,12 +8,14 @@ replicated by the data-parallel rules), and prints one JSON object with what the
 {mesh name: {check: value}, 'unsharded': reference statistics, 'loop_carry': the per-device shapes
 of the compiled decode loop's carry on mesh LOOP_MESH}.
 """
+
 import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
@@ -31,8 +33,9 @@ MESHES = ((1, 8), (2, 4), (8, 1))
 LOOP_MESH = "2x4"  # the mesh whose compiled loop carry is reported
 BATCH, INPUT_LENGTH, DECODE_LENGTH, GAMMA, EOS = 8, 6, 10, 3, 1
 # Every model-parallel dimension divides 8: heads 8, joined_kv 8 * 4, mlp 64, vocab 64.
-TARGET = tiny_config(64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64, num_encoder_layers=1,
-                     num_decoder_layers=1)
+TARGET = tiny_config(
+    64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1
+)
 NOISE = 0.3  # the drafter is the target with noise on every weight: ragged acceptance per row.
 
 
@@ -40,21 +43,25 @@ def _perturb(params, rng):
   """Each weight plus NOISE times its own standard deviation of Gaussian noise."""
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(rng, len(leaves))
-  return jax.tree.unflatten(treedef, [x + NOISE * jnp.std(x) * jax.random.normal(k, x.shape)
-                                      for x, k in zip(leaves, keys)])
+  return jax.tree.unflatten(
+      treedef,
+      [x + NOISE * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)],
+  )
 
 
 def _setup():
   vocab = seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS)
-  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TARGET),
-                                                network.Transformer(TARGET), vocab, vocab,
-                                                gamma=GAMMA)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TARGET), network.Transformer(TARGET), vocab, vocab, gamma=GAMMA
+  )
   target = jax.jit(network.init_params, static_argnums=0)(TARGET, jax.random.PRNGKey(0))
   drafter = jax.jit(_perturb)(target, jax.random.PRNGKey(1))
   tokens = jax.random.randint(jax.random.PRNGKey(2), (BATCH, INPUT_LENGTH), 2, TARGET.vocab_size)
-  batch = {"encoder_input_tokens": tokens.at[::3, -2:].set(0),  # some rows padded
-           "decoder_input_tokens": jnp.zeros((BATCH, DECODE_LENGTH), jnp.int32),
-           "decoder_target_tokens": jnp.ones((BATCH, DECODE_LENGTH), jnp.int32)}
+  batch = {
+      "encoder_input_tokens": tokens.at[::3, -2:].set(0),  # some rows padded
+      "decoder_input_tokens": jnp.zeros((BATCH, DECODE_LENGTH), jnp.int32),
+      "decoder_target_tokens": jnp.ones((BATCH, DECODE_LENGTH), jnp.int32),
+  }
   return model, {"target": target, "drafter": drafter}, batch
 
 
@@ -64,7 +71,7 @@ def _valid(decodes: np.ndarray) -> bool:
     return False
   for row in decodes:
     eos = np.flatnonzero(row == EOS)
-    if eos.size and np.any(row[eos[0] + 1:] != 0):
+    if eos.size and np.any(row[eos[0] + 1 :] != 0):
       return False
   return True
 
@@ -73,19 +80,25 @@ def _shard_fractions(arrays, shardings_axes, name: str) -> list:
   """[(path, shard size / global size)] for every device shard of arrays whose logical axes hold
   `name`."""
   out = []
-  flat_axes = dict(jax.tree_util.tree_flatten_with_path(
-      shardings_axes, is_leaf=lambda x: isinstance(x, tuple))[0])
+  flat_axes = dict(
+      jax.tree_util.tree_flatten_with_path(shardings_axes, is_leaf=lambda x: isinstance(x, tuple))[
+          0
+      ]
+  )
   for path, array in jax.tree_util.tree_flatten_with_path(arrays)[0]:
     if name in flat_axes[path]:
-      out += [(jax.tree_util.keystr(path), shard.data.size / array.size)
-              for shard in array.addressable_shards]
+      out += [
+          (jax.tree_util.keystr(path), shard.data.size / array.size)
+          for shard in array.addressable_shards
+      ]
   return out
 
 
 def _loop_carry_shapes(predict, *args) -> str:
   """The per-device array shapes of the compiled decode's outer `while` (its largest carry)."""
-  loops = [line for line in predict.lower(*args).compile().as_text().splitlines()
-           if " while(" in line]
+  loops = [
+      line for line in predict.lower(*args).compile().as_text().splitlines() if " while(" in line
+  ]
   return max(loops, key=len).split(" while(")[0]
 
 
@@ -96,17 +109,25 @@ def main():
   greedy = jax.device_get(model.jit_predict()(params, batch, rng, 0.0))
   sampled = jax.device_get(model.jit_predict()(params, batch, rng, 1.0))
   module = model.module
-  encoded = module.apply({"params": params["target"]}, batch["encoder_input_tokens"],
-                         method=module.encode)
-  cache = module.apply({"params": params["target"]}, encoded, batch["encoder_input_tokens"],
-                       DECODE_LENGTH + GAMMA + 1, method=module.init_decode_cache)
+  encoded = module.apply(
+      {"params": params["target"]}, batch["encoder_input_tokens"], method=module.encode
+  )
+  cache = module.apply(
+      {"params": params["target"]},
+      encoded,
+      batch["encoder_input_tokens"],
+      DECODE_LENGTH + GAMMA + 1,
+      method=module.init_decode_cache,
+  )
   axes = network.param_axes(TARGET)
-  results = {"unsharded": {"stats": {k: v.tolist() for k, v in
-                                     greedy[1]["speculative_stats"].items()}}}
+  results = {
+      "unsharded": {"stats": {k: v.tolist() for k, v in greedy[1]["speculative_stats"].items()}}
+  }
   for mesh_shape in MESHES:
     partitioner = partitioning.Partitioner(
         mesh_shape=mesh_shape,
-        drafter_logical_axis_rules=partitioning.data_parallel_logical_axis_rules())
+        drafter_logical_axis_rules=partitioning.data_parallel_logical_axis_rules(),
+    )
     placed = partitioner.place_params(model, params)
     placed_batch = partitioner.place_batch(batch)
     predict = partitioner.partition_predict(model)
@@ -114,8 +135,9 @@ def main():
     out_greedy_sharding = out_greedy[0].sharding.spec
     out_greedy = jax.device_get(out_greedy)
     out_sampled = jax.device_get(predict(placed, placed_batch, rng, 1.0))
-    placed_cache = jax.device_put(cache, partitioning.state_shardings(cache, partitioner.mesh,
-                                                                      partitioner.rules))
+    placed_cache = jax.device_put(
+        cache, partitioning.state_shardings(cache, partitioner.mesh, partitioner.rules)
+    )
     stats, ref_stats = out_greedy[1]["speculative_stats"], greedy[1]["speculative_stats"]
     name = "x".join(map(str, mesh_shape))
     if name == LOOP_MESH:  # one compile more: where XLA placed the caches inside the loop
@@ -125,15 +147,18 @@ def main():
         "stats_equal": all(np.array_equal(stats[k], ref_stats[k]) for k in ref_stats),
         "sample_valid": _valid(np.asarray(out_sampled[0])),
         "sample_shape": list(np.shape(out_sampled[0])),
-        "sample_stats_shapes": {k: list(np.shape(v))
-                                for k, v in out_sampled[1]["speculative_stats"].items()},
-        "unsharded_sample_stats_shapes": {k: list(np.shape(v))
-                                          for k, v in sampled[1]["speculative_stats"].items()},
+        "sample_stats_shapes": {
+            k: list(np.shape(v)) for k, v in out_sampled[1]["speculative_stats"].items()
+        },
+        "unsharded_sample_stats_shapes": {
+            k: list(np.shape(v)) for k, v in sampled[1]["speculative_stats"].items()
+        },
         "output_sharding": str(out_greedy_sharding),
         "mlp_shard_fractions": _shard_fractions(placed["target"], axes, "mlp"),
         "drafter_mlp_shard_fractions": _shard_fractions(placed["drafter"], axes, "mlp"),
         "self_key_shard_shape": list(
-            placed_cache["layers_0"]["self_key"].addressable_shards[0].data.shape),
+            placed_cache["layers_0"]["self_key"].addressable_shards[0].data.shape
+        ),
         "self_key_shape": list(placed_cache["layers_0"]["self_key"].shape),
     }
   json.dump(results, sys.stdout)

@@ -1,4 +1,5 @@
 """Table 3's alpha by teacher forcing on target-generated sequences."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,8 +28,9 @@ def test_generated_positions_stop_after_eos():
 
 def test_self_drafter_has_alpha_one():
   params, enc, sequences = _setup()
-  beta_sum, count = alpha.beta_totals(CFG, params, drafters.T5Drafter(CFG), params, enc, sequences,
-                                      EOS, temperature=1.0)
+  beta_sum, count = alpha.beta_totals(
+      CFG, params, drafters.T5Drafter(CFG), params, enc, sequences, EOS, temperature=1.0
+  )
   np.testing.assert_allclose(beta_sum, count, rtol=1e-5)
 
 
@@ -36,11 +38,20 @@ def test_greedy_unigram_alpha_counts_matches_of_its_argmax():
   """At temperature 0, beta is 1 exactly where the target's greedy token is the unigram's mode."""
   params, enc, sequences = _setup()
   model = network.Transformer(CFG)
-  greedy = np.asarray(model.apply({"params": params}, enc, alpha.shift_right(sequences),
-                                  jnp.ones_like(sequences))).argmax(-1)
+  greedy = np.asarray(
+      model.apply({"params": params}, enc, alpha.shift_right(sequences), jnp.ones_like(sequences))
+  ).argmax(-1)
   table = drafters.UnigramDrafter.fit([np.array([5, 5, 5, 7, 9])], CFG.vocab_size)
-  beta_sum, count = alpha.beta_totals(CFG, params, drafters.UnigramDrafter(vocab_size=23), table,
-                                      enc, sequences, EOS, temperature=0.0)
+  beta_sum, count = alpha.beta_totals(
+      CFG,
+      params,
+      drafters.UnigramDrafter(vocab_size=23),
+      table,
+      enc,
+      sequences,
+      EOS,
+      temperature=0.0,
+  )
   valid = np.asarray(alpha.generated_positions(sequences, EOS))
   np.testing.assert_allclose(beta_sum, ((greedy == 5) & valid).sum(1))
   np.testing.assert_array_equal(count, valid.sum(1))
@@ -52,15 +63,17 @@ def test_prompt_lookup_beta_is_the_target_probability_of_its_draft():
   params, _, sequences = _setup()
   enc = jnp.asarray(np.asarray(sequences)[:, [0, 1, 2, 5, 6, 4]])  # inputs that hold bigrams
   drafter = drafters.PromptLookupDrafter(vocab_size=CFG.vocab_size, eos_id=EOS)
-  beta_sum, count = alpha.beta_totals(CFG, params, drafter, {}, enc, sequences, EOS,
-                                      temperature=1.0)
+  beta_sum, count = alpha.beta_totals(
+      CFG, params, drafter, {}, enc, sequences, EOS, temperature=1.0
+  )
   p = jax.nn.softmax(network.teacher_forced_logits(CFG, params, enc, alpha.shift_right(sequences)))
   valid = np.asarray(alpha.generated_positions(sequences, EOS))
   state = drafter.init_state({}, enc, sequences.shape[1])
   expected, copied = np.zeros(sequences.shape[0]), 0
   for t in range(sequences.shape[1]):
-    drafts = np.asarray(drafter.propose({}, state, sequences, jnp.full((4,), t, jnp.int32), 1,
-                                        None, None)[0][:, 0])
+    drafts = np.asarray(
+        drafter.propose({}, state, sequences, jnp.full((4,), t, jnp.int32), 1, None, None)[0][:, 0]
+    )
     copied += int(np.sum(drafts != drafter.fallback_token))
     expected += np.where(valid[:, t], np.asarray(p)[np.arange(4), t, drafts], 0.0)
   assert copied >= 4  # the lookup found what to copy, not only its fallback
@@ -71,10 +84,20 @@ def test_prompt_lookup_beta_is_the_target_probability_of_its_draft():
 def test_measure_counts_generated_tokens_and_scores_each_drafter():
   params, enc, _ = _setup()
   other = network.init_params(CFG, jax.random.PRNGKey(7))
-  result = alpha.measure(CFG, params, {"self": (drafters.T5Drafter(CFG), params),
-                                       "other": (drafters.T5Drafter(CFG), other),
-                                       "lookup": (drafters.PromptLookupDrafter(23), {})},
-                         [enc, enc], decode_length=5, temperature=1.0, eos_id=EOS, num_tokens=6)
+  result = alpha.measure(
+      CFG,
+      params,
+      {
+          "self": (drafters.T5Drafter(CFG), params),
+          "other": (drafters.T5Drafter(CFG), other),
+          "lookup": (drafters.PromptLookupDrafter(23), {}),
+      },
+      [enc, enc],
+      decode_length=5,
+      temperature=1.0,
+      eos_id=EOS,
+      num_tokens=6,
+  )
   assert result["self"]["tokens"] == result["other"]["tokens"] == result["lookup"]["tokens"] >= 6
   assert result["self"]["tokens"] <= 4 * 5  # stopped after the first batch
   np.testing.assert_allclose(result["self"]["alpha"], 1.0, rtol=1e-5)

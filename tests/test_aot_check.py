@@ -4,6 +4,7 @@ gin file, a bigram drafter; its report, and exit status 1 when the memory does n
 
 Both runs go at once, in subprocesses (the script sets the simulated device count before JAX
 starts, and defines absl flags of the same names as other scripts)."""
+
 import json
 import math
 import os
@@ -20,22 +21,42 @@ from speculative_t5x import network
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 64
-TINY = tiny_config(VOCAB_SIZE, emb_dim=8, num_heads=4, head_dim=3, mlp_dim=16,
-                   num_encoder_layers=2, num_decoder_layers=2)  # t5_1_1_tiny.gin
+TINY = tiny_config(
+    VOCAB_SIZE,
+    emb_dim=8,
+    num_heads=4,
+    head_dim=3,
+    mlp_dim=16,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+)  # t5_1_1_tiny.gin
 MODEL_PARALLEL = {"vocab", "mlp", "heads", "joined_kv"}  # split over 'model' by the standard rules
 BFLOAT16 = 2
 
 
 def _start(output_dir, *flags):
-  command = [sys.executable, str(REPO_ROOT / "scripts" / "aot_check.py"),
-             "--gin_file=configs/runs/aot_xxl.gin", "--gin_file=configs/models/t5_1_1_tiny.gin",
-             *flags, "--gin.TARGET_CONFIG=%T5_1_1_TINY", f"--gin.VOCAB_SIZE={VOCAB_SIZE}",
-             "--gin.NUM_PARTITIONS=2", "--num_devices=2", "--gin.aot_script.AotSetup.gamma=3",
-             "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4}",
-             f"--gin.AOT_OUTPUT_DIR='{output_dir}'"]
-  return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          cwd=REPO_ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                                  TF_CPP_MIN_LOG_LEVEL="3"))
+  command = [
+      sys.executable,
+      str(REPO_ROOT / "scripts" / "aot_check.py"),
+      "--gin_file=configs/runs/aot_xxl.gin",
+      "--gin_file=configs/models/t5_1_1_tiny.gin",
+      *flags,
+      "--gin.TARGET_CONFIG=%T5_1_1_TINY",
+      f"--gin.VOCAB_SIZE={VOCAB_SIZE}",
+      "--gin.NUM_PARTITIONS=2",
+      "--num_devices=2",
+      "--gin.aot_script.AotSetup.gamma=3",
+      "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4}",
+      f"--gin.AOT_OUTPUT_DIR='{output_dir}'",
+  ]
+  return subprocess.Popen(
+      command,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      cwd=REPO_ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3"),
+  )
 
 
 def _leaves(tree) -> list[tuple]:
@@ -45,30 +66,40 @@ def _leaves(tree) -> list[tuple]:
 def _t5_bytes_per_device(config, model_parallel: bool) -> int:
   """bfloat16 bytes of one device's shards of a T5's parameters: halved where a parameter has a
   model-parallel axis, if the model is split."""
-  sizes = [math.prod(shape) // (2 if model_parallel and MODEL_PARALLEL & set(names) else 1)
-           for shape, names in zip(_leaves(network.param_shapes(config)),
-                                   _leaves(network.param_axes(config)))]
+  sizes = [
+      math.prod(shape) // (2 if model_parallel and MODEL_PARALLEL & set(names) else 1)
+      for shape, names in zip(
+          _leaves(network.param_shapes(config)), _leaves(network.param_axes(config))
+      )
+  ]
   return BFLOAT16 * sum(sizes)
 
 
 def test_aot_check_compiles_any_drafter_and_reports_memory(tmp_path):
   t5_dir, bigram_dir = tmp_path / "t5", tmp_path / "bigram"
   t5_run = _start(t5_dir, "--gin.DRAFTER_CONFIG=%T5_1_1_TINY")
-  bigram_run = _start(bigram_dir, "--gin_file=configs/drafters/bigram.gin",
-                      "--gin.aot_script.AotSetup.hbm_gib=1e-6")
+  bigram_run = _start(
+      bigram_dir, "--gin_file=configs/drafters/bigram.gin", "--gin.aot_script.AotSetup.hbm_gib=1e-6"
+  )
   outputs = {"t5": t5_run.communicate(timeout=300), "bigram": bigram_run.communicate(timeout=300)}
   assert t5_run.returncode == 0, outputs["t5"][1][-3000:]
   assert bigram_run.returncode == 1, outputs["bigram"][1][-3000:]
 
-  reports = {name: json.loads((directory / "aot_check.json").read_text())
-             for name, directory in (("t5", t5_dir), ("bigram", bigram_dir))}
+  reports = {
+      name: json.loads((directory / "aot_check.json").read_text())
+      for name, directory in (("t5", t5_dir), ("bigram", bigram_dir))
+  }
   target = _t5_bytes_per_device(TINY, model_parallel=True)
   assert target < _t5_bytes_per_device(TINY, model_parallel=False)
   bigram = drafters.BigramDrafter(vocab_size=VOCAB_SIZE).fit_params([])
   drafter_bytes = {  # replicated: whole on each device
       "t5": _t5_bytes_per_device(TINY, model_parallel=False),
-      "bigram": sum(value.size * (BFLOAT16 if np.issubdtype(value.dtype, np.floating)
-                                  else value.dtype.itemsize) for value in bigram.values())}
+      "bigram": sum(
+          value.size
+          * (BFLOAT16 if np.issubdtype(value.dtype, np.floating) else value.dtype.itemsize)
+          for value in bigram.values()
+      ),
+  }
   for name, report in reports.items():
     assert report["mesh"] == {"data": 1, "model": 2}
     assert len(set(report["devices"])) == 2
@@ -76,8 +107,9 @@ def test_aot_check_compiles_any_drafter_and_reports_memory(tmp_path):
     assert report["drafter_params_per_device_bytes"] == drafter_bytes[name]
     assert report["module_problems"] == []
     sizes = report["memory_analysis_bytes"]
-    assert report["peak_per_device_bytes"] == (sizes["argument"] + sizes["output"] + sizes["temp"]
-                                               - sizes["alias"])
+    assert report["peak_per_device_bytes"] == (
+        sizes["argument"] + sizes["output"] + sizes["temp"] - sizes["alias"]
+    )
     assert sizes["argument"] >= target + drafter_bytes[name]
   assert reports["t5"]["ok"] and reports["t5"]["fits"]
   assert not reports["bigram"]["fits"] and not reports["bigram"]["ok"]

@@ -1,5 +1,6 @@
 """The timing harness, its inputs, and scripts/benchmark.py end to end. No timing is asserted:
 speed is measured by the benchmarks, never by tests."""
+
 import json
 import os
 import pathlib
@@ -16,10 +17,25 @@ from speculative_t5x import network
 from speculative_t5x import theory
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-ROW_KEYS = {"task", "drafter", "temperature", "gamma", "alpha", "tokens_per_target_call", "c",
-            "verify_cost", "speedup", "speedup_per_example", "loop_speedup", "predicted",
-            "predicted_hw", "efficiency", "baseline_ms", "speculative_ms",
-            "outputs_match_baseline"}
+ROW_KEYS = {
+    "task",
+    "drafter",
+    "temperature",
+    "gamma",
+    "alpha",
+    "tokens_per_target_call",
+    "c",
+    "verify_cost",
+    "speedup",
+    "speedup_per_example",
+    "loop_speedup",
+    "predicted",
+    "predicted_hw",
+    "efficiency",
+    "baseline_ms",
+    "speculative_ms",
+    "outputs_match_baseline",
+}
 
 
 def test_timing_statistics_from_known_times():
@@ -37,8 +53,9 @@ def test_time_calls_on_a_trivial_jitted_function():
     calls.append(None)  # runs at trace time only: one compilation.
     return x * 2
 
-  timing = benchmark.time_calls({"double": (jax.jit(double), (jnp.ones((8,)),))}, repeats=5,
-                                warmup=2)["double"]
+  timing = benchmark.time_calls(
+      {"double": (jax.jit(double), (jnp.ones((8,)),))}, repeats=5, warmup=2
+  )["double"]
   assert len(calls) == 1
   assert timing.repeats == 5
   assert 0 < timing.min_ms <= timing.median_ms <= timing.max_ms
@@ -53,14 +70,17 @@ def test_time_calls_times_every_call_in_every_round():
     def fn(x):
       runs[name] += 1
       return x
+
     return fn
 
-  timings = benchmark.time_calls({"a": (counting("a"), (jnp.ones(2),)),
-                                  "b": (counting("b"), (jnp.ones(2),))}, repeats=4, warmup=1)
+  timings = benchmark.time_calls(
+      {"a": (counting("a"), (jnp.ones(2),)), "b": (counting("b"), (jnp.ones(2),))},
+      repeats=4,
+      warmup=1,
+  )
   assert runs == {"a": 6, "b": 6}  # compile call + 1 warm-up + 4 rounds, each
   assert {name: t.repeats for name, t in timings.items()} == {"a": 4, "b": 4}
-  benchmark.time_rounds({"a": (counting("a"), (jnp.ones(2),))}, repeats=2, warmup=0,
-                        compiled=True)
+  benchmark.time_rounds({"a": (counting("a"), (jnp.ones(2),))}, repeats=2, warmup=0, compiled=True)
   assert runs["a"] == 8  # already compiled, no warm-up: the 2 rounds only
 
 
@@ -70,8 +90,12 @@ def test_costs_from_the_seconds_of_the_step_calls():
   it times between examples."""
   geometry = benchmark.DecodeGeometry(4, 16, 0, 2)
   extra = benchmark.EXTRA_PASSES * geometry.steps_per_call
-  step_ms = {("target", 1): 2.0, ("target", 3): 3.0, ("drafter", "d"): 0.5,
-             ("iteration", "d", 2): 4.5}
+  step_ms = {
+      ("target", 1): 2.0,
+      ("target", 3): 3.0,
+      ("drafter", "d"): 0.5,
+      ("iteration", "d", 2): 4.5,
+  }
   seconds = {}
   for name, ms in step_ms.items():  # a fixed 1 ms per call, plus the steps; 3 rounds each.
     seconds[name, 1] = np.full(3, 1e-3 + geometry.steps_per_call * ms * 1e-3)
@@ -87,8 +111,13 @@ def test_costs_from_the_seconds_of_the_step_calls():
 def test_decode_costs_ratios_from_known_timings():
   ms = lambda value: benchmark.Timing(value, value, value, 0.0, 1)  # noqa: E731
   geometry = benchmark.DecodeGeometry(4, 8, 0, 1)
-  costs = benchmark.DecodeCosts(geometry, target_step=ms(2.0), drafter_step=ms(0.5),
-                                verify={3: ms(3.0)}, iteration={3: ms(5.0)})
+  costs = benchmark.DecodeCosts(
+      geometry,
+      target_step=ms(2.0),
+      drafter_step=ms(0.5),
+      verify={3: ms(3.0)},
+      iteration={3: ms(5.0)},
+  )
   assert costs.c == 0.25 and costs.verify_cost(3) == 1.5
   assert costs.iteration_cost(3) == 2.5  # apart: 3 * 0.25 + 1.5 = 2.25
   assert costs.interference_ms(3) == pytest.approx(0.5)
@@ -98,19 +127,37 @@ def test_decode_costs_ratios_from_known_timings():
 
 def test_unresolvable_step_times_are_an_error(monkeypatch):
   """Extra steps that take no measurable time (noise larger than the steps) raise, naming it."""
-  monkeypatch.setattr(benchmark, "time_rounds",
-                      lambda calls, **kwargs: {name: np.full(3, 0.002) for name in calls})
-  config = network.T5Config(vocab_size=8, emb_dim=4, num_heads=1, num_encoder_layers=1,
-                            num_decoder_layers=1, head_dim=4, mlp_dim=4)
+  monkeypatch.setattr(
+      benchmark, "time_rounds", lambda calls, **kwargs: {name: np.full(3, 0.002) for name in calls}
+  )
+  config = network.T5Config(
+      vocab_size=8,
+      emb_dim=4,
+      num_heads=1,
+      num_encoder_layers=1,
+      num_decoder_layers=1,
+      head_dim=4,
+      mlp_dim=4,
+  )
   params = network.init_params(config, jax.random.PRNGKey(0))
   with pytest.raises(ValueError, match="could not resolve the step time of step"):
-    benchmark.time_decode_steps({"step": [benchmark.Stage(config, params, 1)]},
-                                benchmark.DecodeGeometry(4, 8, 0, 2), repeats=3)
+    benchmark.time_decode_steps(
+        {"step": [benchmark.Stage(config, params, 1)]},
+        benchmark.DecodeGeometry(4, 8, 0, 2),
+        repeats=3,
+    )
 
 
 def test_decode_step_stages_must_share_a_vocabulary():
-  small = network.T5Config(vocab_size=8, emb_dim=4, num_heads=1, num_encoder_layers=1,
-                           num_decoder_layers=1, head_dim=4, mlp_dim=4)
+  small = network.T5Config(
+      vocab_size=8,
+      emb_dim=4,
+      num_heads=1,
+      num_encoder_layers=1,
+      num_decoder_layers=1,
+      head_dim=4,
+      mlp_dim=4,
+  )
   stages = [benchmark.Stage(small, {}, 1), benchmark.Stage(small.replace(vocab_size=9), {}, 2)]
   with pytest.raises(ValueError, match="share one vocabulary"):
     benchmark.decode_step_call(stages, benchmark.DecodeGeometry(4, 8, 0, 1))
@@ -123,8 +170,9 @@ def test_time_calls_rejects_bad_counts(repeats, warmup):
 
 
 def test_decode_geometry_fits_the_timed_blocks():
-  geometry = benchmark.DecodeGeometry.for_decoding(encoder_length=16, decode_length=32, max_k=8,
-                                                   steps_per_call=8)
+  geometry = benchmark.DecodeGeometry.for_decoding(
+      encoder_length=16, decode_length=32, max_k=8, steps_per_call=8
+  )
   assert (geometry.cache_length, geometry.position) == (40, 16)
   geometry.check(8)
   short = benchmark.DecodeGeometry.for_decoding(4, 4, max_k=3, steps_per_call=2)
@@ -154,7 +202,7 @@ def test_random_inputs_end_in_eos_then_padding():
   assert inputs.dtype == np.int32 and inputs.shape == (5, 8)
   for row in inputs:
     n = int(np.flatnonzero(row == 1)[0]) + 1  # one EOS, after n - 1 ordinary tokens
-    assert 4 <= n <= 8 and np.all(row[:n - 1] >= 3) and np.all(row[n:] == 0)
+    assert 4 <= n <= 8 and np.all(row[: n - 1] >= 3) and np.all(row[n:] == 0)
   np.testing.assert_array_equal(inputs, benchmark.random_inputs(20, 5, 8, seed=3))
   with pytest.raises(ValueError, match="num_examples >= 1"):
     benchmark.random_inputs(20, 0, 8)
@@ -162,6 +210,7 @@ def test_random_inputs_end_in_eos_then_padding():
 
 class _CharVocabulary:
   """Each character one token (its code point modulo 50, plus 3); EOS = 1."""
+
   eos_id = 1
   vocab_size = 53
 
@@ -174,8 +223,11 @@ def test_encode_texts_pads_and_names_texts_that_do_not_fit():
   assert inputs.shape == (2, 16)  # 11 tokens with EOS, rounded up to a multiple of 8
   assert list(inputs[0, :4]) == [ord("a") % 50 + 3, ord("b") % 50 + 3, 1, 0]
   assert benchmark.encode_texts(["ab"], _CharVocabulary(), length=5).shape == (1, 5)
-  with pytest.raises(ValueError, match=r"1 of the 2 inputs \(first: input 2, 11 tokens with EOS"
-                     r".*exceed the 'inputs' length 8"):
+  with pytest.raises(
+      ValueError,
+      match=r"1 of the 2 inputs \(first: input 2, 11 tokens with EOS"
+      r".*exceed the 'inputs' length 8",
+  ):
     benchmark.encode_texts(["ab", "abcdefghij"], _CharVocabulary(), length=8)
 
 
@@ -193,8 +245,16 @@ def test_read_lines_and_check_vocabulary(tmp_path):
 
 
 def test_truncated_copy_pair_shares_the_first_decoder_layer():
-  config = network.T5Config(vocab_size=16, emb_dim=8, num_heads=2, num_encoder_layers=1,
-                            num_decoder_layers=3, head_dim=4, mlp_dim=8, dropout_rate=0.0)
+  config = network.T5Config(
+      vocab_size=16,
+      emb_dim=8,
+      num_heads=2,
+      num_encoder_layers=1,
+      num_decoder_layers=3,
+      head_dim=4,
+      mlp_dim=8,
+      dropout_rate=0.0,
+  )
   target, drafter_config, drafter = benchmark.truncated_copy_pair(config, 0.5, seed=0)
   original = benchmark.random_params(config, 0)
   assert drafter_config == config.replace(num_decoder_layers=1)
@@ -205,20 +265,32 @@ def test_truncated_copy_pair_shares_the_first_decoder_layer():
     for block, kernel in (("self_attention", "out"), ("mlp", "wo")):
       scaled = target["decoder"][layer][block][kernel]["kernel"]
       np.testing.assert_allclose(scaled, 0.5 * original["decoder"][layer][block][kernel]["kernel"])
-  np.testing.assert_array_equal(target["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
-                                original["decoder"]["layers_0"]["mlp"]["wo"]["kernel"])
+  np.testing.assert_array_equal(
+      target["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
+      original["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
+  )
 
 
 def test_benchmark_script_end_to_end(tmp_path):
   """The default tiny random pair, 1 example, 3 repeats (medians: a single timing of an 8-token
   decode can fall below its prefill's on a busy machine), gammas 1 and 2, temperatures 0 and 1."""
-  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
-             f"--output_dir={tmp_path}", "--num_examples=1", "--repeats=3", "--warmup=1",
-             "--cost_repeats=3", "--steps_per_call=4", "--gammas=1,2", "--temperatures=0,1",
-             "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
+  command = [
+      sys.executable,
+      str(REPO_ROOT / "scripts" / "benchmark.py"),
+      f"--output_dir={tmp_path}",
+      "--num_examples=1",
+      "--repeats=3",
+      "--warmup=1",
+      "--cost_repeats=3",
+      "--steps_per_call=4",
+      "--gammas=1,2",
+      "--temperatures=0,1",
+      "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}",
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-  completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=300)
+  completed = subprocess.run(
+      command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+  )
   assert completed.returncode == 0, completed.stderr[-4000:]
 
   results = json.loads((tmp_path / "results.json").read_text())
@@ -226,8 +298,12 @@ def test_benchmark_script_end_to_end(tmp_path):
   assert results["run"]["task_feature_lengths"] == {"inputs": 8, "targets": 8}
   rows = results["rows"]
   settings = {(r["drafter"], r["temperature"], r["gamma"]) for r in rows}
-  assert settings == {(d, t, g) for d in ("random, independent", "random, copy of target")
-                      for t in (0.0, 1.0) for g in (1, 2)}
+  assert settings == {
+      (d, t, g)
+      for d in ("random, independent", "random, copy of target")
+      for t in (0.0, 1.0)
+      for g in (1, 2)
+  }
   for row in rows:
     assert ROW_KEYS <= set(row)
     assert 0.0 <= row["alpha"] <= 1.0 and row["tokens_per_target_call"] >= 1.0
@@ -242,8 +318,9 @@ def test_benchmark_script_end_to_end(tmp_path):
     # Speedups are per decoded token: baseline ms per token over speculative ms per token.
     base = [t["median_ms"] for t in row["baseline_ms"]["per_example"]]
     spec = [t["median_ms"] for t in row["speculative_ms"]["per_example"]]
-    assert row["speedup"] == pytest.approx((sum(base) / sum(row["baseline_tokens"]))
-                                           / (sum(spec) / sum(row["speculative_tokens"])))
+    assert row["speedup"] == pytest.approx(
+        (sum(base) / sum(row["baseline_tokens"])) / (sum(spec) / sum(row["speculative_tokens"]))
+    )
     assert row["speedup_per_example"] == pytest.approx(np.mean(np.divide(base, spec)))
   for row in rows:
     if row["drafter"] == "random, copy of target" and row["temperature"] == 0:
@@ -255,12 +332,21 @@ def test_benchmark_script_end_to_end(tmp_path):
 
 
 def test_benchmark_costs_only(tmp_path):
-  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"), "--costs_only",
-             f"--output_dir={tmp_path}", "--cost_repeats=3", "--steps_per_call=4", "--gammas=2",
-             "--temperatures=0,1", "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
+  command = [
+      sys.executable,
+      str(REPO_ROOT / "scripts" / "benchmark.py"),
+      "--costs_only",
+      f"--output_dir={tmp_path}",
+      "--cost_repeats=3",
+      "--steps_per_call=4",
+      "--gammas=2",
+      "--temperatures=0,1",
+      "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}",
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-  completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=300)
+  completed = subprocess.run(
+      command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+  )
   assert completed.returncode == 0, completed.stderr[-4000:]
   costs = json.loads((tmp_path / "costs.json").read_text())["costs"]
   assert set(costs) == {"t=0", "t=1"}
@@ -274,25 +360,43 @@ def test_benchmark_rejects_over_long_input_lines(tmp_path):
   spm = REPO_ROOT / "demo_models" / "sentencepiece.model"
   lines = tmp_path / "inputs.txt"
   lines.write_text("short\n" + "a much longer line than eight tokens can hold, surely\n")
-  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
-             f"--output_dir={tmp_path}", f"--input_file={lines}", f"--sentencepiece_model={spm}",
-             "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}"]
+  command = [
+      sys.executable,
+      str(REPO_ROOT / "scripts" / "benchmark.py"),
+      f"--output_dir={tmp_path}",
+      f"--input_file={lines}",
+      f"--sentencepiece_model={spm}",
+      "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}",
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-  completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=300)
+  completed = subprocess.run(
+      command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+  )
   assert completed.returncode != 0
   assert "exceed the 'inputs' length 8" in completed.stderr
 
 
 def test_benchmark_inputs_from_a_task_split(tmp_path):
   """The demo pair on two sentences of the demo task's test split."""
-  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
-             "--gin_file=configs/demo/benchmark.gin", "--task=demo_ende", "--split=test",
-             f"--output_dir={tmp_path}", "--num_examples=2", "--repeats=1", "--warmup=0",
-             "--cost_repeats=3", "--steps_per_call=4", "--gammas=2", "--temperatures=0"]
+  command = [
+      sys.executable,
+      str(REPO_ROOT / "scripts" / "benchmark.py"),
+      "--gin_file=configs/demo/benchmark.gin",
+      "--task=demo_ende",
+      "--split=test",
+      f"--output_dir={tmp_path}",
+      "--num_examples=2",
+      "--repeats=1",
+      "--warmup=0",
+      "--cost_repeats=3",
+      "--steps_per_call=4",
+      "--gammas=2",
+      "--temperatures=0",
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-  completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                             timeout=300)
+  completed = subprocess.run(
+      command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
   assert completed.returncode == 0, completed.stderr[-4000:]
   results = json.loads((tmp_path / "results.json").read_text())
   assert results["run"]["task"] == "demo_ende:test" and results["run"]["num_examples"] == 2
@@ -303,12 +407,18 @@ def test_benchmark_inputs_from_a_task_split(tmp_path):
 def test_benchmark_paper_row_needs_its_checkpoints(tmp_path):
   """A configs/paper/ row after the run file leaves the checkpoints required: the run stops with
   a configuration error naming them, before any model is built."""
-  command = [sys.executable, str(REPO_ROOT / "scripts" / "benchmark.py"),
-             "--gin_file=configs/runs/benchmark.gin", "--gin_file=configs/paper/ende_small_t0.gin",
-             "--gin.INFER_OUTPUT_DIR=None", f"--output_dir={tmp_path}"]
+  command = [
+      sys.executable,
+      str(REPO_ROOT / "scripts" / "benchmark.py"),
+      "--gin_file=configs/runs/benchmark.gin",
+      "--gin_file=configs/paper/ende_small_t0.gin",
+      "--gin.INFER_OUTPUT_DIR=None",
+      f"--output_dir={tmp_path}",
+  ]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-  completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                             timeout=300)
+  completed = subprocess.run(
+      command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
   assert completed.returncode == 1
   assert "CHECKPOINT_PATH, DRAFTER_CHECKPOINT_PATH are %gin.REQUIRED" in completed.stderr
   assert not list(tmp_path.iterdir())

@@ -1,5 +1,6 @@
 """Tests of checkpoint reading (T5X's own files, and files written here in its layouts) and
 orbax."""
+
 import os
 import shutil
 import subprocess
@@ -20,8 +21,9 @@ from speculative_t5x import hf_weights
 from speculative_t5x import network
 
 # KERNEL_ROW_0 depends on every dimension: all of them are spelled out.
-SMALL = tiny_config(40, emb_dim=8, num_heads=2, head_dim=4, mlp_dim=12, num_encoder_layers=1,
-                    num_decoder_layers=2)
+SMALL = tiny_config(
+    40, emb_dim=8, num_heads=2, head_dim=4, mlp_dim=12, num_encoder_layers=1, num_decoder_layers=2
+)
 KERNEL_ROW_0 = [0.15038408, 0.70071733, 0.50233229, 0.6763428, 0.41820543]
 
 
@@ -43,8 +45,9 @@ def small_params():
   return jax.tree.map(np.asarray, params)
 
 
-def _write_t5x_checkpoint(model_dir, step, target, *, zarray=True, driver="file",
-                          top_level_path=False):
+def _write_t5x_checkpoint(
+    model_dir, step, target, *, zarray=True, driver="file", top_level_path=False
+):
   """Writes a checkpoint in T5X's legacy layout: target arrays in bfloat16 zarr with relative
   paths (in `kvstore`, or at the top level as tensorstore < 0.1.14 wrote them), an inline int32
   step and inline float32 optimizer state, the msgpack written by flax."""
@@ -54,10 +57,16 @@ def _write_t5x_checkpoint(model_dir, step, target, *, zarray=True, driver="file"
   for name, value in _flat(target).items():
     relative = "target." + name.replace("/", ".")
     chunks = [d // 2 if d % 2 == 0 else d for d in value.shape]  # Several chunks per array.
-    spec = {"driver": "zarr", "dtype": "bfloat16",
-            "kvstore": {"driver": driver, "path": relative + "/"},
-            "metadata": {"chunks": chunks, "compressor": {"id": "gzip", "level": 1},
-                         "shape": list(value.shape)}}
+    spec = {
+        "driver": "zarr",
+        "dtype": "bfloat16",
+        "kvstore": {"driver": driver, "path": relative + "/"},
+        "metadata": {
+            "chunks": chunks,
+            "compressor": {"id": "gzip", "level": 1},
+            "shape": list(value.shape),
+        },
+    }
     if driver == "gcs":
       spec["kvstore"]["bucket"] = "t5x-dummy-bucket"
     written = dict(spec, kvstore={"driver": "file", "path": os.path.join(ckpt_dir, relative)})
@@ -70,8 +79,10 @@ def _write_t5x_checkpoint(model_dir, step, target, *, zarray=True, driver="file"
     specs[name] = spec
   norm_state = {"scale": {"v": np.full(8, 0.5, np.float32)}}
   state = {"step": np.int32(step), "param_states": {"decoder": {"decoder_norm": norm_state}}}
-  contents = {"version": 3,
-              "optimizer": {"target": traverse_util.unflatten_dict(specs, sep="/"), "state": state}}
+  contents = {
+      "version": 3,
+      "optimizer": {"target": traverse_util.unflatten_dict(specs, sep="/"), "state": state},
+  }
   with open(os.path.join(ckpt_dir, "checkpoint"), "wb") as f:
     f.write(flax.serialization.msgpack_serialize(contents))
   return ckpt_dir
@@ -92,7 +103,11 @@ def test_tiny_msgpack_checkpoint_has_t5x_param_tree():
   assert {v.dtype for v in target.values()} == {np.dtype(np.float32)}
   assert int(ckpt["state"]["step"]) == 0
   assert set(ckpt["state"]["param_states"]["decoder"]["decoder_norm"]["scale"]) == {
-      "m", "v", "v_col", "v_row"}
+      "m",
+      "v",
+      "v_col",
+      "v_row",
+  }
 
 
 def test_tiny_checkpoint_reproduces_t5x_logits():
@@ -100,8 +115,11 @@ def test_tiny_checkpoint_reproduces_t5x_logits():
   assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))  # on device, not numpy
   ref = np.load(fixture_path("t5x_tiny_reference.npz"))
   logits = network.Transformer(FIXTURE_CONFIG).apply(
-      {"params": params}, ref["encoder_input_tokens"], ref["decoder_input_tokens"],
-      ref["decoder_target_tokens"])
+      {"params": params},
+      ref["encoder_input_tokens"],
+      ref["decoder_input_tokens"],
+      ref["decoder_target_tokens"],
+  )
   np.testing.assert_allclose(np.asarray(logits)[..., :2048], ref["logits_first_2048"], atol=1e-5)
 
 
@@ -111,9 +129,15 @@ def test_config_from_params_reads_the_architecture_off_the_shapes():
   assert checkpoints.config_from_params(ckpt["target"], dtype="bfloat16").dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("where, step", [("tiny_t5", None), ("tiny_t5", 1),
-                                         ("tiny_t5/checkpoint_1", None),
-                                         ("tiny_t5/checkpoint_1/checkpoint", None)])
+@pytest.mark.parametrize(
+    "where, step",
+    [
+        ("tiny_t5", None),
+        ("tiny_t5", 1),
+        ("tiny_t5/checkpoint_1", None),
+        ("tiny_t5/checkpoint_1/checkpoint", None),
+    ],
+)
 def test_tiny_t5_tensorstore_checkpoint_gives_readme_values(where, step):
   ckpt = checkpoints.load_t5x_checkpoint(fixture_path(where), step=step)
   states = ckpt["state"]["param_states"]
@@ -144,13 +168,15 @@ def test_old_orbax_placeholder_checkpoint_loads():
 @pytest.mark.parametrize("driver", ["file", "gfile", "gcs"])
 def test_t5x_tensorstore_layout_loads(tmp_path, small_params, zarray, driver):
   _write_t5x_checkpoint(tmp_path, 5, small_params, zarray=zarray, driver=driver)
-  _write_t5x_checkpoint(tmp_path, 10, jax.tree.map(lambda x: -x, small_params), zarray=zarray,
-                        driver=driver)
+  _write_t5x_checkpoint(
+      tmp_path, 10, jax.tree.map(lambda x: -x, small_params), zarray=zarray, driver=driver
+  )
   latest = checkpoints.load_t5x_checkpoint(tmp_path)
   _assert_trees_equal(latest["target"], _bf16(jax.tree.map(lambda x: -x, small_params)))
   assert int(latest["state"]["step"]) == 10
-  np.testing.assert_array_equal(_flat(latest["state"])["param_states/decoder/decoder_norm/scale/v"],
-                                0.5)
+  np.testing.assert_array_equal(
+      _flat(latest["state"])["param_states/decoder/decoder_norm/scale/v"], 0.5
+  )
   params = checkpoints.restore_params(SMALL, tmp_path, step=5, dtype="float32")
   _assert_trees_equal(params, jax.tree.map(lambda x: x.astype(np.float32), _bf16(small_params)))
 
@@ -172,8 +198,11 @@ def test_chunked_msgpack_arrays_decode(tmp_path, monkeypatch):
   half = (np.arange(50) / 7).astype(ml_dtypes.bfloat16)
   monkeypatch.setattr(flax.serialization, "MAX_CHUNK_SIZE", 64)  # T5X's limit is 2**30 bytes.
   data = flax.serialization.msgpack_serialize(
-      {"version": 3, "optimizer": {"target": {"big": big, "half": half},
-                                   "state": {"step": np.int32(7)}}})
+      {
+          "version": 3,
+          "optimizer": {"target": {"big": big, "half": half}, "state": {"step": np.int32(7)}},
+      }
+  )
   assert b"__msgpack_chunked_array__" in data
   path = tmp_path / "checkpoint"
   path.write_bytes(data)
@@ -183,8 +212,13 @@ def test_chunked_msgpack_arrays_decode(tmp_path, monkeypatch):
 
 
 def test_t5x_orbax_layout_loads(tmp_path, small_params):
-  state = {"target": small_params, "state": {"step": np.int32(4), "param_states": {
-      "encoder": {"encoder_norm": {"scale": {"v": np.ones(8, np.float32)}}}}}}
+  state = {
+      "target": small_params,
+      "state": {
+          "step": np.int32(4),
+          "param_states": {"encoder": {"encoder_norm": {"scale": {"v": np.ones(8, np.float32)}}}},
+      },
+  }
   ocp.PyTreeCheckpointer().save(tmp_path / "checkpoint_4" / "state", state)
   ckpt = checkpoints.load_t5x_checkpoint(tmp_path)
   _assert_trees_equal(ckpt["target"], small_params)
@@ -207,12 +241,14 @@ def test_orbax_model_round_trip_is_exact(tmp_path, small_params):
 
 
 def test_orbax_pair_round_trip_is_exact(tmp_path, small_params):
-  drafter_config = SMALL.replace(num_decoder_layers=1, mlp_activations=("relu",),
-                                 logits_via_embedding=True, dtype="bfloat16")
+  drafter_config = SMALL.replace(
+      num_decoder_layers=1, mlp_activations=("relu",), logits_via_embedding=True, dtype="bfloat16"
+  )
   drafter = jax.tree.map(np.asarray, network.init_params(drafter_config, jax.random.PRNGKey(1)))
   checkpoints.save_pair(tmp_path, small_params, SMALL, drafter, drafter_config)
   (target_params, target_config), (drafter_params, restored_config) = checkpoints.restore_pair(
-      tmp_path)
+      tmp_path
+  )
   assert (target_config, restored_config) == (SMALL, drafter_config)
   _assert_trees_equal(target_params, small_params)
   _assert_trees_equal(drafter_params, drafter)
@@ -226,13 +262,25 @@ def test_config_json_with_unknown_field_is_rejected():
 
 def test_convert_script_t5x_to_orbax_to_hf_and_back(tmp_path):
   script = str(REPO_ROOT / "scripts" / "convert_checkpoint.py")
-  steps = [("t5x_to_orbax", fixture_path("test_t5_tiny.checkpoint_0"), tmp_path / "orbax"),
-           ("orbax_to_hf", tmp_path / "orbax", tmp_path / "hf"),
-           ("hf_to_orbax", tmp_path / "hf", tmp_path / "orbax2")]
+  steps = [
+      ("t5x_to_orbax", fixture_path("test_t5_tiny.checkpoint_0"), tmp_path / "orbax"),
+      ("orbax_to_hf", tmp_path / "orbax", tmp_path / "hf"),
+      ("hf_to_orbax", tmp_path / "hf", tmp_path / "orbax2"),
+  ]
   for mode, source, output in steps:
-    subprocess.run([sys.executable, script, f"--mode={mode}", f"--input={source}",
-                    f"--output={output}", "--dtype=float32"], check=True, capture_output=True,
-                   env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    subprocess.run(
+        [
+            sys.executable,
+            script,
+            f"--mode={mode}",
+            f"--input={source}",
+            f"--output={output}",
+            "--dtype=float32",
+        ],
+        check=True,
+        capture_output=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
   expected = checkpoints.load_t5x_checkpoint(fixture_path("test_t5_tiny.checkpoint_0"))["target"]
   params, config = checkpoints.restore_model(tmp_path / "orbax2")
   assert config == FIXTURE_CONFIG
@@ -263,8 +311,11 @@ def test_missing_step(tmp_path, small_params):
 def test_missing_array_directory(tmp_path, small_params, zarray):
   ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, zarray=zarray)
   shutil.rmtree(os.path.join(ckpt_dir, "target.decoder.decoder_norm.scale"))
-  with pytest.raises(ValueError, match=r"'target/decoder/decoder_norm/scale' from "
-                     r".*target.decoder.decoder_norm.scale.*missing"):
+  with pytest.raises(
+      ValueError,
+      match=r"'target/decoder/decoder_norm/scale' from "
+      r".*target.decoder.decoder_norm.scale.*missing",
+  ):
     checkpoints.load_t5x_checkpoint(tmp_path)
 
 
@@ -277,21 +328,31 @@ def test_damaged_chunk(tmp_path, small_params, damage):
     os.remove(chunk)
   else:
     with open(chunk, "wb") as f:
-      f.write(data[:len(data) // 2] if damage == "truncate" else
-              data[:10] + bytes(b ^ 0xFF for b in data[10:]))
+      f.write(
+          data[: len(data) // 2]
+          if damage == "truncate"
+          else data[:10] + bytes(b ^ 0xFF for b in data[10:])
+      )
   with pytest.raises(ValueError, match=r"'target/token_embedder/embedding' from .*embedding"):
     checkpoints.load_t5x_checkpoint(tmp_path)
 
 
 def test_truncated_msgpack_file(tmp_path):
   data = open(fixture_path("test_t5_tiny.checkpoint_0"), "rb").read()
-  (tmp_path / "checkpoint").write_bytes(data[:len(data) // 3])
+  (tmp_path / "checkpoint").write_bytes(data[: len(data) // 3])
   with pytest.raises(ValueError, match="truncated or corrupted"):
     checkpoints.load_t5x_checkpoint(tmp_path / "checkpoint")
 
 
-@pytest.mark.parametrize("contents", [{"version": 1, "optimizer": {}}, {"version": 0},
-                                      {"version": 99, "optimizer": {}}, {"target": {}}])
+@pytest.mark.parametrize(
+    "contents",
+    [
+        {"version": 1, "optimizer": {}},
+        {"version": 0},
+        {"version": 99, "optimizer": {}},
+        {"target": {}},
+    ],
+)
 def test_unsupported_version(tmp_path, contents):
   (tmp_path / "checkpoint").write_bytes(flax.serialization.msgpack_serialize(contents))
   with pytest.raises(ValueError, match="version"):
@@ -306,8 +367,9 @@ def test_config_mismatch_lists_every_parameter():
   assert "test_t5_tiny.checkpoint_0" in message
   assert "missing: decoder/layers_2/self_attention/query/kernel (8, 12)" in message
   assert "extra: decoder/logits_dense/kernel (8, 32128)" in message
-  assert ("wrong shape: encoder/layers_1/mlp/wo/kernel is (16, 8), the config needs (32, 8)"
-          in message)
+  assert (
+      "wrong shape: encoder/layers_1/mlp/wo/kernel is (16, 8), the config needs (32, 8)" in message
+  )
 
 
 def test_save_model_rejects_params_that_do_not_fit_the_config(tmp_path, small_params):
@@ -320,6 +382,12 @@ def test_gs_paths_map_to_the_gcs_kvstore():
   # GCS is not reachable here; this checks the one place where gs:// and local paths differ.
   location = checkpoints._Location  # pylint: disable=protected-access
   assert location.of("gs://my-bucket/t5x/t5_1_1_xl/").join("checkpoint_1000000").kvstore_spec() == {
-      "driver": "gcs", "bucket": "my-bucket", "path": "t5x/t5_1_1_xl/checkpoint_1000000/"}
+      "driver": "gcs",
+      "bucket": "my-bucket",
+      "path": "t5x/t5_1_1_xl/checkpoint_1000000/",
+  }
   assert location.of("gs://my-bucket").kvstore_spec() == {
-      "driver": "gcs", "bucket": "my-bucket", "path": ""}
+      "driver": "gcs",
+      "bucket": "my-bucket",
+      "path": "",
+  }

@@ -10,6 +10,7 @@ Files whose configurables live in a script (scripts/benchmark.py's `benchmark_sc
 checked in a subprocess that imports the scripts one at a time, removing each one's absl flags
 before the next: scripts define flags of the same names, which must not meet in the pytest process.
 """
+
 import dataclasses
 import inspect
 import json
@@ -29,8 +30,9 @@ from speculative_t5x import paper
 from speculative_t5x import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-GIN_FILES = sorted(str(path.relative_to(REPO_ROOT))
-                   for path in (REPO_ROOT / "configs").rglob("*.gin"))
+GIN_FILES = sorted(
+    str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "configs").rglob("*.gin")
+)
 # What a command line would give for the macros run files leave %gin.REQUIRED.
 REQUIRED_VALUES = {
     "MIXTURE_OR_TASK_NAME": "'wmt_t2t_ende_v003'",
@@ -48,8 +50,10 @@ T5_CONFIG_DEFAULTS = ["network.T5Config.vocab_size = 32"]
 # Each Table 2 row's gin file: (name, seqio task, drafter emb_dim, temperature, gamma).
 _TASKS = {"EnDe": "wmt_t2t_ende_v003", "CNNDM": "cnn_dailymail_v002"}
 _DRAFTER_EMB_DIM = {"small": 512, "base": 768, "large": 1024}
-TABLE_2 = [(row.config_name, _TASKS[row.task], _DRAFTER_EMB_DIM[row.drafter], row.temperature,
-            row.gamma) for row in paper.TABLE_2]
+TABLE_2 = [
+    (row.config_name, _TASKS[row.task], _DRAFTER_EMB_DIM[row.drafter], row.temperature, row.gamma)
+    for row in paper.TABLE_2
+]
 _BINDING = re.compile(r"^([A-Za-z_][\w./]*)\.\w+ = ", re.MULTILINE)
 _MACRO = re.compile(r"^(\w+) = ", re.MULTILINE)
 _INCLUDE = re.compile(r"^include '([^']+)'", re.MULTILINE)
@@ -74,9 +78,11 @@ def check_gin_files(files) -> dict:
     unknown = sorted(set(missing) - set(REQUIRED_VALUES))
     assert not unknown, f"{files} leave {unknown} %gin.REQUIRED: add test values to REQUIRED_VALUES"
     macros = sorted(set(_MACRO.findall(gin.config_str())))
-    gin.parse_config([f"{name} = {REQUIRED_VALUES[name]}" for name in missing] +
-                     [f"macro_{name}/config_probe.value = %{name}" for name in macros] +
-                     T5_CONFIG_DEFAULTS)
+    gin.parse_config(
+        [f"{name} = {REQUIRED_VALUES[name]}" for name in missing]
+        + [f"macro_{name}/config_probe.value = %{name}" for name in macros]
+        + T5_CONFIG_DEFAULTS
+    )
     gin.finalize()
     values = {}
     for name in macros:
@@ -110,8 +116,9 @@ def _text_with_includes(path: str) -> str:
 
 def _needed_script(path: str) -> str | None:
   text = _text_with_includes(path)
-  scripts = {script for module, script in _script_modules().items()
-             if re.search(rf"\b{module}\.", text)}
+  scripts = {
+      script for module, script in _script_modules().items() if re.search(rf"\b{module}\.", text)
+  }
   assert len(scripts) <= 1, f"{path} configures several scripts: {sorted(scripts)}"
   return scripts.pop() if scripts else None
 
@@ -158,16 +165,23 @@ def script_results() -> dict:
       combos += PAPER_WITH_BENCHMARK
     runs.append((script, combos))
   code = _SUBPROCESS.format(tests=str(REPO_ROOT / "tests"), runs=runs)
-  run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
-                       timeout=300, check=False)
+  run = subprocess.run(
+      [sys.executable, "-c", code],
+      cwd=REPO_ROOT,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
   lines = [line for line in run.stdout.splitlines() if line.startswith("RESULTS ")]
   assert run.returncode == 0 and lines, run.stderr
-  return json.loads(lines[-1][len("RESULTS "):])
+  return json.loads(lines[-1][len("RESULTS ") :])
 
 
 def test_infer_drafter_and_paper_files_need_no_script():
   assert {"configs/runs/infer.gin", "configs/runs/pair.gin", "configs/runs/baseline.gin"} | {
-      f"configs/paper/{row[0]}.gin" for row in TABLE_2} | set(DRAFTER_FILES) <= set(IN_PROCESS)
+      f"configs/paper/{row[0]}.gin" for row in TABLE_2
+  } | set(DRAFTER_FILES) <= set(IN_PROCESS)
 
 
 @pytest.mark.parametrize("path", IN_PROCESS)
@@ -191,36 +205,55 @@ def _infer_config(files, bindings) -> inference.InferConfig:
 
 @pytest.mark.parametrize("name, task, drafter_emb_dim, temperature, gamma", TABLE_2)
 def test_paper_file_is_its_table_2_row(name, task, drafter_emb_dim, temperature, gamma):
-  bindings = ["CHECKPOINT_PATH = 'gs://b/xxl'", "DRAFTER_CHECKPOINT_PATH = 'gs://b/drafter'",
-              "INFER_OUTPUT_DIR = '/tmp/out'"]
+  bindings = [
+      "CHECKPOINT_PATH = 'gs://b/xxl'",
+      "DRAFTER_CHECKPOINT_PATH = 'gs://b/drafter'",
+      "INFER_OUTPUT_DIR = '/tmp/out'",
+  ]
   config = _infer_config([f"configs/paper/{name}.gin"], bindings)
   target = config.pair.target_config
-  assert (target.emb_dim, target.num_heads, target.num_encoder_layers, target.mlp_dim,
-          target.dtype) == (4096, 64, 24, 10240, "bfloat16")
+  assert (
+      target.emb_dim,
+      target.num_heads,
+      target.num_encoder_layers,
+      target.mlp_dim,
+      target.dtype,
+  ) == (4096, 64, 24, 10240, "bfloat16")
   assert isinstance(config.pair.drafter, drafters.T5Drafter)
   assert config.pair.drafter.config.emb_dim == drafter_emb_dim
   assert config.pair.drafter.vocab_size == target.vocab_size == 32128
   assert (config.mixture_or_task_name, config.temperature, config.gamma) == (
-      task, temperature, gamma)
+      task,
+      temperature,
+      gamma,
+  )
   assert (config.decoder, config.pair.restore_dtype, config.split) == (
-      "speculative", "bfloat16", "test")
+      "speculative",
+      "bfloat16",
+      "test",
+  )
   assert (config.pair.checkpoint_path, config.pair.drafter_checkpoint_path) == (
-      "gs://b/xxl", "gs://b/drafter")
+      "gs://b/xxl",
+      "gs://b/drafter",
+  )
   assert config.pair.random_init_seed is None
 
 
 def test_paper_files_leave_the_checkpoints_required():
   gin.clear_config()
   try:
-    with pytest.raises(gin_utils.ConfigError, match="CHECKPOINT_PATH, DRAFTER_CHECKPOINT_PATH, "
-                       "INFER_OUTPUT_DIR are %gin.REQUIRED"):
+    with pytest.raises(
+        gin_utils.ConfigError,
+        match="CHECKPOINT_PATH, DRAFTER_CHECKPOINT_PATH, " "INFER_OUTPUT_DIR are %gin.REQUIRED",
+    ):
       gin_utils.parse_gin_flags(["configs/paper/ende_small_t0.gin"])
   finally:
     gin.clear_config()
 
 
-DRAFTER_FILES = sorted(str(path.relative_to(REPO_ROOT))
-                       for path in (REPO_ROOT / "configs" / "drafters").glob("*.gin"))
+DRAFTER_FILES = sorted(
+    str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "configs" / "drafters").glob("*.gin")
+)
 
 
 def _kind(cls: type) -> str:
@@ -253,7 +286,8 @@ def test_a_drafter_file_switches_the_drafter_of_a_paper_row(path):
     gin.parse_config_files_and_bindings(
         ["configs/paper/ende_small_t0.gin", path],
         ["CHECKPOINT_PATH = 'gs://b/xxl'", "INFER_OUTPUT_DIR = '/tmp/out'"],
-        finalize_config=False)
+        finalize_config=False,
+    )
     required = gin_utils.unset_required_macros()
     values = {**REQUIRED_VALUES, "DRAFTER_CONFIG": "%T5_1_1_SMALL"}  # the row's drafter model
     gin.parse_config([f"{name} = {values[name]}" for name in required])
@@ -265,8 +299,12 @@ def test_a_drafter_file_switches_the_drafter_of_a_paper_row(path):
   assert _kind(type(drafter)) == pathlib.Path(path).stem
   assert ("DRAFTER_CHECKPOINT_PATH" in required) == drafter.needs_checkpoint
   assert config.pair.drafter_checkpoint_path == (
-      "/checkpoints/drafter" if drafter.needs_checkpoint else None)
+      "/checkpoints/drafter" if drafter.needs_checkpoint else None
+  )
   assert drafter.vocab_size in (0, 32128)
   assert config.pair.target_config.emb_dim == 4096
   assert (config.gamma, config.temperature, config.mixture_or_task_name) == (
-      7, 0.0, "wmt_t2t_ende_v003")
+      7,
+      0.0,
+      "wmt_t2t_ende_v003",
+  )

@@ -5,6 +5,7 @@ Distribution tests compare samples with the exact target distribution of whole s
 obtained by enumerating every sequence of a 5-token vocabulary up to length 3, with a Pearson
 goodness-of-fit test at significance SIGNIFICANCE and fixed seeds.
 """
+
 import functools
 import itertools
 
@@ -23,8 +24,15 @@ EOS = 1
 
 # --- a 5-token world for distribution tests ------------------------------------------------------
 SMALL_V, SMALL_L, SAMPLES = 5, 3, 10000
-SMALL_TARGET = tiny_config(SMALL_V, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32,
-                           num_encoder_layers=1, num_decoder_layers=2)
+SMALL_TARGET = tiny_config(
+    SMALL_V,
+    emb_dim=16,
+    num_heads=2,
+    head_dim=8,
+    mlp_dim=32,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+)
 SMALL_DRAFTER = SMALL_TARGET.replace(emb_dim=8, num_decoder_layers=1, mlp_dim=16)
 SMALL_INPUTS = np.array([[2, 3, 4, 2, 0], [4, 4, 3, 0, 0]], np.int32)  # two different rows
 
@@ -79,22 +87,28 @@ def _assert_matches_target(decodes, laws):
 
 
 def _small_model(drafter, gamma):
-  return models.SpeculativeEncoderDecoderModel(network.Transformer(SMALL_TARGET), drafter,
-                                               _vocab(SMALL_V), _vocab(SMALL_V), gamma=gamma)
+  return models.SpeculativeEncoderDecoderModel(
+      network.Transformer(SMALL_TARGET), drafter, _vocab(SMALL_V), _vocab(SMALL_V), gamma=gamma
+  )
 
 
 def _sample_small(model, drafter_params, temperature, topk=0, topp=0.0, seed=0):
   target, _ = _small_params()
-  batch = {"encoder_input_tokens": SMALL_INPUTS,
-           "decoder_input_tokens": np.zeros((len(SMALL_INPUTS), SMALL_L), np.int32)}
+  batch = {
+      "encoder_input_tokens": SMALL_INPUTS,
+      "decoder_input_tokens": np.zeros((len(SMALL_INPUTS), SMALL_L), np.int32),
+  }
   fn = model.jit_predict(num_decodes=SAMPLES, return_all_decodes=True, topk=topk, topp=topp)
-  decodes, aux = fn({"target": target, "drafter": drafter_params}, batch,
-                    jax.random.PRNGKey(seed), temperature)
+  decodes, aux = fn(
+      {"target": target, "drafter": drafter_params}, batch, jax.random.PRNGKey(seed), temperature
+  )
   return decodes, aux
 
 
-@pytest.mark.parametrize("gamma, temperature, topk, topp", [
-    (1, 1.0, 0, 0.0), (3, 1.0, 0, 0.0), (3, 0.7, 3, 0.0), (1, 1.0, 0, 0.8)])
+@pytest.mark.parametrize(
+    "gamma, temperature, topk, topp",
+    [(1, 1.0, 0, 0.0), (3, 1.0, 0, 0.0), (3, 0.7, 3, 0.0), (1, 1.0, 0, 0.8)],
+)
 def test_t5_drafter_samples_the_exact_target_distribution(gamma, temperature, topk, topp):
   _, drafter_params = _small_params()
   model = _small_model(network.Transformer(SMALL_DRAFTER), gamma)
@@ -108,15 +122,19 @@ def test_t5_drafter_samples_the_exact_target_distribution(gamma, temperature, to
 def _fitted_tables():
   rng = np.random.default_rng(0)
   corpus = [rng.integers(1, SMALL_V, 6) for _ in range(50)]
-  return {"unigram": drafters.UnigramDrafter.fit(corpus, SMALL_V),
-          "bigram": drafters.BigramDrafter.fit(corpus, SMALL_V, top=3)}
+  return {
+      "unigram": drafters.UnigramDrafter.fit(corpus, SMALL_V),
+      "bigram": drafters.BigramDrafter.fit(corpus, SMALL_V, top=3),
+  }
 
 
 @pytest.mark.parametrize("kind", ["unigram", "bigram", "prompt_lookup"])
 def test_table_and_lookup_drafters_sample_the_exact_target_distribution(kind):
-  drafter = {"unigram": drafters.UnigramDrafter(vocab_size=SMALL_V),
-             "bigram": drafters.BigramDrafter(vocab_size=SMALL_V),
-             "prompt_lookup": drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=1)}[kind]
+  drafter = {
+      "unigram": drafters.UnigramDrafter(vocab_size=SMALL_V),
+      "bigram": drafters.BigramDrafter(vocab_size=SMALL_V),
+      "prompt_lookup": drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=1),
+  }[kind]
   params = _fitted_tables().get(kind, {})
   decodes, _ = _sample_small(_small_model(drafter, 2), params, 1.0, seed=3)
   _assert_matches_target(decodes, _exact_law(1.0))
@@ -126,8 +144,9 @@ class _MismatchedQ(drafters.UnigramDrafter):
   """Hugging Face's bug #32867: drafts are greedy, but q reported is the sampling distribution."""
 
   def propose(self, params, state, sequences, length, gamma, u, standardize):
-    drafts, _, state = super().propose(params, state, sequences, length, gamma, u,
-                                       sampling.Standardizer(0.0))
+    drafts, _, state = super().propose(
+        params, state, sequences, length, gamma, u, sampling.Standardizer(0.0)
+    )
     _, q, _ = super().propose(params, state, sequences, length, gamma, u, standardize)
     return drafts, q, state
 
@@ -142,16 +161,19 @@ def test_goodness_of_fit_detects_a_q_mismatch():
 
 
 # --- greedy equality ------------------------------------------------------------------------------
-TINY = tiny_config(61, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=2,
-                   num_decoder_layers=2)
+TINY = tiny_config(
+    61, emb_dim=16, num_heads=2, head_dim=8, mlp_dim=32, num_encoder_layers=2, num_decoder_layers=2
+)
 TINY_DRAFTER = TINY.replace(emb_dim=8, num_encoder_layers=1, num_decoder_layers=1, mlp_dim=16)
 GREEDY_L = 10
 
 
 @functools.lru_cache(maxsize=None)
 def _tiny_params():
-  return (network.init_params(TINY, jax.random.PRNGKey(10)),
-          network.init_params(TINY_DRAFTER, jax.random.PRNGKey(11)))
+  return (
+      network.init_params(TINY, jax.random.PRNGKey(10)),
+      network.init_params(TINY_DRAFTER, jax.random.PRNGKey(11)),
+  )
 
 
 def _random_inputs(count, seed=0, length=9):
@@ -162,8 +184,10 @@ def _random_inputs(count, seed=0, length=9):
 
 
 def _batch(inputs, length=GREEDY_L):
-  return {"encoder_input_tokens": inputs,
-          "decoder_input_tokens": np.zeros((len(inputs), length), np.int32)}
+  return {
+      "encoder_input_tokens": inputs,
+      "decoder_input_tokens": np.zeros((len(inputs), length), np.int32),
+  }
 
 
 @functools.lru_cache(maxsize=None)
@@ -175,8 +199,9 @@ def _baseline(eos=EOS, max_decode_steps=None):
 @functools.lru_cache(maxsize=None)
 def _speculative(gamma, drafter_kind="t5", eos=EOS, max_decode_steps=None):
   drafter = network.Transformer(TINY if drafter_kind == "self" else TINY_DRAFTER)
-  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY), drafter,
-                                                _vocab(61, eos), _vocab(61, eos), gamma=gamma)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY), drafter, _vocab(61, eos), _vocab(61, eos), gamma=gamma
+  )
   return model.jit_predict(max_decode_steps=max_decode_steps)
 
 
@@ -186,7 +211,8 @@ def _greedy_pair(inputs, gamma, drafter_kind="t5", eos=EOS, max_decode_steps=Non
   rng = jax.random.PRNGKey(0)
   base, _ = _baseline(eos, max_decode_steps)(target, _batch(inputs), rng, 0.0)
   spec, aux = _speculative(gamma, drafter_kind, eos, max_decode_steps)(
-      {"target": target, "drafter": drafter}, _batch(inputs), rng, 0.0)
+      {"target": target, "drafter": drafter}, _batch(inputs), rng, 0.0
+  )
   return np.asarray(base), np.asarray(spec), aux
 
 
@@ -194,7 +220,7 @@ def _greedy_pair(inputs, gamma, drafter_kind="t5", eos=EOS, max_decode_steps=Non
 def test_greedy_equals_baseline_batch_1(gamma):
   inputs = _random_inputs(100, seed=gamma)
   for i in range(len(inputs)):
-    base, spec, _ = _greedy_pair(inputs[i:i + 1], gamma)
+    base, spec, _ = _greedy_pair(inputs[i : i + 1], gamma)
     np.testing.assert_array_equal(spec, base, err_msg=f"input {i}")
 
 
@@ -202,7 +228,7 @@ def test_greedy_equals_baseline_batch_1(gamma):
 def test_greedy_equals_baseline_batch_3(gamma):
   inputs = _random_inputs(102, seed=100 + gamma)
   for i in range(0, len(inputs), 3):
-    base, spec, aux = _greedy_pair(inputs[i:i + 3], gamma)
+    base, spec, aux = _greedy_pair(inputs[i : i + 3], gamma)
     np.testing.assert_array_equal(spec, base, err_msg=f"inputs {i}..{i + 2}")
   assert set(aux["speculative_stats"]) == set(STAT_NAMES)
 
@@ -225,7 +251,7 @@ def test_eos_inside_an_accepted_block_truncates():
   base_eos, spec_eos, aux = _greedy_pair(inputs, 4, "self", eos=eos)
   np.testing.assert_array_equal(spec_eos, base_eos)
   first = int(np.argmax(base_eos[0] == eos))
-  assert first <= 6 and np.all(base_eos[0, first + 1:] == 0)
+  assert first <= 6 and np.all(base_eos[0, first + 1 :] == 0)
   assert int(aux["speculative_stats"]["target_calls"][0]) == first // 5 + 1
 
 
@@ -241,15 +267,19 @@ def test_prompt_lookup_and_ngram_drafters_are_greedy_exact():
   target, _ = _tiny_params()
   inputs = _random_inputs(12, seed=9)
   corpus = list(inputs)
-  cases = [(drafters.PromptLookupDrafter(vocab_size=61, ngram=2), {}),
-           (drafters.UnigramDrafter(vocab_size=61), drafters.UnigramDrafter.fit(corpus, 61)),
-           (drafters.BigramDrafter(vocab_size=61), drafters.BigramDrafter.fit(corpus, 61))]
+  cases = [
+      (drafters.PromptLookupDrafter(vocab_size=61, ngram=2), {}),
+      (drafters.UnigramDrafter(vocab_size=61), drafters.UnigramDrafter.fit(corpus, 61)),
+      (drafters.BigramDrafter(vocab_size=61), drafters.BigramDrafter.fit(corpus, 61)),
+  ]
   base, _ = _baseline()(target, _batch(inputs), jax.random.PRNGKey(0), 0.0)
   for drafter, params in cases:
-    model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY), drafter, _vocab(61),
-                                                  _vocab(61), gamma=3)
-    spec, aux = model.jit_predict()({"target": target, "drafter": params}, _batch(inputs),
-                                    jax.random.PRNGKey(0), 0.0)
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TINY), drafter, _vocab(61), _vocab(61), gamma=3
+    )
+    spec, aux = model.jit_predict()(
+        {"target": target, "drafter": params}, _batch(inputs), jax.random.PRNGKey(0), 0.0
+    )
     np.testing.assert_array_equal(spec, base, err_msg=type(drafter).__name__)
     assert np.all(np.asarray(aux["speculative_stats"]["drafter_calls"]) == 0)
 
@@ -262,21 +292,27 @@ def test_greedy_specialization_equals_the_traced_temperature_zero(rescale_log_pr
   inputs = _batch(_random_inputs(6, seed=21))
   baseline = models.EncoderDecoderModel(network.Transformer(TINY), _vocab(61), _vocab(61))
   speculative = models.SpeculativeEncoderDecoderModel(
-      network.Transformer(TINY), network.Transformer(TINY_DRAFTER), _vocab(61), _vocab(61),
-      gamma=4)
+      network.Transformer(TINY), network.Transformer(TINY_DRAFTER), _vocab(61), _vocab(61), gamma=4
+  )
   cases = [(baseline, target), (speculative, {"target": target, "drafter": drafter})]
   for model, params in cases:
+
     def predict(params, temperature, model=model):
       return model.predict_batch_with_aux(
-          params, inputs, jax.random.PRNGKey(0),
-          decoder_params={"temperature": temperature, "rescale_log_probs": rescale_log_probs})
+          params,
+          inputs,
+          jax.random.PRNGKey(0),
+          decoder_params={"temperature": temperature, "rescale_log_probs": rescale_log_probs},
+      )
+
     traced = jax.jit(predict)(params, np.float32(0.0))
     static = jax.jit(lambda params, model=model, predict=predict: predict(params, 0.0))(params)
     assert sampling.is_greedy(0.0)
     jax.tree.map(np.testing.assert_array_equal, static, traced)
     # jit_predict dispatches a concrete 0 to the static specialization.
     np.testing.assert_array_equal(
-        model.jit_predict()(params, inputs, jax.random.PRNGKey(0), 0.0)[0], traced[0])
+        model.jit_predict()(params, inputs, jax.random.PRNGKey(0), 0.0)[0], traced[0]
+    )
 
 
 def test_same_rng_same_output_and_rng_matters():
@@ -294,19 +330,24 @@ def test_same_rng_same_output_and_rng_matters():
 def test_greedy_equals_t5x_own_decodes_on_the_fixture():
   """The fixture checkpoint as target, a different random drafter: T5X's greedy decodes."""
   from flax import serialization  # pylint: disable=g-import-not-at-top
+
   raw = serialization.msgpack_restore(fixture_path("test_t5_tiny.checkpoint_0").read_bytes())
   ref = np.load(fixture_path("t5x_tiny_reference.npz"))
   cfg = FIXTURE_CONFIG
   drafter_cfg = cfg.replace(num_encoder_layers=1, num_decoder_layers=1)
   vocab = _vocab(32128)
-  spec = models.SpeculativeEncoderDecoderModel(network.Transformer(cfg),
-                                               network.Transformer(drafter_cfg), vocab, vocab,
-                                               gamma=3)
+  spec = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(cfg), network.Transformer(drafter_cfg), vocab, vocab, gamma=3
+  )
   base = models.EncoderDecoderModel(network.Transformer(cfg), vocab, vocab)
-  params = {"target": raw["optimizer"]["target"],
-            "drafter": network.init_params(drafter_cfg, jax.random.PRNGKey(3))}
-  batch = {"encoder_input_tokens": ref["encoder_input_tokens"],
-           "decoder_input_tokens": np.zeros_like(ref["greedy_decodes"])}
+  params = {
+      "target": raw["optimizer"]["target"],
+      "drafter": network.init_params(drafter_cfg, jax.random.PRNGKey(3)),
+  }
+  batch = {
+      "encoder_input_tokens": ref["encoder_input_tokens"],
+      "decoder_input_tokens": np.zeros_like(ref["greedy_decodes"]),
+  }
   robust = ref["greedy_rows_robust"]
   assert robust.sum() >= 10
   spec_out, _ = spec.jit_predict()(params, batch, jax.random.PRNGKey(0), 0.0)
@@ -316,20 +357,41 @@ def test_greedy_equals_t5x_own_decodes_on_the_fixture():
 
 
 # --- bad input ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("make, message", [
-    (lambda: _speculative(0), "gamma must be an integer >= 1"),
-    (lambda: models.SpeculativeEncoderDecoderModel(
-        network.Transformer(TINY), network.Transformer(TINY.replace(vocab_size=64)), _vocab(61),
-        _vocab(61)), "drafter vocab_size 64 != target vocab_size 61"),
-    (lambda: models.SpeculativeEncoderDecoderModel(
-        network.Transformer(TINY), drafters.UnigramDrafter(vocab_size=61, eos_id=2), _vocab(61),
-        _vocab(61)), "drafter eos_id 2 != the output vocabulary's eos_id 1"),
-    (lambda: _call_with(temperature=-1.0), "temperature must be >= 0"),
-    (lambda: _call_with(topk=5, topp=0.9), "at most one of top-k and top-p"),
-    (lambda: _speculative(2)({"target": _tiny_params()[0], "drafter": _tiny_params()[1]},
-                             _batch(_random_inputs(1)), jax.random.PRNGKey(0), -0.5),
-     "temperature must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: _speculative(0), "gamma must be an integer >= 1"),
+        (
+            lambda: models.SpeculativeEncoderDecoderModel(
+                network.Transformer(TINY),
+                network.Transformer(TINY.replace(vocab_size=64)),
+                _vocab(61),
+                _vocab(61),
+            ),
+            "drafter vocab_size 64 != target vocab_size 61",
+        ),
+        (
+            lambda: models.SpeculativeEncoderDecoderModel(
+                network.Transformer(TINY),
+                drafters.UnigramDrafter(vocab_size=61, eos_id=2),
+                _vocab(61),
+                _vocab(61),
+            ),
+            "drafter eos_id 2 != the output vocabulary's eos_id 1",
+        ),
+        (lambda: _call_with(temperature=-1.0), "temperature must be >= 0"),
+        (lambda: _call_with(topk=5, topp=0.9), "at most one of top-k and top-p"),
+        (
+            lambda: _speculative(2)(
+                {"target": _tiny_params()[0], "drafter": _tiny_params()[1]},
+                _batch(_random_inputs(1)),
+                jax.random.PRNGKey(0),
+                -0.5,
+            ),
+            "temperature must be >= 0",
+        ),
+    ],
+)
 def test_bad_input_raises_before_tracing(make, message):
   with pytest.raises(ValueError, match=message):
     make()
@@ -337,32 +399,38 @@ def test_bad_input_raises_before_tracing(make, message):
 
 def _call_with(temperature=1.0, topk=0, topp=0.0):
   target, drafter = _tiny_params()
-  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY),
-                                                network.Transformer(TINY_DRAFTER), _vocab(61),
-                                                _vocab(61), gamma=2)
-  return model.predict_batch_with_aux({"target": target, "drafter": drafter},
-                                      _batch(_random_inputs(1)),
-                                      decoder_params={"temperature": temperature, "topk": topk,
-                                                      "topp": topp})
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY), network.Transformer(TINY_DRAFTER), _vocab(61), _vocab(61), gamma=2
+  )
+  return model.predict_batch_with_aux(
+      {"target": target, "drafter": drafter},
+      _batch(_random_inputs(1)),
+      decoder_params={"temperature": temperature, "topk": topk, "topp": topp},
+  )
 
 
 def test_trace_replays_the_decoded_sequence():
   target, drafter = _tiny_params()
-  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY),
-                                                network.Transformer(TINY_DRAFTER), _vocab(61),
-                                                _vocab(61), gamma=3)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY), network.Transformer(TINY_DRAFTER), _vocab(61), _vocab(61), gamma=3
+  )
   inputs = _random_inputs(2, seed=4)
-  decodes, aux = jax.jit(lambda p, b, r: model.predict_batch_with_aux(
-      p, b, r, decoder_params={"temperature": 1.0, "return_trace": True}))(
-          {"target": target, "drafter": drafter}, _batch(inputs), jax.random.PRNGKey(2))
-  trace = {k: np.asarray(getattr(aux["speculative_trace"], k))
-           for k in ("drafts", "accepted", "token", "emitted")}
+  decodes, aux = jax.jit(
+      lambda p, b, r: model.predict_batch_with_aux(
+          p, b, r, decoder_params={"temperature": 1.0, "return_trace": True}
+      )
+  )({"target": target, "drafter": drafter}, _batch(inputs), jax.random.PRNGKey(2))
+  trace = {
+      k: np.asarray(getattr(aux["speculative_trace"], k))
+      for k in ("drafts", "accepted", "token", "emitted")
+  }
   for row in range(2):
     replay = []
     for it in range(GREEDY_L):
-      block = list(trace["drafts"][row, it, :trace["accepted"][row, it]]) + [
-          trace["token"][row, it]]
-      replay += block[:trace["emitted"][row, it]]
+      block = list(trace["drafts"][row, it, : trace["accepted"][row, it]]) + [
+          trace["token"][row, it]
+      ]
+      replay += block[: trace["emitted"][row, it]]
     replay += [0] * (GREEDY_L - len(replay))
     np.testing.assert_array_equal(replay, np.asarray(decodes)[row])
     calls = int(aux["speculative_stats"]["target_calls"][row])
@@ -377,8 +445,14 @@ def _stats(**fields):
 # Two rows at gamma = 4, by hand: 3 and 2 target calls, 5 and 1 accepted drafts; beta summed over
 # 7 and 3 verified positions. Pooled: alpha = (4.5 + 1.5) / (7 + 3) = 0.6 (the mean of the rows'
 # means would be 0.571); tokens per call = (6 + 5) / 5 = 2.2; acceptance rate = 6 / 20 = 0.3.
-ROWS = dict(target_calls=[3, 2], drafter_calls=[12, 8], drafted_tokens=[12, 8],
-            accepted_tokens=[5, 1], beta_sum=[4.5, 1.5], beta_count=[7, 3])
+ROWS = dict(
+    target_calls=[3, 2],
+    drafter_calls=[12, 8],
+    drafted_tokens=[12, 8],
+    accepted_tokens=[5, 1],
+    beta_sum=[4.5, 1.5],
+    beta_count=[7, 3],
+)
 
 
 def test_stats_pool_the_rows():
@@ -386,13 +460,20 @@ def test_stats_pool_the_rows():
   assert stats.alpha == pytest.approx(0.6)
   assert stats.tokens_per_call == pytest.approx(2.2)
   assert stats.acceptance_rate == pytest.approx(0.3)
-  assert stats.totals() == {"target_calls": 5, "drafter_calls": 20, "drafted_tokens": 20,
-                            "accepted_tokens": 6, "beta_sum": 6.0, "beta_count": 10}
-  assert stats.summary() == pytest.approx(dict(
-      stats.totals(), alpha=0.6, acceptance_rate=0.3, tokens_per_target_call=2.2))
+  assert stats.totals() == {
+      "target_calls": 5,
+      "drafter_calls": 20,
+      "drafted_tokens": 20,
+      "accepted_tokens": 6,
+      "beta_sum": 6.0,
+      "beta_count": 10,
+  }
+  assert stats.summary() == pytest.approx(
+      dict(stats.totals(), alpha=0.6, acceptance_rate=0.3, tokens_per_target_call=2.2)
+  )
   nothing_drafted = _stats(**dict(ROWS, drafted_tokens=[0, 0]))
   with pytest.raises(ValueError, match="no drafted tokens"):
-    nothing_drafted.acceptance_rate  # pylint: disable=pointless-statement
+    _ = nothing_drafted.acceptance_rate
 
 
 def test_stats_from_dict_as_dict_and_concatenate():
@@ -418,9 +499,15 @@ def test_stats_from_dict_as_dict_and_concatenate():
 
 def test_trace_record_writes_one_iteration():
   trace = decoding.SpeculativeTrace.zeros(2, 4, 3)
-  record = jax.jit(lambda trace, i: trace.record(i, jnp.array([[1, 2, 3], [4, 5, 6]]),
-                                                 jnp.array([2, 0]), jnp.array([7, 8]),
-                                                 jnp.array([3, 1])))
+  record = jax.jit(
+      lambda trace, i: trace.record(
+          i,
+          jnp.array([[1, 2, 3], [4, 5, 6]]),
+          jnp.array([2, 0]),
+          jnp.array([7, 8]),
+          jnp.array([3, 1]),
+      )
+  )
   trace = record(trace, jnp.int32(1))
   drafts = np.zeros((2, 4, 3), np.int32)
   drafts[:, 1] = [[1, 2, 3], [4, 5, 6]]
@@ -440,8 +527,9 @@ def test_decoded_lengths():
   assert isinstance(lengths, jax.Array)
   np.testing.assert_array_equal(lengths, expected)
   np.testing.assert_array_equal(decoding.decoded_lengths(decodes, 2), [4, 1, 4, 4])
-  np.testing.assert_array_equal(decoding.decoded_lengths(decodes.reshape(2, 2, 4), 1),
-                                [[2, 4], [1, 4]])  # [B, N, L] -> [B, N]
+  np.testing.assert_array_equal(
+      decoding.decoded_lengths(decodes.reshape(2, 2, 4), 1), [[2, 4], [1, 4]]
+  )  # [B, N, L] -> [B, N]
   assert int(decoding.decoded_lengths(decodes[0], 1)) == 2
 
 
@@ -452,20 +540,32 @@ def test_the_models_decode_fn_is_its_decoding_path():
   def my_fn(*, inputs, num_decodes, **kwargs):
     calls.append(dict(kwargs, inputs=inputs, num_decodes=num_decodes))
     batch, length = inputs.shape
-    stats = jax.tree.map(lambda x: x.reshape(batch, num_decodes),
-                         decoding.SpeculativeStats.zeros(batch * num_decodes))
-    return decoding.SpeculativeOutput(jnp.full((batch, num_decodes, length), 7, jnp.int32),
-                                      jnp.zeros((batch, num_decodes)), stats)
+    stats = jax.tree.map(
+        lambda x: x.reshape(batch, num_decodes),
+        decoding.SpeculativeStats.zeros(batch * num_decodes),
+    )
+    return decoding.SpeculativeOutput(
+        jnp.full((batch, num_decodes, length), 7, jnp.int32), jnp.zeros((batch, num_decodes)), stats
+    )
 
   verifier = speculative.TokenVerifier()
   model = models.SpeculativeEncoderDecoderModel(
-      network.Transformer(TINY), drafters.UnigramDrafter(), _vocab(61), _vocab(61), gamma=2,
-      verifier=verifier, decode_fn=my_fn)
+      network.Transformer(TINY),
+      drafters.UnigramDrafter(),
+      _vocab(61),
+      _vocab(61),
+      gamma=2,
+      verifier=verifier,
+      decode_fn=my_fn,
+  )
   assert model.decode_fn is my_fn
   target, _ = _tiny_params()
   params = {"target": target, "drafter": {"marker": np.ones(1)}}
-  decodes, aux = jax.jit(lambda params, batch: model.predict_batch_with_aux(
-      params, batch, decoder_params={"temperature": 0.5}))(params, _batch(_random_inputs(3)))
+  decodes, aux = jax.jit(
+      lambda params, batch: model.predict_batch_with_aux(
+          params, batch, decoder_params={"temperature": 0.5}
+      )
+  )(params, _batch(_random_inputs(3)))
   np.testing.assert_array_equal(decodes, np.full((3, GREEDY_L), 7))
   assert set(aux["speculative_stats"]) == set(STAT_NAMES)
   assert len(calls) == 1
@@ -499,11 +599,16 @@ def _drafts_5(vocab_size):
 COUNTING = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
-@pytest.mark.parametrize("verifier, temperature, expected", [
-    pytest.param(speculative.TokenVerifier(), 0.0, COUNTING, id="algorithm_1"),
-    pytest.param(_AcceptsEverything(), 0.0, [5, 5, 5, 6, 5, 5, 5, 6], id="accepts_everything"),
-    pytest.param(_AcceptsEverything(), 1.0, [5, 5, 5, 6, 5, 5, 5, 6],
-                 id="accepts_everything_sampled")])
+@pytest.mark.parametrize(
+    "verifier, temperature, expected",
+    [
+        pytest.param(speculative.TokenVerifier(), 0.0, COUNTING, id="algorithm_1"),
+        pytest.param(_AcceptsEverything(), 0.0, [5, 5, 5, 6, 5, 5, 5, 6], id="accepts_everything"),
+        pytest.param(
+            _AcceptsEverything(), 1.0, [5, 5, 5, 6, 5, 5, 5, 6], id="accepts_everything_sampled"
+        ),
+    ],
+)
 def test_the_verifier_decides_what_the_loop_keeps(verifier, temperature, expected):
   """A counting target whose next token is the previous one + 1 (a margin of 100 in the logits:
   one-hot also when sampled), decoded from BOS: 1 2 3 ... 8. Algorithm 1 keeps it whatever the
@@ -515,9 +620,20 @@ def test_the_verifier_decides_what_the_loop_keeps(verifier, temperature, expecte
     del index
     return 100.0 * jax.nn.one_hot((tokens + 1) % vocab, vocab), cache
 
-  output = jax.jit(lambda params: decoding.speculative_sample(
-      jnp.zeros((2, length), jnp.int32), (), counting_target, drafter, params, (), vocab - 1,
-      gamma=3, verifier=verifier, temperature=temperature))(params)
+  output = jax.jit(
+      lambda params: decoding.speculative_sample(
+          jnp.zeros((2, length), jnp.int32),
+          (),
+          counting_target,
+          drafter,
+          params,
+          (),
+          vocab - 1,
+          gamma=3,
+          verifier=verifier,
+          temperature=temperature,
+      )
+  )(params)
   np.testing.assert_array_equal(np.asarray(output.decodes)[:, 0], [expected] * 2)
 
 
@@ -528,8 +644,14 @@ def test_the_models_verifier_reaches_the_loop():
   drafter, drafter_params = _drafts_5(61)
   inputs = _batch(_random_inputs(3, seed=7))
   rng = jax.random.PRNGKey(0)
-  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY), drafter, _vocab(61),
-                                                _vocab(61), gamma=3, verifier=_AcceptsEverything())
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY),
+      drafter,
+      _vocab(61),
+      _vocab(61),
+      gamma=3,
+      verifier=_AcceptsEverything(),
+  )
   wrong, _ = model.jit_predict()({"target": target, "drafter": drafter_params}, inputs, rng, 0.0)
   base, _ = _baseline()(target, inputs, rng, 0.0)
   np.testing.assert_array_equal(np.asarray(wrong)[:, :3], 5)
@@ -539,17 +661,25 @@ def test_the_models_verifier_reaches_the_loop():
 # --- block verification and broken drafters, whole sequences ------------------------------------
 def _block_model(drafter, gamma):
   return models.SpeculativeEncoderDecoderModel(
-      network.Transformer(SMALL_TARGET), drafter, _vocab(SMALL_V), _vocab(SMALL_V), gamma=gamma,
-      verifier=speculative.BlockVerifier())
+      network.Transformer(SMALL_TARGET),
+      drafter,
+      _vocab(SMALL_V),
+      _vocab(SMALL_V),
+      gamma=gamma,
+      verifier=speculative.BlockVerifier(),
+  )
 
 
-@pytest.mark.parametrize("kind, gamma, temperature, topk", [
-    ("t5", 3, 1.0, 0), ("t5", 3, 0.7, 3), ("bigram", 2, 1.0, 0), ("bigram", 3, 0.7, 3)])
+@pytest.mark.parametrize(
+    "kind, gamma, temperature, topk",
+    [("t5", 3, 1.0, 0), ("t5", 3, 0.7, 3), ("bigram", 2, 1.0, 0), ("bigram", 3, 0.7, 3)],
+)
 def test_block_verifier_samples_the_exact_target_distribution(kind, gamma, temperature, topk):
   _, t5_params = _small_params()
-  drafter, params = {"t5": (network.Transformer(SMALL_DRAFTER), t5_params),
-                     "bigram": (drafters.BigramDrafter(vocab_size=SMALL_V),
-                                _fitted_tables()["bigram"])}[kind]
+  drafter, params = {
+      "t5": (network.Transformer(SMALL_DRAFTER), t5_params),
+      "bigram": (drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]),
+  }[kind]
   decodes, aux = _sample_small(_block_model(drafter, gamma), params, temperature, topk, seed=5)
   _assert_matches_target(decodes, _exact_law(temperature, topk))
   stats = aux["speculative_stats"]
@@ -569,39 +699,59 @@ def _broken_drafters():
   """name -> (drafter, params) of drafters that are broken but must not change the output."""
   _, t5_params = _small_params()
   nan_params = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), t5_params)
-  return {"nan_weights": (network.Transformer(SMALL_DRAFTER), nan_params),
-          "out_of_vocabulary": (_OutOfVocabularyDrafter(vocab_size=SMALL_V),
-                                _fitted_tables()["unigram"]),
-          "lookup_fallback_out_of_vocabulary": (
-              drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3,
-                                           fallback_token=SMALL_V + 2), {})}
+  return {
+      "nan_weights": (network.Transformer(SMALL_DRAFTER), nan_params),
+      "out_of_vocabulary": (
+          _OutOfVocabularyDrafter(vocab_size=SMALL_V),
+          _fitted_tables()["unigram"],
+      ),
+      "lookup_fallback_out_of_vocabulary": (
+          drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3, fallback_token=SMALL_V + 2),
+          {},
+      ),
+  }
 
 
-@pytest.mark.parametrize("name, verifier", [
-    ("nan_weights", speculative.TokenVerifier()), ("nan_weights", speculative.BlockVerifier()),
-    ("out_of_vocabulary", speculative.TokenVerifier()),
-    ("lookup_fallback_out_of_vocabulary", speculative.TokenVerifier())])
+@pytest.mark.parametrize(
+    "name, verifier",
+    [
+        ("nan_weights", speculative.TokenVerifier()),
+        ("nan_weights", speculative.BlockVerifier()),
+        ("out_of_vocabulary", speculative.TokenVerifier()),
+        ("lookup_fallback_out_of_vocabulary", speculative.TokenVerifier()),
+    ],
+)
 def test_a_broken_drafter_samples_the_exact_target_distribution(name, verifier):
   drafter, params = _broken_drafters()[name]
   model = models.SpeculativeEncoderDecoderModel(
-      network.Transformer(SMALL_TARGET), drafter, _vocab(SMALL_V), _vocab(SMALL_V), gamma=2,
-      verifier=verifier)
+      network.Transformer(SMALL_TARGET),
+      drafter,
+      _vocab(SMALL_V),
+      _vocab(SMALL_V),
+      gamma=2,
+      verifier=verifier,
+  )
   decodes, _ = _sample_small(model, params, 1.0, seed=9)
   _assert_matches_target(decodes, _exact_law(1.0))
 
 
-@pytest.mark.parametrize("name", ["nan_weights", "out_of_vocabulary",
-                                  "lookup_fallback_out_of_vocabulary"])
+@pytest.mark.parametrize(
+    "name", ["nan_weights", "out_of_vocabulary", "lookup_fallback_out_of_vocabulary"]
+)
 def test_a_broken_drafter_gives_the_baselines_greedy_output(name):
   drafter, params = _broken_drafters()[name]
   target, _ = _small_params()
-  batch = {"encoder_input_tokens": SMALL_INPUTS,
-           "decoder_input_tokens": np.zeros((len(SMALL_INPUTS), 8), np.int32)}
-  base = models.EncoderDecoderModel(network.Transformer(SMALL_TARGET), _vocab(SMALL_V),
-                                    _vocab(SMALL_V))
+  batch = {
+      "encoder_input_tokens": SMALL_INPUTS,
+      "decoder_input_tokens": np.zeros((len(SMALL_INPUTS), 8), np.int32),
+  }
+  base = models.EncoderDecoderModel(
+      network.Transformer(SMALL_TARGET), _vocab(SMALL_V), _vocab(SMALL_V)
+  )
   expected, _ = base.jit_predict()(target, batch, jax.random.PRNGKey(0), 0.0)
   got, aux = _small_model(drafter, 3).jit_predict()(
-      {"target": target, "drafter": params}, batch, jax.random.PRNGKey(0), 0.0)
+      {"target": target, "drafter": params}, batch, jax.random.PRNGKey(0), 0.0
+  )
   np.testing.assert_array_equal(got, expected)
   assert np.all(np.isfinite(np.asarray(aux["scores"])))
 
@@ -610,12 +760,21 @@ def test_a_broken_drafter_gives_the_baselines_greedy_output(name):
 def test_block_verifier_greedy_equals_baseline(gamma):
   target, drafter = _tiny_params()
   model = models.SpeculativeEncoderDecoderModel(
-      network.Transformer(TINY), network.Transformer(TINY_DRAFTER), _vocab(61), _vocab(61),
-      gamma=gamma, verifier=speculative.BlockVerifier())
+      network.Transformer(TINY),
+      network.Transformer(TINY_DRAFTER),
+      _vocab(61),
+      _vocab(61),
+      gamma=gamma,
+      verifier=speculative.BlockVerifier(),
+  )
   fn = model.jit_predict()
   inputs = _random_inputs(45, seed=40 + gamma)
   for i in range(0, len(inputs), 3):
-    base, _ = _baseline()(target, _batch(inputs[i:i + 3]), jax.random.PRNGKey(0), 0.0)
-    spec, _ = fn({"target": target, "drafter": drafter}, _batch(inputs[i:i + 3]),
-                 jax.random.PRNGKey(0), 0.0)
+    base, _ = _baseline()(target, _batch(inputs[i : i + 3]), jax.random.PRNGKey(0), 0.0)
+    spec, _ = fn(
+        {"target": target, "drafter": drafter},
+        _batch(inputs[i : i + 3]),
+        jax.random.PRNGKey(0),
+        0.0,
+    )
     np.testing.assert_array_equal(spec, base, err_msg=f"inputs {i}..{i + 2}")

@@ -7,6 +7,7 @@ before); the unigram and bigram tables `fit` builds and the distributions they g
 lookup copies; the teacher-forced logits of every kind; `for_target`, `as_drafter`, gin, and the
 protocol's defaults.
 """
+
 import dataclasses
 import functools
 
@@ -38,11 +39,15 @@ def test_t5_drafter_q_equals_teacher_forcing_after_any_acceptance():
   encoder = rng.integers(2, CONFIG.vocab_size, (2, 7)).astype(np.int32)
   state = drafter.init_state(params, encoder, LENGTH + GAMMA + 1)
   standardize = sampling.Standardizer(1.0)
-  propose = jax.jit(lambda state, sequences, length, u: drafter.propose(
-      params, state, sequences, length, GAMMA, u, standardize))
+  propose = jax.jit(
+      lambda state, sequences, length, u: drafter.propose(
+          params, state, sequences, length, GAMMA, u, standardize
+      )
+  )
   # The decoder is causal: logits at a position do not depend on the tokens padded after it.
-  forced = jax.jit(lambda enc, seq: drafter.teacher_forced_logits(
-      params, enc, alpha.shift_right(seq)))
+  forced = jax.jit(
+      lambda enc, seq: drafter.teacher_forced_logits(params, enc, alpha.shift_right(seq))
+  )
   sequences = np.zeros((2, LENGTH + GAMMA + 1), np.int32)
   length = np.zeros(2, np.int32)
   for iteration, accepted in enumerate(ACCEPTED):
@@ -50,15 +55,18 @@ def test_t5_drafter_q_equals_teacher_forcing_after_any_acceptance():
     drafts, q, state = propose(state, sequences, length, u)
     drafts, q = np.asarray(drafts), np.asarray(q)
     for row in range(2):
-      prefix = np.concatenate([sequences[row, :length[row]], drafts[row]])
-      logits = forced(encoder[row:row + 1], np.pad(prefix, (0, LENGTH + GAMMA - len(prefix)))[None])
-      expected = jax.nn.softmax(logits[0, length[row]:length[row] + GAMMA], axis=-1)
-      np.testing.assert_allclose(q[row], expected, atol=2e-5,
-                                 err_msg=f"iteration {iteration}, row {row}")
+      prefix = np.concatenate([sequences[row, : length[row]], drafts[row]])
+      logits = forced(
+          encoder[row : row + 1], np.pad(prefix, (0, LENGTH + GAMMA - len(prefix)))[None]
+      )
+      expected = jax.nn.softmax(logits[0, length[row] : length[row] + GAMMA], axis=-1)
+      np.testing.assert_allclose(
+          q[row], expected, atol=2e-5, err_msg=f"iteration {iteration}, row {row}"
+      )
       # The loop's update: the accepted drafts, then a correction token of its own.
       n = accepted[row]
       new = np.append(drafts[row, :n], rng.integers(2, CONFIG.vocab_size))
-      sequences[row, length[row]:length[row] + n + 1] = new
+      sequences[row, length[row] : length[row] + n + 1] = new
       length[row] += n + 1
 
 
@@ -70,10 +78,14 @@ def test_t5_drafter_teacher_forced_logits_are_the_networks():
   @jax.jit
   def three_ways(params, encoder, decoder_inputs):
     _, cache = module.apply({"params": params}, encoder, 6, method=module.prefill)
-    cached, _ = module.apply({"params": params}, decoder_inputs, cache, jnp.zeros(2, jnp.int32),
-                             method=module.decode)
-    return (drafter.teacher_forced_logits(params, encoder, decoder_inputs),
-            network.teacher_forced_logits(CONFIG, params, encoder, decoder_inputs), cached)
+    cached, _ = module.apply(
+        {"params": params}, decoder_inputs, cache, jnp.zeros(2, jnp.int32), method=module.decode
+    )
+    return (
+        drafter.teacher_forced_logits(params, encoder, decoder_inputs),
+        network.teacher_forced_logits(CONFIG, params, encoder, decoder_inputs),
+        cached,
+    )
 
   encoder = np.array([[3, 4, 5, 6, 0], [7, 2, 9, 0, 0]], np.int32)
   decoder_inputs = np.array([[0, 5, 0, 7, 3, 3], [0, 8, 9, 10, 2, 1]], np.int32)  # a 0 token
@@ -103,8 +115,14 @@ def _mix(bigram, backoff=0.1):
 
 # The bigram drafter's q(. | previous) for each previous id 0..5, top=2 and top=1 (ties between
 # successors broken by the smaller id: 3 before 4 after BOS).
-BIGRAM_TOP2 = [_mix({3: 0.5, 4: 0.5}), UNIGRAM, UNIGRAM, _mix({4: 2 / 3, 5: 1 / 3}),
-               _mix({3: 1.0}), UNIGRAM]
+BIGRAM_TOP2 = [
+    _mix({3: 0.5, 4: 0.5}),
+    UNIGRAM,
+    UNIGRAM,
+    _mix({4: 2 / 3, 5: 1 / 3}),
+    _mix({3: 1.0}),
+    UNIGRAM,
+]
 BIGRAM_TOP1 = [_mix({3: 1.0}), UNIGRAM, UNIGRAM, _mix({4: 1.0}), _mix({3: 1.0}), UNIGRAM]
 
 
@@ -120,12 +138,14 @@ def test_unigram_fit_counts_nonzero_tokens_with_smoothing():
   drafter = drafters.UnigramDrafter(vocab_size=5, smoothing=0.5)
   np.testing.assert_allclose(drafter.fit_params(corpus)["logits"], params["logits"])
   logits = drafter.next_logits(params, jnp.array([0, 4, 2]))
-  np.testing.assert_allclose(_softmax(logits), np.tile([[0.5, 1.5, 3.5, 1.5, 0.5]], (3, 1)) / 7.5,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      _softmax(logits), np.tile([[0.5, 1.5, 3.5, 1.5, 0.5]], (3, 1)) / 7.5, rtol=1e-6
+  )
   # Untrained: fitted on nothing, uniform.
   untrained = drafter.init_params(jax.random.PRNGKey(0), {})
-  np.testing.assert_allclose(_softmax(drafter.next_logits(untrained, jnp.array([1]))),
-                             np.full((1, 5), 0.2), rtol=1e-6)
+  np.testing.assert_allclose(
+      _softmax(drafter.next_logits(untrained, jnp.array([1]))), np.full((1, 5), 0.2), rtol=1e-6
+  )
 
 
 def test_bigram_fit_keeps_top_successors_mixed_with_the_unigram():
@@ -145,17 +165,33 @@ def test_bigram_fit_params_use_the_drafters_settings():
   """top=1 keeps the smaller id of a tie and renormalizes the kept successors; backoff 0.3."""
   drafter = drafters.BigramDrafter(vocab_size=TABLE_V, top=1, backoff=0.3)
   params = drafter.fit_params(CORPUS)
-  expected = [_mix({3: 1.0}, 0.3), UNIGRAM, UNIGRAM, _mix({4: 1.0}, 0.3), _mix({3: 1.0}, 0.3),
-              UNIGRAM]
-  np.testing.assert_allclose(_softmax(drafter.next_logits(params, jnp.arange(TABLE_V))),
-                             np.array(expected), rtol=1e-5, atol=1e-7)
+  expected = [
+      _mix({3: 1.0}, 0.3),
+      UNIGRAM,
+      UNIGRAM,
+      _mix({4: 1.0}, 0.3),
+      _mix({3: 1.0}, 0.3),
+      UNIGRAM,
+  ]
+  np.testing.assert_allclose(
+      _softmax(drafter.next_logits(params, jnp.arange(TABLE_V))),
+      np.array(expected),
+      rtol=1e-5,
+      atol=1e-7,
+  )
   top1 = drafters.BigramDrafter(vocab_size=TABLE_V, top=1)
   np.testing.assert_allclose(
       _softmax(top1.next_logits(top1.fit_params(CORPUS), jnp.arange(TABLE_V))),
-      np.array(BIGRAM_TOP1), rtol=1e-5, atol=1e-7)
+      np.array(BIGRAM_TOP1),
+      rtol=1e-5,
+      atol=1e-7,
+  )
   untrained = drafter.init_params(jax.random.PRNGKey(0), {})
-  np.testing.assert_allclose(_softmax(drafter.next_logits(untrained, jnp.arange(TABLE_V))),
-                             np.full((TABLE_V, TABLE_V), 1 / TABLE_V), rtol=1e-6)
+  np.testing.assert_allclose(
+      _softmax(drafter.next_logits(untrained, jnp.arange(TABLE_V))),
+      np.full((TABLE_V, TABLE_V), 1 / TABLE_V),
+      rtol=1e-6,
+  )
   for backoff in (0.0, 1.0):
     with pytest.raises(ValueError, match="backoff must be in"):
       drafters.BigramDrafter.fit(CORPUS, TABLE_V, backoff=backoff)
@@ -167,8 +203,9 @@ def test_table_drafters_propose_a_chain_from_the_last_decoded_token():
   sequences = jnp.array([[4, 3, 5, 0, 0]] * 3, jnp.int32)
   # x_length: y_1 = 3 for row 0, BOS for row 1, y_2 = 5 (no successors: unigram) for row 2.
   length = jnp.array([2, 0, 3], jnp.int32)
-  drafts, q, state = drafter.propose(params, (), sequences, length, 3, jnp.zeros((3, 3)),
-                                     sampling.Standardizer(0.0))
+  drafts, q, state = drafter.propose(
+      params, (), sequences, length, 3, jnp.zeros((3, 3)), sampling.Standardizer(0.0)
+  )
   assert q is None and state == ()
   # Greedy by hand: after 3 the argmax is 4 (0.6 + 0.4/14), after 4 it is 3, after BOS 3
   # (0.45 + 0.5/14 against 0.45 + 0.4/14 for 4), after 5 the unigram's argmax 3.
@@ -176,13 +213,15 @@ def test_table_drafters_propose_a_chain_from_the_last_decoded_token():
 
   # Sampled: inverse-CDF draws, each conditioned on the draft before it.
   u = jnp.array([[0.05, 0.5, 0.97]])
-  drafts, q, _ = drafter.propose(params, (), sequences[:1], length[:1], 3, u,
-                                 sampling.Standardizer(1.0))
+  drafts, q, _ = drafter.propose(
+      params, (), sequences[:1], length[:1], 3, u, sampling.Standardizer(1.0)
+  )
   # By hand: cdf of q(. | 3) = [.0071, .0143, .0214, .0571, .6857, 1] -> u .05 gives 3, then .5
   # gives 4; cdf of q(. | 4) = [.0071, .0143, .0214, .9571, .9857, 1] -> u .97 gives 4.
   np.testing.assert_array_equal(drafts, [[3, 4, 4]])
-  np.testing.assert_allclose(q[0], np.array([BIGRAM_TOP2[3], BIGRAM_TOP2[3], BIGRAM_TOP2[4]]),
-                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+      q[0], np.array([BIGRAM_TOP2[3], BIGRAM_TOP2[3], BIGRAM_TOP2[4]]), rtol=1e-5, atol=1e-7
+  )
 
 
 def test_table_teacher_forced_logits_are_next_logits_of_the_previous_token():
@@ -194,8 +233,7 @@ def test_table_teacher_forced_logits_are_next_logits_of_the_previous_token():
   np.testing.assert_allclose(_softmax(logits), expected, rtol=1e-5, atol=1e-7)
   unigram = drafters.UnigramDrafter(vocab_size=TABLE_V)
   logits = unigram.teacher_forced_logits(unigram.fit_params(CORPUS), None, decoder_inputs)
-  np.testing.assert_allclose(_softmax(logits), np.broadcast_to(UNIGRAM, (2, 6, TABLE_V)),
-                             rtol=1e-5)
+  np.testing.assert_allclose(_softmax(logits), np.broadcast_to(UNIGRAM, (2, 6, TABLE_V)), rtol=1e-5)
 
 
 def test_bigram_drafter_takes_the_params_fit_returns_outside_jit():
@@ -212,17 +250,20 @@ LOOKUP_V, FALLBACK = 20, 2
 
 @functools.lru_cache(maxsize=None)
 def _jit_propose(ngram, fallback, gamma):
-  drafter = drafters.PromptLookupDrafter(vocab_size=LOOKUP_V, ngram=ngram,
-                                         fallback_token=fallback)
-  return jax.jit(lambda encoder, decoded, length: drafter.propose(
-      {}, drafter.init_state({}, encoder, 32), decoded, length, gamma, None, None))
+  drafter = drafters.PromptLookupDrafter(vocab_size=LOOKUP_V, ngram=ngram, fallback_token=fallback)
+  return jax.jit(
+      lambda encoder, decoded, length: drafter.propose(
+          {}, drafter.init_state({}, encoder, 32), decoded, length, gamma, None, None
+      )
+  )
 
 
 def _lookup(encoder, decoded, length, gamma, ngram=1, fallback=FALLBACK):
   """Drafts [B, gamma] of prompt lookup; checks that q is their one-hot."""
   encoder = np.asarray(encoder, np.int32)
   drafts, q, state = _jit_propose(ngram, fallback, gamma)(
-      encoder, np.asarray(decoded, np.int32), np.asarray(length, np.int32))
+      encoder, np.asarray(decoded, np.int32), np.asarray(length, np.int32)
+  )
   assert drafts.dtype == jnp.int32
   np.testing.assert_array_equal(q, jax.nn.one_hot(drafts, LOOKUP_V))
   np.testing.assert_array_equal(state, encoder)
@@ -296,8 +337,9 @@ def test_prompt_lookup_teacher_forced_logits_are_its_first_drafts():
   # (prefix), 9 -> padding (fallback); row 1: BOS, 6 -> 7, 7 -> 8, 6 -> x_2 = 7, 5 -> 6.
   first = np.array([[FALLBACK, 9, FALLBACK, 12, FALLBACK], [FALLBACK, 7, 8, 7, 6]])
   assert logits.shape == (2, 5, LOOKUP_V)
-  np.testing.assert_array_equal(logits, np.where(np.eye(LOOKUP_V, dtype=bool)[first], 0.0,
-                                                 np.float32(network.MASK_VALUE)))
+  np.testing.assert_array_equal(
+      logits, np.where(np.eye(LOOKUP_V, dtype=bool)[first], 0.0, np.float32(network.MASK_VALUE))
+  )
 
 
 # --- for_target, as_drafter, gin, the protocol's defaults ----------------------------------------
@@ -335,9 +377,11 @@ def _configured(drafter=gin.REQUIRED):
 def test_gin_builds_a_drafter_from_a_macro():
   gin.clear_config()
   try:
-    gin.parse_config("DRAFTER = @drafters.BigramDrafter()\n"
-                     "drafters.BigramDrafter.top = 3\n"
-                     "test_drafters._configured.drafter = %DRAFTER")
+    gin.parse_config(
+        "DRAFTER = @drafters.BigramDrafter()\n"
+        "drafters.BigramDrafter.top = 3\n"
+        "test_drafters._configured.drafter = %DRAFTER"
+    )
     assert gin.query_parameter("drafters.BigramDrafter.top") == 3
     assert str(gin.query_parameter("%DRAFTER")) == "@drafters.BigramDrafter()"
     drafter = _configured()
@@ -352,6 +396,7 @@ def test_gin_builds_a_drafter_from_a_macro():
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Minimal(drafters.Drafter):
   """Only the abstract methods: proposes token 3."""
+
   vocab_size: int = 5
   eos_id: int | None = None
 

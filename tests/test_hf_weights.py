@@ -1,4 +1,5 @@
 """Tests of the Hugging Face T5 weight mapping: exact round trips, file formats, errors, parity."""
+
 import json
 
 import jax
@@ -37,26 +38,36 @@ def test_state_dict_has_hf_keys_and_layouts():
   params = _params(T5_1_1)
   state = hf_weights.params_to_hf_state_dict(params, T5_1_1)
   assert len(state) == 1 + 2 * (1 + 1) + 2 * 9 + 3 * 14 + 1  # shared, relpos+norm, layers, head
-  np.testing.assert_array_equal(state["lm_head.weight"],
-                                params["decoder"]["logits_dense"]["kernel"].T)
+  np.testing.assert_array_equal(
+      state["lm_head.weight"], params["decoder"]["logits_dense"]["kernel"].T
+  )
   np.testing.assert_array_equal(state["shared.weight"], params["token_embedder"]["embedding"])
   np.testing.assert_array_equal(
       state["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"],
-      params["encoder"]["relpos_bias"]["rel_embedding"].T)
+      params["encoder"]["relpos_bias"]["rel_embedding"].T,
+  )
   np.testing.assert_array_equal(
       state["decoder.block.2.layer.1.EncDecAttention.o.weight"],
-      params["decoder"]["layers_2"]["encoder_decoder_attention"]["out"]["kernel"].T)
-  np.testing.assert_array_equal(state["decoder.block.1.layer.2.DenseReluDense.wi_1.weight"],
-                                params["decoder"]["layers_1"]["mlp"]["wi_1"]["kernel"].T)
+      params["decoder"]["layers_2"]["encoder_decoder_attention"]["out"]["kernel"].T,
+  )
+  np.testing.assert_array_equal(
+      state["decoder.block.1.layer.2.DenseReluDense.wi_1.weight"],
+      params["decoder"]["layers_1"]["mlp"]["wi_1"]["kernel"].T,
+  )
   assert "encoder.block.1.layer.1.DenseReluDense.wi.weight" in (
-      hf_weights.params_to_hf_state_dict(_params(T5_1_0), T5_1_0))
+      hf_weights.params_to_hf_state_dict(_params(T5_1_0), T5_1_0)
+  )
 
 
 @pytest.mark.parametrize("config", [T5_1_1, T5_1_0], ids=["t5_1_1", "t5_1_0"])
 def test_state_dict_round_trip_is_exact(config):
   params = _params(config)
-  _assert_trees_equal(hf_weights.params_from_hf_state_dict(
-      hf_weights.params_to_hf_state_dict(params, config), config), params)
+  _assert_trees_equal(
+      hf_weights.params_from_hf_state_dict(
+          hf_weights.params_to_hf_state_dict(params, config), config
+      ),
+      params,
+  )
 
 
 def test_safetensors_directory_round_trip_is_exact(tmp_path):
@@ -71,28 +82,35 @@ def test_safetensors_directory_round_trip_is_exact(tmp_path):
 def test_pytorch_bin_in_bfloat16_loads(tmp_path):
   params = _params(T5_1_1)
   state = hf_weights.params_to_hf_state_dict(params, T5_1_1)
-  torch.save({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()},
-             tmp_path / "pytorch_model.bin")
+  torch.save(
+      {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()},
+      tmp_path / "pytorch_model.bin",
+  )
   (tmp_path / "config.json").write_text(json.dumps(hf_weights.hf_config_dict(T5_1_1)))
   restored, _ = hf_weights.load_hf(tmp_path)
-  _assert_trees_equal(restored, jax.tree.map(
-      lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), params))
+  _assert_trees_equal(
+      restored, jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), params)
+  )
 
 
 def test_sharded_safetensors_with_embed_tokens_aliases(tmp_path):
   params = _params(T5_1_1)
   state = hf_weights.params_to_hf_state_dict(params, T5_1_1)
   state["encoder.embed_tokens.weight"] = state["decoder.embed_tokens.weight"] = state.pop(
-      "shared.weight")
+      "shared.weight"
+  )
   keys = sorted(state)
-  shards = {"model-00001-of-00002.safetensors": keys[:20],
-            "model-00002-of-00002.safetensors": keys[20:]}
+  shards = {
+      "model-00001-of-00002.safetensors": keys[:20],
+      "model-00002-of-00002.safetensors": keys[20:],
+  }
   for name, shard_keys in shards.items():
     safetensors.numpy.save_file({k: state[k] for k in shard_keys}, tmp_path / name)
   weight_map = {k: name for name, shard_keys in shards.items() for k in shard_keys}
   (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-  _assert_trees_equal(hf_weights.params_from_hf_state_dict(
-      hf_weights.load_hf_state_dict(tmp_path), T5_1_1), params)
+  _assert_trees_equal(
+      hf_weights.params_from_hf_state_dict(hf_weights.load_hf_state_dict(tmp_path), T5_1_1), params
+  )
 
 
 def test_hf_config_round_trip_and_the_transformers_5_tie_trap():
@@ -103,7 +121,8 @@ def test_hf_config_round_trip_and_the_transformers_5_tie_trap():
   # transformers 5.x writes tie_word_embeddings=True even for an untied T5 1.1 head.
   written_by_5x = transformers.T5Config(**hf_dict).to_dict()
   assert hf_weights.t5_config_from_hf(written_by_5x, dtype="bfloat16") == T5_1_1.replace(
-      dtype="bfloat16")
+      dtype="bfloat16"
+  )
 
 
 def test_unsupported_hf_config():
@@ -142,9 +161,11 @@ def test_missing_hf_files(tmp_path):
 
 def _hf_logits(model, encoder_tokens, decoder_input_tokens):
   with torch.no_grad():
-    return model(input_ids=torch.from_numpy(encoder_tokens),
-                 attention_mask=torch.from_numpy(encoder_tokens > 0),
-                 decoder_input_ids=torch.from_numpy(decoder_input_tokens)).logits.numpy()
+    return model(
+        input_ids=torch.from_numpy(encoder_tokens),
+        attention_mask=torch.from_numpy(encoder_tokens > 0),
+        decoder_input_ids=torch.from_numpy(decoder_input_tokens),
+    ).logits.numpy()
 
 
 @pytest.mark.parametrize("config", [T5_1_1, T5_1_0], ids=["t5_1_1", "t5_1_0"])
@@ -155,17 +176,22 @@ def test_transformers_gives_our_logits(config):
   encoder_tokens[1, 6:] = 0  # Padding.
   targets = rng.integers(2, config.vocab_size, (3, 7)).astype(np.int32)
   decoder_inputs = np.concatenate([np.zeros((3, 1), np.int32), targets[:, :-1]], axis=1)
-  ours = network.Transformer(config).apply({"params": params}, encoder_tokens, decoder_inputs,
-                                           targets)
+  ours = network.Transformer(config).apply(
+      {"params": params}, encoder_tokens, decoder_inputs, targets
+  )
   model = hf_weights.to_hf_model(params, config)
   assert (model.lm_head.weight is model.shared.weight) == config.logits_via_embedding
-  np.testing.assert_allclose(_hf_logits(model, encoder_tokens, decoder_inputs), np.asarray(ours),
-                             atol=1e-4)
+  np.testing.assert_allclose(
+      _hf_logits(model, encoder_tokens, decoder_inputs), np.asarray(ours), atol=1e-4
+  )
 
 
 def test_transformers_reproduces_t5x_on_the_tiny_checkpoint():
   params = checkpoints.restore_params(FIXTURE_CONFIG, fixture_path("test_t5_tiny.checkpoint_0"))
   ref = np.load(fixture_path("t5x_tiny_reference.npz"))
-  logits = _hf_logits(hf_weights.to_hf_model(params, FIXTURE_CONFIG),
-                      ref["encoder_input_tokens"], ref["decoder_input_tokens"])
+  logits = _hf_logits(
+      hf_weights.to_hf_model(params, FIXTURE_CONFIG),
+      ref["encoder_input_tokens"],
+      ref["decoder_input_tokens"],
+  )
   np.testing.assert_allclose(logits[..., :2048], ref["logits_first_2048"], atol=1e-5)

@@ -1,4 +1,5 @@
 """Tests of the T5 1.1 network: T5X parity, k-token cached decoding with rollback, bad input."""
+
 import functools
 
 import jax
@@ -12,18 +13,25 @@ from speculative_t5x import network
 
 # T5X's minimal T5 1.1 tree (reference/t5x.md section 3), written out by hand.
 _T5X_LAYER_PATHS = {
-    "encoder": ["pre_attention_layer_norm/scale", "attention/query/kernel", "attention/key/kernel",
-                "attention/value/kernel", "attention/out/kernel", "pre_mlp_layer_norm/scale",
-                "mlp/wi_0/kernel", "mlp/wi_1/kernel", "mlp/wo/kernel"],
-    "decoder": ["pre_self_attention_layer_norm/scale"] +
-               [f"self_attention/{p}/kernel" for p in ("query", "key", "value", "out")] +
-               ["pre_cross_attention_layer_norm/scale"] +
-               [f"encoder_decoder_attention/{p}/kernel" for p in ("query", "key", "value", "out")] +
-               ["pre_mlp_layer_norm/scale", "mlp/wi_0/kernel", "mlp/wi_1/kernel", "mlp/wo/kernel"],
+    "encoder": [
+        "pre_attention_layer_norm/scale",
+        "attention/query/kernel",
+        "attention/key/kernel",
+        "attention/value/kernel",
+        "attention/out/kernel",
+        "pre_mlp_layer_norm/scale",
+        "mlp/wi_0/kernel",
+        "mlp/wi_1/kernel",
+        "mlp/wo/kernel",
+    ],
+    "decoder": ["pre_self_attention_layer_norm/scale"]
+    + [f"self_attention/{p}/kernel" for p in ("query", "key", "value", "out")]
+    + ["pre_cross_attention_layer_norm/scale"]
+    + [f"encoder_decoder_attention/{p}/kernel" for p in ("query", "key", "value", "out")]
+    + ["pre_mlp_layer_norm/scale", "mlp/wi_0/kernel", "mlp/wi_1/kernel", "mlp/wo/kernel"],
 }
 
 TINY = tiny_config(61, num_encoder_layers=2)
-
 
 
 def _paths(tree, prefix=""):
@@ -35,9 +43,14 @@ def _paths(tree, prefix=""):
 
 
 def _expected_t5x_paths(num_layers):
-  paths = {"token_embedder/embedding", "encoder/relpos_bias/rel_embedding",
-           "encoder/encoder_norm/scale", "decoder/relpos_bias/rel_embedding",
-           "decoder/decoder_norm/scale", "decoder/logits_dense/kernel"}
+  paths = {
+      "token_embedder/embedding",
+      "encoder/relpos_bias/rel_embedding",
+      "encoder/encoder_norm/scale",
+      "decoder/relpos_bias/rel_embedding",
+      "decoder/decoder_norm/scale",
+      "decoder/logits_dense/kernel",
+  }
   for stack, layer_paths in _T5X_LAYER_PATHS.items():
     for i in range(num_layers):
       paths |= {f"{stack}/layers_{i}/{p}" for p in layer_paths}
@@ -64,8 +77,11 @@ def test_fixture_tree_and_logits_match_t5x():
   assert shapes == network.param_shapes(FIXTURE_CONFIG)
   ref = np.load(fixture_path("t5x_tiny_reference.npz"))
   logits = network.Transformer(FIXTURE_CONFIG).apply(
-      {"params": params}, ref["encoder_input_tokens"], ref["decoder_input_tokens"],
-      ref["decoder_target_tokens"])
+      {"params": params},
+      ref["encoder_input_tokens"],
+      ref["decoder_input_tokens"],
+      ref["decoder_target_tokens"],
+  )
   logits = np.asarray(logits)
   assert logits.dtype == np.float32
   np.testing.assert_allclose(logits[..., :2048], ref["logits_first_2048"], atol=1e-5, rtol=0)
@@ -82,8 +98,9 @@ def _tiny_params(seed=0):
 def _init_cache(params, enc_tokens, cache_length):
   model = network.Transformer(TINY)
   encoded = model.apply({"params": params}, enc_tokens, method=model.encode)
-  return model.apply({"params": params}, encoded, enc_tokens, cache_length,
-                     method=model.init_decode_cache)
+  return model.apply(
+      {"params": params}, encoded, enc_tokens, cache_length, method=model.init_decode_cache
+  )
 
 
 @jax.jit
@@ -102,8 +119,9 @@ def test_cached_blocks_with_rollback_match_teacher_forcing():
   enc[2, 3:] = 0
   targets = rng.integers(1, TINY.vocab_size, (batch, length)).astype(np.int32)
   dec_inputs = np.concatenate([np.zeros((batch, 1), np.int32), targets[:, :-1]], axis=1)
-  expected = np.asarray(network.Transformer(TINY).apply({"params": params}, enc, dec_inputs,
-                                                        targets))
+  expected = np.asarray(
+      network.Transformer(TINY).apply({"params": params}, enc, dec_inputs, targets)
+  )
 
   cache = _init_cache(params, enc, length + 5)
   index = np.array([0, 2, 1], np.int32)
@@ -147,26 +165,33 @@ def test_decode_logits_equal_in_bfloat16_roughly():
   assert encoded.dtype == jnp.bfloat16
   cache = model.apply({"params": params}, encoded, enc, 6, method=model.init_decode_cache)
   assert cache["layers_0"]["self_key"].dtype == jnp.bfloat16
-  logits, _ = model.apply({"params": params}, dec, cache, jnp.zeros((1,), jnp.int32),
-                          method=model.decode)
+  logits, _ = model.apply(
+      {"params": params}, dec, cache, jnp.zeros((1,), jnp.int32), method=model.decode
+  )
   np.testing.assert_allclose(logits, full, atol=0.1)
 
 
 def test_relative_position_buckets_match_t5_definition():
   # Hand-derived from T5's definition: causal, 32 buckets, max_exact 16, max_distance 128.
   rel = -np.array([0, 1, 15, 16, 20, 127, 128, 1000])
-  np.testing.assert_array_equal(network.relative_position_bucket(rel, False, 32, 128),
-                                [0, 1, 15, 16, 17, 31, 31, 31])
+  np.testing.assert_array_equal(
+      network.relative_position_bucket(rel, False, 32, 128), [0, 1, 15, 16, 17, 31, 31, 31]
+  )
   # Bidirectional: 16 buckets per sign, future keys offset by 16.
-  np.testing.assert_array_equal(network.relative_position_bucket(np.array([0, 1, -1, 7, 8]), True,
-                                                                 32, 128), [0, 17, 1, 23, 24])
+  np.testing.assert_array_equal(
+      network.relative_position_bucket(np.array([0, 1, -1, 7, 8]), True, 32, 128),
+      [0, 17, 1, 23, 24],
+  )
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(mlp_activations=("gelu", "swiglu")), "unknown activation"),
-    (dict(dtype="int8"), "dtype"),
-    (dict(num_heads=0), "num_heads"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(mlp_activations=("gelu", "swiglu")), "unknown activation"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(num_heads=0), "num_heads"),
+    ],
+)
 def test_bad_config(bad, message):
   with pytest.raises(ValueError, match=message):
     TINY.replace(**bad)
@@ -182,11 +207,22 @@ def test_bad_tokens_and_blocks():
     model.apply({"params": params}, np.ones((1, 4), np.float32), method=model.encode)
   cache = _init_cache(params, enc, 4)
   with pytest.raises(ValueError, match="does not fit a cache of length 4"):
-    model.apply({"params": params}, np.ones((1, 5), np.int32), cache, np.zeros((1,), np.int32),
-                method=model.decode)
+    model.apply(
+        {"params": params},
+        np.ones((1, 5), np.int32),
+        cache,
+        np.zeros((1,), np.int32),
+        method=model.decode,
+    )
   with pytest.raises(ValueError, match="needs 6 cache slots"):
-    model.apply({"params": params}, np.ones((1, 3), np.int32), cache, np.array([3], np.int32),
-                method=model.decode)
+    model.apply(
+        {"params": params},
+        np.ones((1, 3), np.int32),
+        cache,
+        np.array([3], np.int32),
+        method=model.decode,
+    )
   with pytest.raises(ValueError, match="cache_index must have shape"):
-    model.apply({"params": params}, np.ones((1, 1), np.int32), cache, np.int32(0),
-                method=model.decode)
+    model.apply(
+        {"params": params}, np.ones((1, 1), np.int32), cache, np.int32(0), method=model.decode
+    )

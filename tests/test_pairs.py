@@ -1,6 +1,7 @@
 """Loading a target and its drafter (speculative_t5x/pairs.py): every drafter kind through the
 one protocol (checkpoint, fitted, no weights, random with a seed), and configuration errors
 raised before anything loads, naming the macro."""
+
 import dataclasses
 
 import jax
@@ -44,14 +45,21 @@ def _never():
 
 def test_t5_drafter_from_checkpoints(saved):
   directory, target, drafter = saved
-  config = pairs.PairConfig(TARGET, drafters.T5Drafter(DRAFTER), str(directory / "target"),
-                            str(directory / "drafter"), restore_dtype="bfloat16")
+  config = pairs.PairConfig(
+      TARGET,
+      drafters.T5Drafter(DRAFTER),
+      str(directory / "target"),
+      str(directory / "drafter"),
+      restore_dtype="bfloat16",
+  )
   pair = pairs.load_pair(config, EOS, fit_targets=_never)
   _leaves_equal(pair.params["target"], target, np.dtype("bfloat16"))
   _leaves_equal(pair.params["drafter"], drafter, np.dtype("bfloat16"))
   assert pair.params == {"target": pair.target_params, "drafter": pair.drafter_params}
-  assert pair.sources == {"target": f"checkpoint {directory / 'target'}",
-                          "drafter": f"checkpoint {directory / 'drafter'}"}
+  assert pair.sources == {
+      "target": f"checkpoint {directory / 'target'}",
+      "drafter": f"checkpoint {directory / 'drafter'}",
+  }
   assert not pair.random_weights
   assert pair.drafter.config == DRAFTER and pair.drafter.eos_id == EOS
   assert pair.target_config == TARGET
@@ -63,7 +71,10 @@ def test_from_pair_dir(saved, tmp_path, monkeypatch):
   config = pairs.PairConfig.from_pair_dir(directory.name)
   assert (config.target_config, config.drafter.config) == (TARGET, DRAFTER)
   assert (config.checkpoint_path, config.drafter_checkpoint_path, config.restore_dtype) == (
-      str(directory / "target"), str(directory / "drafter"), None)
+      str(directory / "target"),
+      str(directory / "drafter"),
+      None,
+  )
   pair = pairs.load_pair(config, EOS)
   _leaves_equal(pair.params["drafter"], drafter, np.dtype("float32"))
   (tmp_path / "lonely" / "target").mkdir(parents=True)
@@ -90,11 +101,14 @@ def test_fitted_drafters(kind):
   assert pair.sources["drafter"] == f"{kind.__name__} fitted on 2 targets"
   assert pair.sources["target"] == "RANDOM weights (seed 0), not a trained model"
 
-  with pytest.raises(gin_utils.ConfigError, match=f"the {kind.__name__} is fitted on target "
-                     "sequences, and this run has none"):
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=f"the {kind.__name__} is fitted on target " "sequences, and this run has none",
+  ):
     pairs.load_pair(config, EOS)
-  with pytest.raises(gin_utils.ConfigError, match=f"no target sequences to fit the "
-                     f"{kind.__name__} on"):
+  with pytest.raises(
+      gin_utils.ConfigError, match=f"no target sequences to fit the " f"{kind.__name__} on"
+  ):
     pairs.load_pair(config, EOS, fit_targets=lambda: [])
 
 
@@ -107,30 +121,43 @@ def test_prompt_lookup_has_no_weights():
 
 
 def test_random_weights_from_the_seed():
-  config = pairs.PairConfig(TARGET, drafters.T5Drafter(DRAFTER), random_init_seed=3,
-                            restore_dtype=None)
+  config = pairs.PairConfig(
+      TARGET, drafters.T5Drafter(DRAFTER), random_init_seed=3, restore_dtype=None
+  )
   pair = pairs.load_pair(config, EOS, fit_targets=_never)
-  _leaves_equal(pair.target_params, network.init_params(TARGET, jax.random.PRNGKey(3)),
-                np.dtype("float32"))
-  _leaves_equal(pair.drafter_params, network.init_params(DRAFTER, jax.random.PRNGKey(4)),
-                np.dtype("float32"))
-  assert pair.sources == {"target": "RANDOM weights (seed 3), not a trained model",
-                          "drafter": "RANDOM weights (seed 4), not a trained model"}
+  _leaves_equal(
+      pair.target_params, network.init_params(TARGET, jax.random.PRNGKey(3)), np.dtype("float32")
+  )
+  _leaves_equal(
+      pair.drafter_params, network.init_params(DRAFTER, jax.random.PRNGKey(4)), np.dtype("float32")
+  )
+  assert pair.sources == {
+      "target": "RANDOM weights (seed 3), not a trained model",
+      "drafter": "RANDOM weights (seed 4), not a trained model",
+  }
   assert pair.random_weights
   alone = pairs.load_pair(dataclasses.replace(config, drafter=None), EOS)
   assert alone.drafter is None and alone.params is alone.target_params
   assert set(alone.sources) == {"target"}
 
 
-@pytest.mark.parametrize("drafter, checkpoint, drafter_checkpoint, message", [
-    (drafters.T5Drafter(DRAFTER), None, None,
-     "CHECKPOINT_PATH and DRAFTER_CHECKPOINT_PATH not set"),
-    (drafters.T5Drafter(DRAFTER), "/ckpt/target", None, "^DRAFTER_CHECKPOINT_PATH not set"),
-    (drafters.BigramDrafter(), None, None, "^CHECKPOINT_PATH not set"),
-    (None, None, "/ckpt/drafter", "^CHECKPOINT_PATH not set"),
-])
-def test_a_missing_checkpoint_without_a_seed_names_the_macro(drafter, checkpoint,
-                                                             drafter_checkpoint, message):
+@pytest.mark.parametrize(
+    "drafter, checkpoint, drafter_checkpoint, message",
+    [
+        (
+            drafters.T5Drafter(DRAFTER),
+            None,
+            None,
+            "CHECKPOINT_PATH and DRAFTER_CHECKPOINT_PATH not set",
+        ),
+        (drafters.T5Drafter(DRAFTER), "/ckpt/target", None, "^DRAFTER_CHECKPOINT_PATH not set"),
+        (drafters.BigramDrafter(), None, None, "^CHECKPOINT_PATH not set"),
+        (None, None, "/ckpt/drafter", "^CHECKPOINT_PATH not set"),
+    ],
+)
+def test_a_missing_checkpoint_without_a_seed_names_the_macro(
+    drafter, checkpoint, drafter_checkpoint, message
+):
   with pytest.raises(gin_utils.ConfigError, match=message + r".*or set RANDOM_INIT_SEED"):
     pairs.PairConfig(TARGET, drafter, checkpoint, drafter_checkpoint)
 
@@ -140,15 +167,26 @@ def test_a_bigram_drafter_needs_no_checkpoint():
   assert config.drafter_checkpoint_path is None
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"target_config": None}, "TARGET_CONFIG must be a network.T5Config"),
-    ({"drafter": "bigram"}, r"DRAFTER must be a drafters.Drafter, e.g. @drafters.T5Drafter\(\) "
-     r"\(include a configs/drafters/ file\), got 'bigram'"),
-    ({"drafter": drafters.T5Drafter(tiny_config(64))}, "DRAFTER \\(T5Drafter\\) vocab_size 64 "
-     f"!= TARGET_CONFIG vocab_size {VOCAB}: speculative decoding needs one vocabulary"),
-    ({"drafter": drafters.BigramDrafter(vocab_size=99)}, "DRAFTER \\(BigramDrafter\\) "
-     f"vocab_size 99 != TARGET_CONFIG vocab_size {VOCAB}"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"target_config": None}, "TARGET_CONFIG must be a network.T5Config"),
+        (
+            {"drafter": "bigram"},
+            r"DRAFTER must be a drafters.Drafter, e.g. @drafters.T5Drafter\(\) "
+            r"\(include a configs/drafters/ file\), got 'bigram'",
+        ),
+        (
+            {"drafter": drafters.T5Drafter(tiny_config(64))},
+            "DRAFTER \\(T5Drafter\\) vocab_size 64 "
+            f"!= TARGET_CONFIG vocab_size {VOCAB}: speculative decoding needs one vocabulary",
+        ),
+        (
+            {"drafter": drafters.BigramDrafter(vocab_size=99)},
+            "DRAFTER \\(BigramDrafter\\) " f"vocab_size 99 != TARGET_CONFIG vocab_size {VOCAB}",
+        ),
+    ],
+)
 def test_bad_settings_name_the_macro(fields, message):
   with pytest.raises(gin_utils.ConfigError, match=message):
     pairs.PairConfig(**{"target_config": TARGET, "random_init_seed": 0, **fields})
@@ -157,17 +195,22 @@ def test_bad_settings_name_the_macro(fields, message):
 def test_load_errors_name_the_macro(saved, tmp_path):
   directory, _, _ = saved
   config = pairs.PairConfig(TARGET, drafters.BigramDrafter(eos_id=5), random_init_seed=0)
-  with pytest.raises(gin_utils.ConfigError, match="DRAFTER: drafter eos_id 5 != the output "
-                     "vocabulary's eos_id 1"):
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match="DRAFTER: drafter eos_id 5 != the output " "vocabulary's eos_id 1",
+  ):
     pairs.load_pair(config, EOS, fit_targets=lambda: FIT_TARGETS)
-  wrong = pairs.PairConfig(tiny_config(VOCAB, emb_dim=32),
-                           checkpoint_path=str(directory / "target"))
+  wrong = pairs.PairConfig(
+      tiny_config(VOCAB, emb_dim=32), checkpoint_path=str(directory / "target")
+  )
   with pytest.raises(gin_utils.ConfigError, match=f"CHECKPOINT_PATH '{directory / 'target'}': "):
     pairs.load_pair(wrong, EOS)
-  missing = pairs.PairConfig(TARGET, drafters.T5Drafter(DRAFTER), str(directory / "target"),
-                             str(tmp_path / "nowhere"))
-  with pytest.raises(gin_utils.ConfigError, match=f"DRAFTER_CHECKPOINT_PATH "
-                     f"'{tmp_path / 'nowhere'}': "):
+  missing = pairs.PairConfig(
+      TARGET, drafters.T5Drafter(DRAFTER), str(directory / "target"), str(tmp_path / "nowhere")
+  )
+  with pytest.raises(
+      gin_utils.ConfigError, match=f"DRAFTER_CHECKPOINT_PATH " f"'{tmp_path / 'nowhere'}': "
+  ):
     pairs.load_pair(missing, EOS)
 
 

@@ -7,6 +7,7 @@ sampling gives valid sequences with the statistics' shapes; each device holds 1/
 mlp-sharded kernel (N = the 'model' axis size) and all of every replicated drafter kernel; inside
 the compiled loop the caches are split like the parameters that write them.
 """
+
 import json
 import os
 import pathlib
@@ -26,17 +27,23 @@ from speculative_t5x import drafters, models, network, partitioning
 
 HERE = pathlib.Path(__file__).resolve().parent
 MESHES = {"1x8": 8, "2x4": 4, "8x1": 1}  # mesh name -> size of the 'model' axis
-TINY = tiny_config(64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64, num_encoder_layers=1,
-                   num_decoder_layers=1)
+TINY = tiny_config(
+    64, emb_dim=16, num_heads=8, head_dim=4, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1
+)
 
 
 @pytest.fixture(scope="module")
 def sharded():
   """{mesh name: results} from tests/sharded_check.py on 8 simulated CPU devices."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  run = subprocess.run([sys.executable, str(HERE / "sharded_check.py")], capture_output=True,
-                       text=True, env=env, timeout=600, check=False)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  run = subprocess.run(
+      [sys.executable, str(HERE / "sharded_check.py")],
+      capture_output=True,
+      text=True,
+      env=env,
+      timeout=600,
+      check=False,
+  )
   assert run.returncode == 0, f"sharded_check.py failed:\n{run.stderr[-4000:]}"
   return json.loads(run.stdout)
 
@@ -73,11 +80,16 @@ def test_logical_to_spec_first_free_rule_wins():
 
 
 def test_state_axes_by_rank():
-  cache = {"encoder_valid": np.zeros((2, 5), bool),
-           "layers_0": {"self_key": np.zeros((2, 7, 8, 4))}, "length": np.zeros((2,))}
+  cache = {
+      "encoder_valid": np.zeros((2, 5), bool),
+      "layers_0": {"self_key": np.zeros((2, 7, 8, 4))},
+      "length": np.zeros((2,)),
+  }
   assert partitioning.state_axes(cache) == {
       "encoder_valid": ("batch", "length"),
-      "layers_0": {"self_key": ("batch", "length", "heads", "kv")}, "length": ("batch",)}
+      "layers_0": {"self_key": ("batch", "length", "heads", "kv")},
+      "length": ("batch",),
+  }
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -98,8 +110,10 @@ def test_num_partitions_and_mesh_shape_together():
 
 def test_logical_axis_with_no_rule():
   rules = tuple(r for r in partitioning.standard_logical_axis_rules() if r[0] != "mlp")
-  with pytest.raises(ValueError, match=r"logical axis 'mlp' of parameter "
-                     r"decoder/layers_0/mlp/wi_0/kernel has no rule"):
+  with pytest.raises(
+      ValueError,
+      match=r"logical axis 'mlp' of parameter " r"decoder/layers_0/mlp/wi_0/kernel has no rule",
+  ):
     partitioning.param_shardings(TINY, partitioning.make_mesh(), rules)
 
 
@@ -116,15 +130,19 @@ def test_malformed_rule():
 def test_state_of_unknown_rank():
   mesh = partitioning.make_mesh()
   with pytest.raises(ValueError, match="decoding state x has rank 3"):
-    partitioning.state_shardings({"x": np.zeros((2, 3, 4))}, mesh,
-                                 partitioning.standard_logical_axis_rules())
+    partitioning.state_shardings(
+        {"x": np.zeros((2, 3, 4))}, mesh, partitioning.standard_logical_axis_rules()
+    )
 
 
 def test_dimension_not_divisible_by_the_mesh():
   devices = jax.devices() * 3  # only counted: the error comes before any placement
   mesh = jax.sharding.Mesh(np.array(devices[:3]).reshape(1, 3), partitioning.MESH_AXES)
-  with pytest.raises(ValueError, match=r"key/kernel has shape \(16, 32\): dimension 1 "
-                     r"\(joined_kv, size 32\) is not divisible by the 3 devices"):
+  with pytest.raises(
+      ValueError,
+      match=r"key/kernel has shape \(16, 32\): dimension 1 "
+      r"\(joined_kv, size 32\) is not divisible by the 3 devices",
+  ):
     partitioning.param_shardings(TINY, mesh, partitioning.standard_logical_axis_rules())
 
 
@@ -132,8 +150,9 @@ def test_dimension_not_divisible_by_the_mesh():
 def test_partitioning_gin():
   gin.clear_config()
   try:
-    gin.parse_config_files_and_bindings([str(HERE.parent / "configs/runs/partitioning.gin")],
-                                        ["NUM_PARTITIONS = 1"])
+    gin.parse_config_files_and_bindings(
+        [str(HERE.parent / "configs/runs/partitioning.gin")], ["NUM_PARTITIONS = 1"]
+    )
     partitioner = partitioning.Partitioner()
   finally:
     gin.clear_config()
@@ -146,19 +165,28 @@ def test_partitioning_gin():
 def test_partitioned_table_drafter_matches_jit_predict():
   vocab = seqio.PassThroughVocabulary(TINY.vocab_size, eos_id=1)
   drafter = drafters.BigramDrafter(vocab_size=TINY.vocab_size)
-  model = models.SpeculativeEncoderDecoderModel(network.Transformer(TINY), drafter, vocab, vocab,
-                                                gamma=2)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY), drafter, vocab, vocab, gamma=2
+  )
   tokens = np.random.RandomState(0).randint(2, TINY.vocab_size, size=(2, 5)).astype(np.int32)
-  params = {"target": network.init_params(TINY, jax.random.PRNGKey(0)),
-            "drafter": drafters.BigramDrafter.fit(tokens, TINY.vocab_size, top=4)}
-  batch = {"encoder_input_tokens": tokens, "decoder_input_tokens": jnp.zeros((2, 6), jnp.int32),
-           "decoder_target_tokens": jnp.ones((2, 6), jnp.int32)}
+  params = {
+      "target": network.init_params(TINY, jax.random.PRNGKey(0)),
+      "drafter": drafters.BigramDrafter.fit(tokens, TINY.vocab_size, top=4),
+  }
+  batch = {
+      "encoder_input_tokens": tokens,
+      "decoder_input_tokens": jnp.zeros((2, 6), jnp.int32),
+      "decoder_target_tokens": jnp.ones((2, 6), jnp.int32),
+  }
   partitioner = partitioning.Partitioner()
   assert partitioner.params_shardings(model)["drafter"] == partitioner.replicated
   expected = model.jit_predict()(params, batch, jax.random.PRNGKey(1), 0.0)
-  got = partitioner.partition_predict(model)(partitioner.place_params(model, params),
-                                             partitioner.place_batch(batch),
-                                             jax.random.PRNGKey(1), 0.0)
+  got = partitioner.partition_predict(model)(
+      partitioner.place_params(model, params),
+      partitioner.place_batch(batch),
+      jax.random.PRNGKey(1),
+      0.0,
+  )
   np.testing.assert_array_equal(got[0], expected[0])
   jax.tree.map(np.testing.assert_array_equal, got[1], expected[1])
 

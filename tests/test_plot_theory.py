@@ -3,6 +3,7 @@
 The script runs in a subprocess, as users run it: importing it here would register its absl flags
 in this process, where other script tests define flags of the same names.
 """
+
 import json
 import pathlib
 import subprocess
@@ -13,17 +14,33 @@ THEORY_PNGS = ("expected_tokens.png", "optimal_gamma.png", "speedup_operations.p
 
 
 def _run(*flags):
-  return subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True,
-                        timeout=300, check=False)
+  return subprocess.run(
+      [sys.executable, str(SCRIPT), *flags],
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
 
 
 def test_writes_all_pngs(tmp_path):
   benchmark_json = tmp_path / "benchmark.json"
-  benchmark_json.write_text(json.dumps([
-      {"alpha": 0.62, "gamma": 7, "c": 0.02, "speedup": 2.1, "predicted": 2.26,
-       "predicted_hw": 2.2, "task": "ignored"},
-      {"alpha": 0.53, "gamma": 5, "c": 0.02, "speedup": 1.7, "predicted": 1.89},
-  ]))
+  benchmark_json.write_text(
+      json.dumps(
+          [
+              {
+                  "alpha": 0.62,
+                  "gamma": 7,
+                  "c": 0.02,
+                  "speedup": 2.1,
+                  "predicted": 2.26,
+                  "predicted_hw": 2.2,
+                  "task": "ignored",
+              },
+              {"alpha": 0.53, "gamma": 5, "c": 0.02, "speedup": 1.7, "predicted": 1.89},
+          ]
+      )
+  )
   output_dir = tmp_path / "plots"
   result = _run(f"--output_dir={output_dir}", f"--benchmark_json={benchmark_json}")
   assert result.returncode == 0, result.stderr
@@ -36,9 +53,25 @@ def test_writes_all_pngs(tmp_path):
 
 def test_reads_the_benchmark_scripts_results_json(tmp_path):
   results = tmp_path / "results.json"
-  results.write_text(json.dumps({"run": {"task": "random"}, "costs": {}, "rows": [
-      {"alpha": 0.7, "gamma": 4, "c": 0.05, "speedup": 1.9, "predicted": 2.3,
-       "predicted_hw": 2.0, "loop_speedup": 2.0}]}))
+  results.write_text(
+      json.dumps(
+          {
+              "run": {"task": "random"},
+              "costs": {},
+              "rows": [
+                  {
+                      "alpha": 0.7,
+                      "gamma": 4,
+                      "c": 0.05,
+                      "speedup": 1.9,
+                      "predicted": 2.3,
+                      "predicted_hw": 2.0,
+                      "loop_speedup": 2.0,
+                  }
+              ],
+          }
+      )
+  )
   result = _run(f"--output_dir={tmp_path / 'plots'}", f"--benchmark_json={results}")
   assert result.returncode == 0, result.stderr
   assert (tmp_path / "plots" / "measured_vs_predicted.png").stat().st_size > 10_000

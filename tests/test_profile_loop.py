@@ -1,4 +1,5 @@
 """scripts/profile_loop.py: XLA thunk times of the speculative loop, grouped by kind."""
+
 import gzip
 import importlib.util
 import json
@@ -11,16 +12,19 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_thunk_times_groups_kinds_and_skips_non_thunks(tmp_path):
-  spec = importlib.util.spec_from_file_location("profile_loop",
-                                                REPO / "scripts" / "profile_loop.py")
+  spec = importlib.util.spec_from_file_location(
+      "profile_loop", REPO / "scripts" / "profile_loop.py"
+  )
   profile_loop = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(profile_loop)
-  events = [{"ph": "X", "name": "ynn_fusion.8", "dur": 5},
-            {"ph": "X", "name": "ynn_fusion", "dur": 1},
-            {"ph": "X", "name": "cond.9.clone.1", "dur": 2},
-            {"ph": "X", "name": "$api.py:1 f", "dur": 100},
-            {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 100},
-            {"ph": "i", "name": "dot"}]
+  events = [
+      {"ph": "X", "name": "ynn_fusion.8", "dur": 5},
+      {"ph": "X", "name": "ynn_fusion", "dur": 1},
+      {"ph": "X", "name": "cond.9.clone.1", "dur": 2},
+      {"ph": "X", "name": "$api.py:1 f", "dur": 100},
+      {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 100},
+      {"ph": "i", "name": "dot"},
+  ]
   (tmp_path / "a").mkdir()
   with gzip.open(tmp_path / "a" / "x.trace.json.gz", "wt") as f:
     json.dump({"traceEvents": events}, f)
@@ -30,9 +34,18 @@ def test_thunk_times_groups_kinds_and_skips_non_thunks(tmp_path):
 
 def test_profile_loop_runs_on_the_demo_pair():
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-  completed = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_loop.py"),
-                              "--repeats=1", "--max_decode_steps=8"], env=env,
-                             capture_output=True, text=True, timeout=300)
+  completed = subprocess.run(
+      [
+          sys.executable,
+          str(REPO / "scripts" / "profile_loop.py"),
+          "--repeats=1",
+          "--max_decode_steps=8",
+      ],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
   assert completed.returncode == 0, completed.stderr[-3000:]
   assert "loop iterations per call" in completed.stdout
   assert "| ynn_fusion |" in completed.stdout or "| dot |" in completed.stdout

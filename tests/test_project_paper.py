@@ -1,5 +1,6 @@
 """scripts/project_paper.py: Theorem 3.8 for Table 2's rows (`paper.TABLE_2`) with step times from
 costs.json files."""
+
 import json
 import pathlib
 import subprocess
@@ -13,8 +14,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def _costs(directory, step_ms, verify):
   directory.mkdir()
   entry = {"target_step_ms": {"median_ms": step_ms}, "verify_cost": verify}
-  (directory / "costs.json").write_text(json.dumps({"costs": {"t=0": {"any": entry},
-                                                              "t=1": {"any": entry}}}))
+  (directory / "costs.json").write_text(
+      json.dumps({"costs": {"t=0": {"any": entry}, "t=1": {"any": entry}}})
+  )
 
 
 def test_projection_uses_extrapolated_xxl_step(tmp_path):
@@ -23,8 +25,12 @@ def test_projection_uses_extrapolated_xxl_step(tmp_path):
   for size, params in sizes.items():
     _costs(tmp_path / size, 0.1 * params, {"3": 1.5, "5": 1.5, "7": 2.0})
   dirs = ",".join(f"{s}:{tmp_path / s}" for s in sizes)
-  out = subprocess.run([sys.executable, str(REPO / "scripts" / "project_paper.py"),
-                        f"--costs_dirs={dirs}"], capture_output=True, text=True, check=True).stdout
+  out = subprocess.run(
+      [sys.executable, str(REPO / "scripts" / "project_paper.py"), f"--costs_dirs={dirs}"],
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout
   assert "T5-XXL extrapolated linearly in parameters: 1114 ms" in out
   # EnDe, T5-small, t=0, gamma 7, alpha 0.75: c = 7.7 / 1113.53 = 0.00691,
   # Thm 3.8 = (1 - 0.75^8) / (0.25 * (7 * 0.00691 + 1)) = 3.5996 / 1.0484 = 3.433;
@@ -35,13 +41,18 @@ def test_projection_uses_extrapolated_xxl_step(tmp_path):
   rows = [line for line in out.splitlines() if line.startswith(("| EnDe |", "| CNNDM |"))]
   assert len(rows) == len(paper.TABLE_2) == 12
   for line, row in zip(rows, paper.TABLE_2):
-    assert line.startswith(f"| {row.task} | T5-{row.drafter} | {row.temperature:g} | {row.gamma} | "
-                           f"{row.alpha} |") and line.endswith(f"| {row.speedup}x |")
+    assert line.startswith(
+        f"| {row.task} | T5-{row.drafter} | {row.temperature:g} | {row.gamma} | " f"{row.alpha} |"
+    ) and line.endswith(f"| {row.speedup}x |")
 
 
 def test_table_2_rows_name_their_paper_config_files():
   names = {row.config_name for row in paper.TABLE_2}
   assert names == {path.stem for path in (REPO / "configs" / "paper").glob("*.gin")}
   first = paper.TABLE_2[0]
-  assert (first.config_name, first.gamma, first.alpha, first.speedup) == ("ende_small_t0", 7, 0.75,
-                                                                          3.4)
+  assert (first.config_name, first.gamma, first.alpha, first.speedup) == (
+      "ende_small_t0",
+      7,
+      0.75,
+      3.4,
+  )

@@ -1,5 +1,6 @@
 """report.py: the Table 2 row's formulas on given timings, its Markdown, the sweep's wiring and
 its inputs. Every expected number is worked out by hand in the comments; no timing is measured."""
+
 import json
 import pathlib
 
@@ -23,15 +24,20 @@ def ms(value):
 
 def stats(target_calls, accepted, beta_sum, beta_count, gamma=2):
   return decoding.SpeculativeStats(
-      target_calls=np.array([target_calls]), drafter_calls=np.array([gamma * target_calls]),
-      drafted_tokens=np.array([gamma * target_calls]), accepted_tokens=np.array([accepted]),
-      beta_sum=np.array([beta_sum], np.float32), beta_count=np.array([beta_count]))
+      target_calls=np.array([target_calls]),
+      drafter_calls=np.array([gamma * target_calls]),
+      drafted_tokens=np.array([gamma * target_calls]),
+      accepted_tokens=np.array([accepted]),
+      beta_sum=np.array([beta_sum], np.float32),
+      beta_count=np.array([beta_count]),
+  )
 
 
 # c = 0.5 / 2 = 0.25; verify cost = 3 / 2 = 1.5; iteration cost = 5 / 2 = 2.5; interference =
 # 5 - (2 * 0.5 + 3) = 1 ms.
-COSTS = benchmark.DecodeCosts(GEOMETRY, target_step=ms(2.0), drafter_step=ms(0.5),
-                              verify={2: ms(3.0)}, iteration={2: ms(5.0)})
+COSTS = benchmark.DecodeCosts(
+    GEOMETRY, target_step=ms(2.0), drafter_step=ms(0.5), verify={2: ms(3.0)}, iteration={2: ms(5.0)}
+)
 
 
 def two_examples():
@@ -41,11 +47,14 @@ def two_examples():
   accepted drafts, beta 6/8 + 12/16."""
   baseline = [
       report.ExampleResult(ms(10.0), ms(2.0), np.array([[5, 6, 1, 0]]), 10),
-      report.ExampleResult(ms(30.0), ms(4.0), np.array([[7, 1, 0, 0]]), 20)]
+      report.ExampleResult(ms(30.0), ms(4.0), np.array([[7, 1, 0, 0]]), 20),
+  ]
   speculative = [
       report.ExampleResult(ms(4.0), ms(1.0), np.array([[5, 6, 1, 0]]), 10, stats(4, 6, 6.0, 8)),
-      report.ExampleResult(ms(15.0), ms(3.0), np.array([[8, 1, 0, 0]]), 25,
-                           stats(10, 15, 12.0, 16))]
+      report.ExampleResult(
+          ms(15.0), ms(3.0), np.array([[8, 1, 0, 0]]), 25, stats(10, 15, 12.0, 16)
+      ),
+  ]
   return baseline, speculative
 
 
@@ -90,8 +99,9 @@ def test_row_predictions_and_efficiencies_from_known_inputs():
 
 def test_identical_examples_give_one_speedup_per_token_and_per_example():
   baseline = [report.ExampleResult(ms(12.0), ms(2.0), np.array([[4, 1]]), 8)] * 2
-  speculative = [report.ExampleResult(ms(4.0), ms(1.0), np.array([[4, 1]]), 8,
-                                      stats(3, 5, 5.0, 6))] * 2
+  speculative = [
+      report.ExampleResult(ms(4.0), ms(1.0), np.array([[4, 1]]), 8, stats(3, 5, 5.0, 6))
+  ] * 2
   row = report.SpeedupRow.from_results("t", "d", 0.0, 2, COSTS, baseline, speculative)
   assert row.speedup == pytest.approx(3.0) and row.speedup_per_example == pytest.approx(3.0)
   assert row.loop_speedup == pytest.approx(10 / 3) and row.outputs_match_baseline == 1.0
@@ -100,12 +110,32 @@ def test_identical_examples_give_one_speedup_per_token_and_per_example():
 def test_as_dict_is_the_results_json_row():
   row = make_row()
   record = json.loads(json.dumps(row.as_dict()))
-  assert {"task", "drafter", "temperature", "gamma", "alpha", "tokens_per_target_call", "c",
-          "verify_cost", "speedup", "speedup_per_example", "loop_speedup", "predicted",
-          "predicted_hw", "efficiency", "predicted_hw_realized", "efficiency_realized",
-          "iteration_cost", "interference_ms", "predicted_in_situ", "efficiency_in_situ",
-          "outputs_match_baseline", "baseline_tokens", "speculative_tokens",
-          "stats"} <= set(record)
+  assert {
+      "task",
+      "drafter",
+      "temperature",
+      "gamma",
+      "alpha",
+      "tokens_per_target_call",
+      "c",
+      "verify_cost",
+      "speedup",
+      "speedup_per_example",
+      "loop_speedup",
+      "predicted",
+      "predicted_hw",
+      "efficiency",
+      "predicted_hw_realized",
+      "efficiency_realized",
+      "iteration_cost",
+      "interference_ms",
+      "predicted_in_situ",
+      "efficiency_in_situ",
+      "outputs_match_baseline",
+      "baseline_tokens",
+      "speculative_tokens",
+      "stats",
+  } <= set(record)
   assert record["speedup"] == pytest.approx(140 / 57)
   assert record["baseline_ms"]["mean_median_ms"] == 20.0
   assert record["speculative_prefill_ms"]["mean_median_ms"] == 2.0
@@ -136,8 +166,10 @@ def test_markdown_table_and_costs_table():
   row = make_row()
   table = report.markdown_table([row])
   assert table.startswith("| " + " | ".join(report.COLUMNS) + " |\n")
-  assert ("| task | d | 0 | 2 | 0.750 | 2.50 | 0.250 | 1.50 | 20.0 (0.0) | 9.5 (0.0) | "
-          "3.0 / 2.0 | 2.46 | 2.25 | 2.64 | 1.54 | 1.16 | 2.29 | 2.12 | 2.50 | 2.86 |") in table
+  assert (
+      "| task | d | 0 | 2 | 0.750 | 2.50 | 0.250 | 1.50 | 20.0 (0.0) | 9.5 (0.0) | "
+      "3.0 / 2.0 | 2.46 | 2.25 | 2.64 | 1.54 | 1.16 | 2.29 | 2.12 | 2.50 | 2.86 |"
+  ) in table
   costs = report.costs_table({0.0: {"d": COSTS}})
   assert "| 0 | d | 2.000 | 0.500 | 0.250 | 2: 1.50 | 2: 2.50 | 2: 1.000 |" in costs
   full = report.results_markdown([row], {0.0: {"d": COSTS}}, "Header.")
@@ -146,8 +178,16 @@ def test_markdown_table_and_costs_table():
 
 
 def _tiny_pair():
-  config = network.T5Config(vocab_size=32, emb_dim=8, num_heads=2, num_encoder_layers=1,
-                            num_decoder_layers=1, head_dim=4, mlp_dim=16, dropout_rate=0.0)
+  config = network.T5Config(
+      vocab_size=32,
+      emb_dim=8,
+      num_heads=2,
+      num_encoder_layers=1,
+      num_decoder_layers=1,
+      head_dim=4,
+      mlp_dim=16,
+      dropout_rate=0.0,
+  )
   return config, network.init_params(config, jax.random.PRNGKey(0))
 
 
@@ -159,8 +199,10 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   rounds = []
 
   def time_calls(calls, repeats, warmup):
-    return {key: ms(1.0 if key[0] == "prefill" else 10.0 if key[1] == report.BASELINE else 4.0)
-            for key in calls}
+    return {
+        key: ms(1.0 if key[0] == "prefill" else 10.0 if key[1] == report.BASELINE else 4.0)
+        for key in calls
+    }
 
   def decode_step_calls(steps, geometry, temperature, batch):
     assert set(steps) == set(step_ms) and batch == 1 and temperature == 0.0
@@ -168,8 +210,9 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
 
   def time_rounds(calls, repeats, warmup, compiled):
     rounds.append((repeats, warmup, compiled))
-    return {(name, passes): np.full(repeats, passes * step_ms[name] * 1e-3)
-            for name, passes in calls}
+    return {
+        (name, passes): np.full(repeats, passes * step_ms[name] * 1e-3) for name, passes in calls
+    }
 
   monkeypatch.setattr(benchmark, "time_calls", time_calls)
   monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
@@ -177,9 +220,21 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   config, params = _tiny_pair()
   inputs = benchmark.random_inputs(config.vocab_size, 2, 6, seed=0)
   vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
-  sweep = report.sweep(config, params, {"copy": (config, params)}, [2], [0.0], inputs[:, None],
-                       4, vocabulary=vocabulary, task="random", repeats=3, warmup=1,
-                       cost_repeats=3, steps_per_call=1)
+  sweep = report.sweep(
+      config,
+      params,
+      {"copy": (config, params)},
+      [2],
+      [0.0],
+      inputs[:, None],
+      4,
+      vocabulary=vocabulary,
+      task="random",
+      repeats=3,
+      warmup=1,
+      cost_repeats=3,
+      steps_per_call=1,
+  )
   assert rounds == [(2, 1, False), (2, 0, True)]  # ceil(3 / 2) rounds after each example
   assert sweep.cost_rounds == 4
   (row,) = sweep.rows
@@ -196,14 +251,41 @@ def test_sweep_rejects_bad_arguments_before_compiling():
   vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
   inputs = np.ones((2, 6), np.int32)
   with pytest.raises(ValueError, match=r"pass x\[:, None\]"):
-    report.sweep(config, params, {"d": (config, params)}, [2], [0.0], inputs, 4,
-                 vocabulary=vocabulary, task="t")
+    report.sweep(
+        config,
+        params,
+        {"d": (config, params)},
+        [2],
+        [0.0],
+        inputs,
+        4,
+        vocabulary=vocabulary,
+        task="t",
+    )
   with pytest.raises(ValueError, match="gammas must be a non-empty list"):
-    report.sweep(config, params, {"d": (config, params)}, [0], [0.0], inputs[:, None], 4,
-                 vocabulary=vocabulary, task="t")
+    report.sweep(
+        config,
+        params,
+        {"d": (config, params)},
+        [0],
+        [0.0],
+        inputs[:, None],
+        4,
+        vocabulary=vocabulary,
+        task="t",
+    )
   with pytest.raises(ValueError, match="drafter 'd' has vocab_size 33"):
-    report.sweep(config, params, {"d": (config.replace(vocab_size=33), params)}, [2], [0.0],
-                 inputs[:, None], 4, vocabulary=vocabulary, task="t")
+    report.sweep(
+        config,
+        params,
+        {"d": (config.replace(vocab_size=33), params)},
+        [2],
+        [0.0],
+        inputs[:, None],
+        4,
+        vocabulary=vocabulary,
+        task="t",
+    )
 
 
 def test_load_inputs_random_and_from_a_file(tmp_path):
@@ -214,8 +296,9 @@ def test_load_inputs_random_and_from_a_file(tmp_path):
   spm = str(REPO / "demo_models" / "sentencepiece.model")
   lines = tmp_path / "inputs.txt"
   lines.write_text("Open the file\n\nSave\n")
-  task, vocabulary, inputs = report.load_inputs(8000, {"inputs": 8}, input_file=str(lines),
-                                                sentencepiece_model=spm)
+  task, vocabulary, inputs = report.load_inputs(
+      8000, {"inputs": 8}, input_file=str(lines), sentencepiece_model=spm
+  )
   assert task == "inputs" and inputs.shape == (2, 8)
   assert list(inputs[1][inputs[1] > 0]) == vocabulary.encode("Save") + [vocabulary.eos_id]
   with pytest.raises(ValueError, match="not both"):

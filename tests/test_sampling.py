@@ -1,4 +1,5 @@
 """Tests of standardized sampling: temperature, greedy, top-k, top-p, validation."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,8 +13,9 @@ LOGITS = jnp.array([[1.0, 3.0, 2.0, 3.0, -1.0]])
 
 def test_temperature_one_is_softmax_and_scales():
   np.testing.assert_allclose(sampling.distribution(LOGITS, 1.0), jax.nn.softmax(LOGITS), rtol=1e-6)
-  np.testing.assert_allclose(sampling.distribution(LOGITS, 0.5), jax.nn.softmax(LOGITS / 0.5),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      sampling.distribution(LOGITS, 0.5), jax.nn.softmax(LOGITS / 0.5), rtol=1e-6
+  )
 
 
 def test_greedy_is_one_hot_first_index_on_ties():
@@ -32,12 +34,17 @@ def test_top_k_keeps_k_largest_and_renormalizes():
 def test_top_p_keeps_smallest_set_reaching_mass():
   base = np.array([0.5, 0.3, 0.15, 0.05])
   logits = jnp.log(jnp.array([base]))
-  np.testing.assert_allclose(sampling.distribution(logits, 1.0, topp=0.7)[0],
-                             [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-5)
-  np.testing.assert_allclose(sampling.distribution(logits, 1.0, topp=0.5)[0], [1, 0, 0, 0],
-                             atol=1e-6)
-  np.testing.assert_allclose(sampling.distribution(logits, 1.0, topp=0.81)[0],
-                             [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0], rtol=1e-5)
+  np.testing.assert_allclose(
+      sampling.distribution(logits, 1.0, topp=0.7)[0], [0.5 / 0.8, 0.3 / 0.8, 0, 0], rtol=1e-5
+  )
+  np.testing.assert_allclose(
+      sampling.distribution(logits, 1.0, topp=0.5)[0], [1, 0, 0, 0], atol=1e-6
+  )
+  np.testing.assert_allclose(
+      sampling.distribution(logits, 1.0, topp=0.81)[0],
+      [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0],
+      rtol=1e-5,
+  )
 
 
 def test_per_row_temperature():
@@ -88,11 +95,13 @@ def test_draw_from_logits_greedy_takes_the_argmax_and_builds_no_distribution():
 def test_sample_is_the_inverse_cdf_of_its_uniform():
   probs = jnp.array([0.1, 0.6, 0.0, 0.3])  # cdf 0.1, 0.7, 0.7, 1.0
   u = jnp.array([0.0, 0.05, 0.1, 0.4, 0.69, 0.71, 0.95])
-  np.testing.assert_array_equal(sampling.sample(u, jnp.broadcast_to(probs, (7, 4))),
-                                [0, 0, 1, 1, 1, 3, 3])
+  np.testing.assert_array_equal(
+      sampling.sample(u, jnp.broadcast_to(probs, (7, 4))), [0, 0, 1, 1, 1, 3, 3]
+  )
   # Unnormalized probabilities are scaled by their total.
-  np.testing.assert_array_equal(sampling.sample(u, jnp.broadcast_to(probs * 5, (7, 4))),
-                                [0, 0, 1, 1, 1, 3, 3])
+  np.testing.assert_array_equal(
+      sampling.sample(u, jnp.broadcast_to(probs * 5, (7, 4))), [0, 0, 1, 1, 1, 3, 3]
+  )
 
 
 def _spread_distribution(vocab=1000, seed=0):
@@ -102,7 +111,7 @@ def _spread_distribution(vocab=1000, seed=0):
   probs = np.zeros(vocab)
   positive = rng.choice(vocab, 60, replace=False)
   probs[positive] = rng.gamma(0.5, size=60)
-  probs[sampling.SAMPLE_BLOCK * 2:sampling.SAMPLE_BLOCK * 3] = 0.0  # an empty block
+  probs[sampling.SAMPLE_BLOCK * 2 : sampling.SAMPLE_BLOCK * 3] = 0.0  # an empty block
   probs[sampling.SAMPLE_BLOCK - 1] = probs[sampling.SAMPLE_BLOCK] = 0.0
   probs[[5, 700]] = 3.0
   return probs / probs.sum()
@@ -114,18 +123,24 @@ def test_two_level_sample_is_the_flat_inverse_cdf_away_from_rounding():
   u = np.asarray(sampling.uniforms(jax.random.PRNGKey(7), (5000,)), np.float64)
   clear = np.min(np.abs(u[:, None] - cdf[None]), axis=1) > 1e-5  # not within rounding of an edge
   expected = np.sum(cdf[None] <= u[:, None], axis=1)
-  drawn = np.asarray(sampling.sample(jnp.asarray(u, jnp.float32),
-                                     jnp.broadcast_to(jnp.asarray(probs, jnp.float32),
-                                                      (5000, len(probs)))))
+  drawn = np.asarray(
+      sampling.sample(
+          jnp.asarray(u, jnp.float32),
+          jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (5000, len(probs))),
+      )
+  )
   assert clear.mean() > 0.95
   np.testing.assert_array_equal(drawn[clear], expected[clear])
 
 
 def test_two_level_sample_follows_a_spread_distribution():
   probs = _spread_distribution(seed=1)
-  draws = np.asarray(sampling.sample(sampling.uniforms(jax.random.PRNGKey(8), (100000,)),
-                                     jnp.broadcast_to(jnp.asarray(probs, jnp.float32),
-                                                      (100000, len(probs)))))
+  draws = np.asarray(
+      sampling.sample(
+          sampling.uniforms(jax.random.PRNGKey(8), (100000,)),
+          jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (100000, len(probs))),
+      )
+  )
   assert np.all(probs[draws] > 0)
   support = probs > 0
   observed = np.bincount(draws, minlength=len(probs))[support]
@@ -134,19 +149,23 @@ def test_two_level_sample_follows_a_spread_distribution():
 
 def test_sample_follows_distribution():
   probs = jnp.array([0.1, 0.6, 0.0, 0.3])
-  draws = sampling.sample(sampling.uniforms(jax.random.PRNGKey(0), (20000,)),
-                          jnp.broadcast_to(probs, (20000, 4)))
+  draws = sampling.sample(
+      sampling.uniforms(jax.random.PRNGKey(0), (20000,)), jnp.broadcast_to(probs, (20000, 4))
+  )
   counts = np.bincount(np.asarray(draws), minlength=4) / 20000
   assert counts[2] == 0
   np.testing.assert_allclose(counts, probs, atol=0.015)  # > 4 standard errors
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=-0.5), "temperature must be >= 0"),
-    (dict(topk=5, topp=0.9), "at most one of top-k and top-p"),
-    (dict(topk=-1), "topk must be a non-negative integer"),
-    (dict(topp=1.5), r"topp must be in \[0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=-0.5), "temperature must be >= 0"),
+        (dict(topk=5, topp=0.9), "at most one of top-k and top-p"),
+        (dict(topk=-1), "topk must be a non-negative integer"),
+        (dict(topp=1.5), r"topp must be in \[0, 1\]"),
+    ],
+)
 def test_validate(kwargs, message):
   with pytest.raises(ValueError, match=message):
     sampling.validate(**kwargs)

@@ -1,5 +1,6 @@
 """The README's main command, the Table 3 script, the network and batched benchmarks and the demo
 pair's evaluation, end to end."""
+
 import json
 import os
 import pathlib
@@ -14,8 +15,13 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
 
 
 def _run(script, *flags):
-  completed = subprocess.run([sys.executable, str(REPO / "scripts" / script), *flags], env=ENV,
-                             capture_output=True, text=True, timeout=600)
+  completed = subprocess.run(
+      [sys.executable, str(REPO / "scripts" / script), *flags],
+      env=ENV,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
   assert completed.returncode == 0, completed.stderr[-4000:]
   return completed.stdout
 
@@ -37,8 +43,14 @@ def test_demo_translates_and_checks_greedy_equality():
 
 
 def test_measure_alpha_writes_table_3(tmp_path):
-  _run("measure_alpha.py", f"--gin.ALPHA_OUTPUT_DIR='{tmp_path}'", "--gin.NUM_TOKENS=100",
-       "--gin.BATCH_SIZE=8", "--gin.NGRAM_FIT_EXAMPLES=500", "--gin.TEMPERATURES=(0.0,)")
+  _run(
+      "measure_alpha.py",
+      f"--gin.ALPHA_OUTPUT_DIR='{tmp_path}'",
+      "--gin.NUM_TOKENS=100",
+      "--gin.BATCH_SIZE=8",
+      "--gin.NGRAM_FIT_EXAMPLES=500",
+      "--gin.TEMPERATURES=(0.0,)",
+  )
   results = json.loads((tmp_path / "alpha.json").read_text())["t=0"]
   assert set(results) == {"T5 drafter (64d x 1)", "unigram", "bigram", "prompt lookup"}
   for name, value in results.items():
@@ -48,8 +60,16 @@ def test_measure_alpha_writes_table_3(tmp_path):
 
 
 def test_bench_network_times_k_token_decodes(tmp_path):
-  out = _run("bench_network.py", f"--output_dir={tmp_path}", "--sizes=tiny", "--ks=1,3",
-             "--repeats=3", "--steps_per_call=4", "--decode_length=16", "--encoder_length=8")
+  out = _run(
+      "bench_network.py",
+      f"--output_dir={tmp_path}",
+      "--sizes=tiny",
+      "--ks=1,3",
+      "--repeats=3",
+      "--steps_per_call=4",
+      "--decode_length=16",
+      "--encoder_length=8",
+  )
   (row,) = json.loads((tmp_path / "bench_network.json").read_text())["rows"]
   assert row["size"] == "tiny" and set(row["ms"]) == {"1", "3"}
   assert row["ratio_to_k1"]["1"] == 1.0 and row["ms"]["3"]["median_ms"] > 0
@@ -57,18 +77,32 @@ def test_bench_network_times_k_token_decodes(tmp_path):
 
 
 def test_bench_batched_writes_a_row_per_batch_size(tmp_path):
-  out = _run("bench_batched.py", f"--output_dir={tmp_path}", "--batch_sizes=2", "--temperatures=0",
-             "--repeats=1", "--cost_repeats=3", "--steps_per_call=8", "--gamma=2",
-             "--vocab_size=64", "--emb_dim=32", "--num_heads=2", "--mlp_dim=64",
-             "--num_encoder_layers=1", "--num_decoder_layers=2", "--input_length=8",
-             "--decode_length=8")
+  out = _run(
+      "bench_batched.py",
+      f"--output_dir={tmp_path}",
+      "--batch_sizes=2",
+      "--temperatures=0",
+      "--repeats=1",
+      "--cost_repeats=3",
+      "--steps_per_call=8",
+      "--gamma=2",
+      "--vocab_size=64",
+      "--emb_dim=32",
+      "--num_heads=2",
+      "--mlp_dim=64",
+      "--num_encoder_layers=1",
+      "--num_decoder_layers=2",
+      "--input_length=8",
+      "--decode_length=8",
+  )
   results = json.loads((tmp_path / "results.json").read_text())
   (row,) = results["results"]
   assert (row["batch_size"], row["temperature"], row["gamma"]) == (2, 0.0, 2)
   assert row["outputs_match_baseline"] == 1.0  # greedy: identical to the baseline in every row
   assert 0.0 <= row["alpha"] <= 1.0 and row["c"] > 0 and row["verify_cost"] > 0
-  base, spec = (row[key]["per_example"][0]["median_ms"]
-                for key in ("baseline_ms", "speculative_ms"))
+  base, spec = (
+      row[key]["per_example"][0]["median_ms"] for key in ("baseline_ms", "speculative_ms")
+  )
   (base_tokens,), (spec_tokens,) = row["baseline_tokens"], row["speculative_tokens"]
   assert row["speedup"] == (base / base_tokens) / (spec / spec_tokens)
   assert row["target_calls_per_row"]["max"] == row["loop_iterations"] >= 1
@@ -88,10 +122,18 @@ def test_evaluate_demo_exports_and_evaluates_a_pair(tmp_path):
     shutil.copytree(REPO / "demo_models" / member, runs[member] / "model")
     shutil.copy(REPO / "demo_models" / member / "train_summary.json", runs[member])
   pair_dir, output_dir = tmp_path / "pair", tmp_path / "out"
-  out = _run("evaluate_demo.py", f"--target_run={runs['target']}",
-             f"--drafter_run={runs['drafter']}", f"--pair_dir={pair_dir}",
-             f"--output_dir={output_dir}", "--max_examples=4", "--batch_size=4",
-             "--check_examples=2", "--gammas=2", "--num_inputs=3")
+  out = _run(
+      "evaluate_demo.py",
+      f"--target_run={runs['target']}",
+      f"--drafter_run={runs['drafter']}",
+      f"--pair_dir={pair_dir}",
+      f"--output_dir={output_dir}",
+      "--max_examples=4",
+      "--batch_size=4",
+      "--check_examples=2",
+      "--gammas=2",
+      "--num_inputs=3",
+  )
   assert {path.name for path in pair_dir.iterdir()} == {"target", "drafter", "sentencepiece.model"}
   assert (pair_dir / "target" / "train_summary.json").exists()
   report = json.loads((output_dir / "evaluation.json").read_text())

@@ -10,6 +10,7 @@ Block verification is checked the same way on distributions that depend on the w
 (`_prefix_tables`), against a deliberately wrong variant, and on the paper's worked example. Broken
 drafts (out of the vocabulary, q not a distribution) must be rejected.
 """
+
 import collections
 import itertools
 
@@ -41,8 +42,13 @@ def _cases(gamma, vocab=3, seed=0):
   q_zero /= q_zero.sum(-1, keepdims=True)
   one_hot_q = np.eye(vocab)[rng.integers(0, vocab, gamma)]
   p_one_hot = np.eye(vocab)[rng.integers(0, vocab, gamma + 1)]
-  return {"random": (p, q), "q_zero_where_p_positive": (p, q_zero), "one_hot_q": (p, one_hot_q),
-          "p_equals_q": (p, p[:gamma].copy()), "greedy": (p_one_hot, np.eye(vocab)[[0] * gamma])}
+  return {
+      "random": (p, q),
+      "q_zero_where_p_positive": (p, q_zero),
+      "one_hot_q": (p, one_hot_q),
+      "p_equals_q": (p, p[:gamma].copy()),
+      "greedy": (p_one_hot, np.eye(vocab)[[0] * gamma]),
+  }
 
 
 def _exact_output_law(p, q):
@@ -51,10 +57,19 @@ def _exact_output_law(p, q):
   pj, qj = jnp.asarray(p[None], jnp.float32), jnp.asarray(q[None], jnp.float32)
   tokens = np.arange(vocab)
   # a[i, x] = acceptance probability of draft x at position i.
-  accept = np.stack([np.asarray(speculative.acceptance_probability(
-      pj, qj, jnp.full((1, gamma), x, jnp.int32)))[0] for x in tokens], axis=1)
-  adjusted = [np.asarray(speculative.adjusted_distribution(pj, qj, jnp.array([n])))[0]
-              for n in range(gamma + 1)]
+  accept = np.stack(
+      [
+          np.asarray(
+              speculative.acceptance_probability(pj, qj, jnp.full((1, gamma), x, jnp.int32))
+          )[0]
+          for x in tokens
+      ],
+      axis=1,
+  )
+  adjusted = [
+      np.asarray(speculative.adjusted_distribution(pj, qj, jnp.array([n])))[0]
+      for n in range(gamma + 1)
+  ]
   reject = 1 - np.sum(q * accept, axis=1)  # P(reject at i) = sum_x q_i(x) (1 - a_i(x))
   law = {}
   for y in itertools.product(tokens, repeat=gamma + 1):
@@ -71,8 +86,9 @@ def _exact_output_law(p, q):
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 3])
-@pytest.mark.parametrize("case", ["random", "q_zero_where_p_positive", "one_hot_q", "p_equals_q",
-                                  "greedy"])
+@pytest.mark.parametrize(
+    "case", ["random", "q_zero_where_p_positive", "one_hot_q", "p_equals_q", "greedy"]
+)
 def test_output_law_is_exactly_the_target(gamma, case):
   p, q = _cases(gamma, seed=gamma)[case]
   law = _exact_output_law(p, q)
@@ -87,10 +103,12 @@ def test_closed_form_pieces():
   pj, qj = jnp.asarray(p[None], jnp.float32), jnp.asarray(q[None], jnp.float32)
   a = [float(speculative.acceptance_probability(pj, qj, jnp.array([[x]]))[0, 0]) for x in range(3)]
   np.testing.assert_allclose(a, [1.0, 0.5, 1.0], rtol=1e-6)
-  np.testing.assert_allclose(speculative.adjusted_distribution(pj, qj, jnp.array([0]))[0],
-                             [1.0, 0.0, 0.0], atol=1e-6)  # norm(max(0, p - q)) = [0.3, 0, 0] / 0.3
-  np.testing.assert_allclose(speculative.adjusted_distribution(pj, qj, jnp.array([1]))[0],
-                             p[1], rtol=1e-6)  # all accepted: the bonus token comes from p_2
+  np.testing.assert_allclose(
+      speculative.adjusted_distribution(pj, qj, jnp.array([0]))[0], [1.0, 0.0, 0.0], atol=1e-6
+  )  # norm(max(0, p - q)) = [0.3, 0, 0] / 0.3
+  np.testing.assert_allclose(
+      speculative.adjusted_distribution(pj, qj, jnp.array([1]))[0], p[1], rtol=1e-6
+  )  # all accepted: the bonus token comes from p_2
   _, _, beta = speculative.accept(pj, qj, jnp.array([[1]]), jnp.array([[0.3, 0.5]]))
   np.testing.assert_allclose(beta, [[0.2 + 0.3 + 0.2]], rtol=1e-6)
 
@@ -124,12 +142,15 @@ def test_accept_samples_follow_the_target(case):
   sequences = np.zeros((rows, gamma + 1), np.int64)
   for j in range(gamma + 1):
     fresh = rng.choice(vocab, size=rows, p=p[j])
-    sequences[:, j] = np.where(j < n, drafts[:, min(j, gamma - 1)],
-                               np.where(j == n, token, fresh))
+    sequences[:, j] = np.where(j < n, drafts[:, min(j, gamma - 1)], np.where(j == n, token, fresh))
   codes = sequences @ (vocab ** np.arange(gamma, -1, -1))
   observed = np.bincount(codes, minlength=vocab ** (gamma + 1))
-  expected = np.array([np.prod([p[j, y[j]] for j in range(gamma + 1)])
-                       for y in itertools.product(range(vocab), repeat=gamma + 1)])
+  expected = np.array(
+      [
+          np.prod([p[j, y[j]] for j in range(gamma + 1)])
+          for y in itertools.product(range(vocab), repeat=gamma + 1)
+      ]
+  )
   assert chisquare_pvalue(observed, expected) > SIGNIFICANCE
 
 
@@ -147,8 +168,11 @@ def test_greedy_accepts_matches_and_corrects_with_target_argmax():
   vocab = 5
   target = jnp.array([[2, 4, 1, 3]])  # argmax of p_1..p_4
   p = jax.nn.one_hot(target, vocab)
-  for drafts, n_expected, token_expected in (([2, 4, 1], 3, 3), ([2, 0, 1], 1, 4),
-                                             ([0, 4, 1], 0, 2)):
+  for drafts, n_expected, token_expected in (
+      ([2, 4, 1], 3, 3),
+      ([2, 0, 1], 1, 4),
+      ([0, 4, 1], 0, 2),
+  ):
     d = jnp.array([drafts])
     n, token, beta = speculative.accept(p, jax.nn.one_hot(d, vocab), d, jnp.full((1, 4), 0.5))
     assert int(n[0]) == n_expected and int(token[0]) == token_expected
@@ -160,11 +184,13 @@ def test_accept_greedy_is_accept_on_one_hot_distributions():
   vocab, gamma, rows = 4, 3, 200
   target = rng.integers(0, vocab, (rows, gamma + 1)).astype(np.int32)
   # Drafts agreeing with the target often, so every n in 0..gamma occurs.
-  drafts = np.where(rng.random((rows, gamma)) < 0.7, target[:, :gamma],
-                    rng.integers(0, vocab, (rows, gamma))).astype(np.int32)
+  drafts = np.where(
+      rng.random((rows, gamma)) < 0.7, target[:, :gamma], rng.integers(0, vocab, (rows, gamma))
+  ).astype(np.int32)
   u = sampling.uniforms(jax.random.PRNGKey(2), (rows, gamma + 1))
-  general = speculative.accept(jax.nn.one_hot(target, vocab), jax.nn.one_hot(drafts, vocab),
-                               jnp.asarray(drafts), u)
+  general = speculative.accept(
+      jax.nn.one_hot(target, vocab), jax.nn.one_hot(drafts, vocab), jnp.asarray(drafts), u
+  )
   greedy = speculative.accept_greedy(jnp.asarray(target), jnp.asarray(drafts))
   assert set(np.asarray(greedy[0])) == set(range(gamma + 1))
   for g, a in zip(greedy, general):
@@ -179,13 +205,18 @@ def test_no_nan_when_p_equals_q_or_the_residual_underflows():
   q_close = np.nextafter(q, 1.0)  # q slightly above p everywhere: residual mass 0 or ~1e-8
   for q_case in (q, q_close):
     drafts = jnp.asarray(rng.integers(0, vocab, (64, 3)), jnp.int32)
-    n, token, beta = speculative.accept(jnp.asarray(p), jnp.asarray(q_case), drafts,
-                                        sampling.uniforms(jax.random.PRNGKey(1), (64, 4)))
+    n, token, beta = speculative.accept(
+        jnp.asarray(p),
+        jnp.asarray(q_case),
+        drafts,
+        sampling.uniforms(jax.random.PRNGKey(1), (64, 4)),
+    )
     assert np.all((np.asarray(token) >= 0) & (np.asarray(token) < vocab))
     assert np.all(np.isfinite(np.asarray(beta)))
     for k in range(4):
-      adjusted = speculative.adjusted_distribution(jnp.asarray(p), jnp.asarray(q_case),
-                                                   jnp.full((64,), k, jnp.int32))
+      adjusted = speculative.adjusted_distribution(
+          jnp.asarray(p), jnp.asarray(q_case), jnp.full((64,), k, jnp.int32)
+      )
       assert np.all(np.isfinite(np.asarray(adjusted)))
       np.testing.assert_allclose(np.asarray(adjusted).sum(-1), 1.0, rtol=1e-5)
 
@@ -210,8 +241,12 @@ def test_token_verifier_is_algorithm_1():
 
   @jax.jit
   def both(p, q, drafts, u):
-    return (verifier.verify(p, q, drafts, u), speculative.accept(p, q, drafts, u),
-            verifier.verify(p, q, drafts, u, mode), speculative.accept(p, q, drafts, u, mode))
+    return (
+        verifier.verify(p, q, drafts, u),
+        speculative.accept(p, q, drafts, u),
+        verifier.verify(p, q, drafts, u, mode),
+        speculative.accept(p, q, drafts, u, mode),
+    )
 
   got, expected, got_mode, expected_mode = both(p, q, drafts, u)
   assert len(set(np.asarray(expected[0]))) > 1  # several acceptance counts occur
@@ -223,8 +258,11 @@ def test_token_verifier_is_algorithm_1():
 def test_token_verifier_greedy_is_accept_greedy():
   rng = np.random.default_rng(1)
   target = jnp.asarray(rng.integers(0, 4, (100, 4)), jnp.int32)
-  drafts = jnp.where(jnp.asarray(rng.random((100, 3)) < 0.7), target[:, :3],
-                     jnp.asarray(rng.integers(0, 4, (100, 3)), jnp.int32))
+  drafts = jnp.where(
+      jnp.asarray(rng.random((100, 3)) < 0.7),
+      target[:, :3],
+      jnp.asarray(rng.integers(0, 4, (100, 3)), jnp.int32),
+  )
   got = speculative.TokenVerifier().verify_greedy(target, drafts)
   want = speculative.accept_greedy(target, drafts)
   assert set(np.asarray(want[0])) == {0, 1, 2, 3}
@@ -234,6 +272,7 @@ def test_token_verifier_greedy_is_accept_greedy():
 
 def test_a_verifier_missing_a_method_cannot_be_made():
   class GreedyOnly(speculative.Verifier):
+
     def verify_greedy(self, target_tokens, drafts):
       return speculative.accept_greedy(target_tokens, drafts)
 
@@ -251,8 +290,10 @@ def _configured_verifier(verifier=gin.REQUIRED):
 def test_gin_binds_the_token_verifier():
   gin.clear_config()
   try:
-    gin.parse_config("VERIFIER = @speculative.TokenVerifier()\n"
-                     "test_speculative._configured_verifier.verifier = %VERIFIER")
+    gin.parse_config(
+        "VERIFIER = @speculative.TokenVerifier()\n"
+        "test_speculative._configured_verifier.verifier = %VERIFIER"
+    )
     verifier = _configured_verifier()
   finally:
     gin.clear_config()
@@ -300,16 +341,27 @@ def _accepted_length_law(p_rows, q_rows, drafts, rule):
   token-by-token test ('token'), from their per-position probabilities (independent uniforms)."""
   gamma = drafts.shape[1]
   if rule == "block":
-    h = np.asarray(speculative.block_thresholds(
-        p_rows, q_rows, speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))),
-                   np.float64)
+    h = np.asarray(
+        speculative.block_thresholds(
+            p_rows, q_rows, speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))
+        ),
+        np.float64,
+    )
     # n = max{i : eta_i < h_i}: P(n = i) = h_i prod_{j > i} (1 - h_j), P(n = 0) = prod_j (1 - h_j).
-    return np.stack([np.prod(1 - h[:, i:], axis=1) * (1.0 if i == 0 else h[:, i - 1])
-                     for i in range(gamma + 1)], axis=1)
-  a = np.asarray(speculative.acceptance_probability(p_rows, q_rows, jnp.asarray(drafts)),
-                 np.float64)
-  return np.stack([np.prod(a[:, :i], axis=1) * (1 - a[:, i] if i < gamma else 1.0)
-                   for i in range(gamma + 1)], axis=1)
+    return np.stack(
+        [
+            np.prod(1 - h[:, i:], axis=1) * (1.0 if i == 0 else h[:, i - 1])
+            for i in range(gamma + 1)
+        ],
+        axis=1,
+    )
+  a = np.asarray(
+      speculative.acceptance_probability(p_rows, q_rows, jnp.asarray(drafts)), np.float64
+  )
+  return np.stack(
+      [np.prod(a[:, :i], axis=1) * (1 - a[:, i] if i < gamma else 1.0) for i in range(gamma + 1)],
+      axis=1,
+  )
 
 
 def _block_output_law(p, q, gamma, vocab, rule="block"):
@@ -318,27 +370,42 @@ def _block_output_law(p, q, gamma, vocab, rule="block"):
   by token: the mistake one port of block verification shipped."""
   drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, gamma, vocab)
   length_law = _accepted_length_law(p_rows, q_rows, drafts, rule)
-  weights = np.pad(np.asarray(speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))),
-                   ((0, 0), (1, 0)), constant_values=1.0)
+  weights = np.pad(
+      np.asarray(speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))),
+      ((0, 0), (1, 0)),
+      constant_values=1.0,
+  )
   law = collections.defaultdict(float)
   for d, x in enumerate(drafts):
     for n in range(gamma + 1):
       if q_drafts[d] * length_law[d, n] == 0:
         continue
-      residual = np.asarray(speculative.adjusted_distribution(
-          p_rows[d:d + 1], q_rows[d:d + 1], jnp.array([n]),
-          jnp.asarray(weights[d:d + 1, n], jnp.float32)))[0]
-      for token, rest in itertools.product(range(vocab),
-                                           itertools.product(range(vocab), repeat=gamma - n)):
+      residual = np.asarray(
+          speculative.adjusted_distribution(
+              p_rows[d : d + 1],
+              q_rows[d : d + 1],
+              jnp.array([n]),
+              jnp.asarray(weights[d : d + 1, n], jnp.float32),
+          )
+      )[0]
+      for token, rest in itertools.product(
+          range(vocab), itertools.product(range(vocab), repeat=gamma - n)
+      ):
         y = tuple(int(t) for t in x[:n]) + (token,) + rest
-        law[y] += q_drafts[d] * length_law[d, n] * residual[token] * np.prod(
-            [p[y[:j]][y[j]] for j in range(n + 1, gamma + 1)])
+        law[y] += (
+            q_drafts[d]
+            * length_law[d, n]
+            * residual[token]
+            * np.prod([p[y[:j]][y[j]] for j in range(n + 1, gamma + 1)])
+        )
   return law
 
 
 def _target_law(p, gamma, vocab):
-  return {y: np.prod([p[y[:j]][y[j]] for j in range(gamma + 1)])
-          for y in itertools.product(range(vocab), repeat=gamma + 1)}
+  return {
+      y: np.prod([p[y[:j]][y[j]] for j in range(gamma + 1)])
+      for y in itertools.product(range(vocab), repeat=gamma + 1)
+  }
 
 
 BLOCK_CASES = ["random", "q_zero_where_p_positive", "one_hot_q", "p_equals_q"]
@@ -367,9 +434,12 @@ def test_block_accepts_at_least_as_many_as_token_verification(gamma):
     p, q = _prefix_tables(np.random.default_rng(10 * gamma + seed), gamma, 3, "random")
     drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, gamma, 3)
     lengths = np.arange(gamma + 1)
-    expected = {rule: float(np.sum(q_drafts[:, None] * lengths
-                                   * _accepted_length_law(p_rows, q_rows, drafts, rule)))
-                for rule in ("block", "token")}
+    expected = {
+        rule: float(
+            np.sum(q_drafts[:, None] * lengths * _accepted_length_law(p_rows, q_rows, drafts, rule))
+        )
+        for rule in ("block", "token")
+    }
     assert expected["block"] >= expected["token"] - 1e-6, (seed, expected)
 
 
@@ -377,27 +447,32 @@ def test_block_verification_on_the_papers_example():
   """Sun et al.'s motivating example: context-independent p = (1/3, 2/3), q = (2/3, 1/3) on
   {a, b}, gamma = 2: token verification accepts 10/9 drafts per block on average, block
   verification 11/9."""
-  p = {prefix: np.array([1 / 3, 2 / 3]) for i in range(3)
-       for prefix in itertools.product(range(2), repeat=i)}
+  p = {
+      prefix: np.array([1 / 3, 2 / 3])
+      for i in range(3)
+      for prefix in itertools.product(range(2), repeat=i)
+  }
   q = {prefix: np.array([2 / 3, 1 / 3]) for prefix in p if len(prefix) < 2}
   drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, 2, 2)
   for rule, expected in (("token", 10 / 9), ("block", 11 / 9)):
     law = _accepted_length_law(p_rows, q_rows, drafts, rule)
-    np.testing.assert_allclose(np.sum(q_drafts[:, None] * np.arange(3) * law), expected,
-                               rtol=1e-6)
+    np.testing.assert_allclose(np.sum(q_drafts[:, None] * np.arange(3) * law), expected, rtol=1e-6)
 
 
 def test_block_is_token_verification_on_one_hot_distributions():
   rng = np.random.default_rng(0)
   gamma, vocab, rows = 4, 5, 64
   target = rng.integers(0, vocab, (rows, gamma + 1))
-  drafts = np.where(rng.random((rows, gamma)) < 0.7, target[:, :gamma],
-                    rng.integers(0, vocab, (rows, gamma))).astype(np.int32)
+  drafts = np.where(
+      rng.random((rows, gamma)) < 0.7, target[:, :gamma], rng.integers(0, vocab, (rows, gamma))
+  ).astype(np.int32)
   p = jnp.asarray(np.eye(vocab)[target], jnp.float32)
   q = jnp.asarray(np.eye(vocab)[drafts], jnp.float32)
   u = jax.random.uniform(jax.random.PRNGKey(0), (rows, gamma + 1))
-  for got, want in zip(speculative.accept_block(p, q, jnp.asarray(drafts), u),
-                       speculative.accept(p, q, jnp.asarray(drafts), u)):
+  for got, want in zip(
+      speculative.accept_block(p, q, jnp.asarray(drafts), u),
+      speculative.accept(p, q, jnp.asarray(drafts), u),
+  ):
     np.testing.assert_array_equal(got, want)
 
 
@@ -411,7 +486,8 @@ def test_block_verifier_samples_follow_the_target(case):
   picked = rng.choice(len(drafts), size=samples, p=q_drafts / q_drafts.sum())
   u = jax.random.uniform(jax.random.PRNGKey(7), (samples, gamma + 1))
   n, token, _ = jax.jit(speculative.BlockVerifier().verify)(
-      p_rows[picked], q_rows[picked], jnp.asarray(drafts[picked]), u)
+      p_rows[picked], q_rows[picked], jnp.asarray(drafts[picked]), u
+  )
   outcomes = list(itertools.product(range(vocab), repeat=gamma + 1))
   counts = np.zeros(len(outcomes))
   for x, accepted, t in zip(drafts[picked], np.asarray(n), np.asarray(token)):
@@ -435,8 +511,10 @@ def test_invalid_drafts_are_rejected_and_their_position_drawn_from_p():
   q_valid, valid = speculative.valid_drafts(q, jnp.asarray(drafts))
   np.testing.assert_array_equal(valid, [[1, 1, 0], [1, 0, 1], [1, 0, 1], [1, 0, 1]])
   assert np.all(np.asarray(q_valid)[~np.asarray(valid)] == 0)
-  np.testing.assert_allclose(speculative.acceptance_probability(p, q, jnp.asarray(drafts)),
-                             np.where(np.asarray(valid), 1.0, 0.0))
+  np.testing.assert_allclose(
+      speculative.acceptance_probability(p, q, jnp.asarray(drafts)),
+      np.where(np.asarray(valid), 1.0, 0.0),
+  )
   u = jnp.zeros((4, gamma + 1))  # every valid draft passes its test
   for verifier in (speculative.TokenVerifier(), speculative.BlockVerifier()):
     n, token, beta = verifier.verify(p, q, jnp.asarray(drafts), u)

@@ -2,6 +2,7 @@
 speculative_t5x/demo_corpus.py and of its front end scripts/build_demo_corpus.py (run in a
 subprocess, so its absl flags stay out of this process), on TFDS mock data, seqio's test vocabulary
 and tiny .mo files written here."""
+
 import gettext
 import importlib
 import json
@@ -21,8 +22,9 @@ from speculative_t5x import demo_corpus as corpus
 from speculative_t5x import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-TEST_VOCABULARY_PATH = (pathlib.Path(seqio.__file__).parent / "test_data" / "sentencepiece" /
-                        "sentencepiece.model")
+TEST_VOCABULARY_PATH = (
+    pathlib.Path(seqio.__file__).parent / "test_data" / "sentencepiece" / "sentencepiece.model"
+)
 SUFFIX = "_test_vocab"
 EOS_ID = 1
 
@@ -42,8 +44,9 @@ def mock_tasks(vocabulary):
 
 def _examples(task_name, lengths, split="test"):
   # The mock TFDS builders have no split sizes, which seqio's in-memory cache check reads.
-  dataset = tasks.get_task(task_name).get_dataset(lengths, split=split, shuffle=False,
-                                                  try_in_mem_cache=False)
+  dataset = tasks.get_task(task_name).get_dataset(
+      lengths, split=split, shuffle=False, try_in_mem_cache=False
+  )
   return list(dataset.as_numpy_iterator())
 
 
@@ -57,7 +60,8 @@ def test_default_tasks_are_registered_with_t5_names_and_vocabulary():
   assert cnn.source.tfds_dataset.name == "cnn_dailymail:3.4.0"
   for task in (wmt, cnn):
     assert task.output_features["targets"].vocabulary.sentencepiece_model_file == (
-        "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model")
+        "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
+    )
     assert task.output_features["inputs"].add_eos and task.output_features["targets"].add_eos
   assert wmt.metric_fns == [tasks.bleu] and cnn.metric_fns == [tasks.rouge]
   assert tasks.get_task("demo_ende").metric_fns == [tasks.bleu]
@@ -69,15 +73,16 @@ def test_registration_is_idempotent(vocabulary):
   assert "wmt_t2t_ende_v003" in seqio.TaskRegistry.names()
 
 
-@pytest.mark.parametrize("key, prefix", [("wmt", "translate English to German: "),
-                                         ("cnn", "summarize: ")])
+@pytest.mark.parametrize(
+    "key, prefix", [("wmt", "translate English to German: "), ("cnn", "summarize: ")]
+)
 def test_task_preprocesses_and_tokenizes(mock_tasks, vocabulary, key, prefix):
   examples = _examples(mock_tasks[key], {"inputs": 4096, "targets": 4096})
   assert len(examples) == 4
   prefix_ids = vocabulary.encode(prefix.rstrip())
   for ex in examples:
     assert ex["inputs_pretokenized"].decode().startswith(prefix)
-    assert list(ex["inputs"][:len(prefix_ids)]) == prefix_ids
+    assert list(ex["inputs"][: len(prefix_ids)]) == prefix_ids
     assert ex["inputs"][-1] == EOS_ID and ex["targets"][-1] == EOS_ID
     assert list(ex["targets"][:-1]) == vocabulary.encode(ex["targets_pretokenized"].decode())
 
@@ -89,21 +94,24 @@ def test_short_feature_lengths_truncate_and_keep_eos(mock_tasks):
     for key, length in lengths.items():
       assert len(short[key]) == min(length, len(long[key]))
       assert short[key][-1] == EOS_ID
-      assert list(short[key][:-1]) == list(long[key][:len(short[key]) - 1])
+      assert list(short[key][:-1]) == list(long[key][: len(short[key]) - 1])
 
   count = tasks.count_truncated(mock_tasks["cnn"], "test", lengths)
   expected = {key: sum(len(ex[key]) > length for ex in full) for key, length in lengths.items()}
   assert count.examples == 4 and count.truncated == expected and expected["inputs"] == 4
   assert str(count) == f"inputs 4, targets {expected['targets']} of 4 examples are truncated"
   assert tasks.count_truncated(mock_tasks["wmt"], "test", {"inputs": 10**6}).truncated == {
-      "inputs": 0}
+      "inputs": 0
+  }
   with pytest.raises(ValueError, match="does not have"):
     tasks.count_truncated(mock_tasks["wmt"], "test", {"input": 8})
 
 
 def test_unknown_task_names_close_matches():
-  with pytest.raises(ValueError, match=r"unknown task or mixture 'wmt_t2t_ende_v03'.*did you mean "
-                     r"'wmt_t2t_ende_v003'"):
+  with pytest.raises(
+      ValueError,
+      match=r"unknown task or mixture 'wmt_t2t_ende_v03'.*did you mean " r"'wmt_t2t_ende_v003'",
+  ):
     tasks.get_task("wmt_t2t_ende_v03")
   with pytest.raises(ValueError, match="import speculative_t5x.tasks"):
     tasks.get_task("glue_cola")
@@ -154,15 +162,19 @@ def test_metrics_reject_mismatched_inputs(metric):
 
 
 def test_demo_task_reads_a_local_corpus(tmp_path, vocabulary):
-  pairs = {"train": [("Open file", "Datei öffnen"), ("Close", "Schließen")],
-           "validation": [("Save", "Speichern")], "test": [("Print", "Drucken")]}
+  pairs = {
+      "train": [("Open file", "Datei öffnen"), ("Close", "Schließen")],
+      "validation": [("Save", "Speichern")],
+      "test": [("Print", "Drucken")],
+  }
   for split, rows in pairs.items():
     (tmp_path / f"{split}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in rows))
   name = tasks.register_demo_task(tmp_path, vocabulary, name="demo_ende" + SUFFIX)
   for split, rows in pairs.items():
     examples = _examples(name, {"inputs": 64, "targets": 64}, split)
-    assert [(ex["inputs_pretokenized"].decode(), ex["targets_pretokenized"].decode())
-            for ex in examples] == [("translate English to German: " + en, de) for en, de in rows]
+    assert [
+        (ex["inputs_pretokenized"].decode(), ex["targets_pretokenized"].decode()) for ex in examples
+    ] == [("translate English to German: " + en, de) for en, de in rows]
     assert all(ex["targets"][-1] == EOS_ID for ex in examples)
 
   (tmp_path / "test.tsv").write_text("one\ttwo\tthree\n")
@@ -187,10 +199,14 @@ def test_demo_data_dir_follows_the_environment(monkeypatch, tmp_path):
 
 def write_mo(path, messages, charset="UTF-8", byte_order="<"):
   """Writes a GNU .mo catalog of {msgid: msgstr} (plurals joined by NUL, context by EOT)."""
-  header = (f"Content-Type: text/plain; charset={charset}\n"
-            "Plural-Forms: nplurals=2; plural=(n != 1);\n")
-  entries = sorted([(b"", header.encode("ascii"))] +
-                   [(k.encode(charset), v.encode(charset)) for k, v in messages.items()])
+  header = (
+      f"Content-Type: text/plain; charset={charset}\n"
+      "Plural-Forms: nplurals=2; plural=(n != 1);\n"
+  )
+  entries = sorted(
+      [(b"", header.encode("ascii"))]
+      + [(k.encode(charset), v.encode(charset)) for k, v in messages.items()]
+  )
   originals_offset = 28
   translations_offset = originals_offset + 8 * len(entries)
   data_offset = translations_offset + 8 * len(entries)
@@ -200,8 +216,19 @@ def write_mo(path, messages, charset="UTF-8", byte_order="<"):
       tables.append(struct.pack(byte_order + "2I", len(entry[column]), data_offset + len(blob)))
       blob += entry[column] + b"\0"
   pathlib.Path(path).write_bytes(
-      struct.pack(byte_order + "7I", 0x950412de, 0, len(entries), originals_offset,
-                  translations_offset, 0, 0) + b"".join(tables) + blob)
+      struct.pack(
+          byte_order + "7I",
+          0x950412DE,
+          0,
+          len(entries),
+          originals_offset,
+          translations_offset,
+          0,
+          0,
+      )
+      + b"".join(tables)
+      + blob
+  )
 
 
 CATALOG_A = {
@@ -223,11 +250,17 @@ CATALOG_A = {
 CATALOG_B = {"Copy": "Kopie", "open file...": "Datei öffnen ...", "Close": "Schließen"}
 CATALOG_C = {"Copy": "Kopieren", "Quit": "Beenden"}
 EXPECTED_PAIRS = {
-    ("Open file", "Datei öffnen"), ("Save", "Speichern"), ("Quit", "Beenden"),
-    ("%d file", "%d Datei"), ("%d files", "%d Dateien"),
-    ("Set LC_ALL first", "Zuerst LC_ALL setzen"), ("Use many spaces", "Viele Leerzeichen nutzen"),
+    ("Open file", "Datei öffnen"),
+    ("Save", "Speichern"),
+    ("Quit", "Beenden"),
+    ("%d file", "%d Datei"),
+    ("%d files", "%d Dateien"),
+    ("Set LC_ALL first", "Zuerst LC_ALL setzen"),
+    ("Use many spaces", "Viele Leerzeichen nutzen"),
     ("use encoding NAME", "Kodierung NAME benutzen"),
-    ("Copy", "Kopieren"), ("100% done", "100% fertig"), ("open file...", "Datei öffnen ..."),
+    ("Copy", "Kopieren"),
+    ("100% done", "100% fertig"),
+    ("open file...", "Datei öffnen ..."),
     ("Close", "Schließen"),
 }
 
@@ -249,7 +282,10 @@ def test_written_catalogs_read_the_same_with_python_gettext(catalogs):
     assert translations.gettext(message.msgid) == message.msgstrs[0]
   plural = next(m for m in corpus.read_mo(catalogs[0])[0] if m.msgid_plural)
   assert (plural.msgid, plural.msgid_plural, plural.msgstrs) == (
-      "%d file", "%d files", ("%d Datei", "%d Dateien"))
+      "%d file",
+      "%d files",
+      ("%d Datei", "%d Dateien"),
+  )
 
 
 def test_read_mo_rejects_other_files(tmp_path):
@@ -259,12 +295,19 @@ def test_read_mo_rejects_other_files(tmp_path):
 
 
 def test_build_corpus_cleans_deduplicates_and_splits(catalogs):
-  splits, stats = corpus.build_corpus(catalogs, seed=0, validation_size=2, test_size=2,
-                                      max_chars=200)
+  splits, stats = corpus.build_corpus(
+      catalogs, seed=0, validation_size=2, test_size=2, max_chars=200
+  )
   pairs = [pair for rows in splits.values() for pair in rows]
   assert set(pairs) == EXPECTED_PAIRS and len(pairs) == len(EXPECTED_PAIRS)
-  assert stats["dropped"] == {"identical": 1, "no_letters": 1, "placeholder_mismatch": 1,
-                              "too_long": 1, "undecodable": 0, "untranslated": 1}
+  assert stats["dropped"] == {
+      "identical": 1,
+      "no_letters": 1,
+      "placeholder_mismatch": 1,
+      "too_long": 1,
+      "undecodable": 0,
+      "untranslated": 1,
+  }
   # "Copy" thrice (the majority translation wins), "Quit" twice.
   assert stats["duplicates_removed"] == 3
   assert [c["pairs_kept"] for c in stats["catalogs"]] == [10, 3, 2]
@@ -274,8 +317,9 @@ def test_build_corpus_cleans_deduplicates_and_splits(catalogs):
   assert split_of["Open file"] == split_of["open file..."]
   assert len(splits["test"]) >= 2 and len(splits["validation"]) >= 2 and splits["train"]
 
-  again, _ = corpus.build_corpus(list(reversed(catalogs)), seed=0, validation_size=2, test_size=2,
-                                 max_chars=200)
+  again, _ = corpus.build_corpus(
+      list(reversed(catalogs)), seed=0, validation_size=2, test_size=2, max_chars=200
+  )
   assert again == splits
   others = [corpus.build_corpus(catalogs, seed, 2, 2, 200)[0]["test"] for seed in range(1, 6)]
   assert any(set(test) != set(splits["test"]) for test in others)
@@ -297,20 +341,32 @@ def test_accelerators_and_placeholders():
 def test_script_writes_corpus_vocabulary_and_stats(tmp_path):
   words = ["file", "folder", "window", "printer", "message", "user", "group", "table"]
   german = ["Datei", "Ordner", "Fenster", "Drucker", "Nachricht", "Benutzer", "Gruppe", "Tabelle"]
-  verbs = [("Open", "öffnen"), ("Close", "schließen"), ("Delete", "löschen"),
-           ("Copy", "kopieren")]
-  write_mo(tmp_path / "ui.mo", {f"{v} {w}": f"{g} {d}" for v, d in verbs
-                                for w, g in zip(words, german)})
+  verbs = [("Open", "öffnen"), ("Close", "schließen"), ("Delete", "löschen"), ("Copy", "kopieren")]
+  write_mo(
+      tmp_path / "ui.mo", {f"{v} {w}": f"{g} {d}" for v, d in verbs for w, g in zip(words, german)}
+  )
   out = tmp_path / "corpus"
   result = subprocess.run(
-      [sys.executable, str(REPO_ROOT / "scripts" / "build_demo_corpus.py"),
-       f"--mo_globs={tmp_path}/*.mo", f"--output_dir={out}", "--validation_size=4",
-       "--test_size=4", "--vocab_size=40"],
-      capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+      [
+          sys.executable,
+          str(REPO_ROOT / "scripts" / "build_demo_corpus.py"),
+          f"--mo_globs={tmp_path}/*.mo",
+          f"--output_dir={out}",
+          "--validation_size=4",
+          "--test_size=4",
+          "--vocab_size=40",
+      ],
+      capture_output=True,
+      text=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+  )
   assert result.returncode == 0, result.stderr
   stats = json.loads((out / "stats.json").read_text())
   assert {s: v["pairs"] for s, v in stats["splits"].items()} == {
-      "train": 24, "validation": 4, "test": 4}
+      "train": 24,
+      "validation": 4,
+      "test": 4,
+  }
   assert stats["vocabulary"] == {"pieces": 40, "pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}
   assert stats["file_bytes"]["train.tsv"] == (out / "train.tsv").stat().st_size
   rows = [line.split("\t") for line in (out / "test.tsv").read_text().splitlines()]

@@ -3,6 +3,7 @@
 Every expected value below is typed in from paper.md or worked out by hand; none is computed by the
 code under test. Tolerances follow the printed precision: half a unit of the last printed digit.
 """
+
 import math
 
 import numpy as np
@@ -26,8 +27,20 @@ TABLE_1 = [
 
 # Theorem 3.8 derived by hand from each Table 2 / Table 4 row's rounded alpha, gamma and c (three
 # decimals), in the order of paper.TABLE_2; the printed EXP is paper.TABLE_2's expected_speedup.
-TABLE_4_DERIVED = (3.157, 3.251, 2.497, 2.258, 2.347, 1.934, 2.402, 2.619, 2.025, 1.891, 1.803,
-                   1.541)
+TABLE_4_DERIVED = (
+    3.157,
+    3.251,
+    2.497,
+    2.258,
+    2.347,
+    1.934,
+    2.402,
+    2.619,
+    2.025,
+    1.891,
+    1.803,
+    1.541,
+)
 # EXP was computed from unrounded alpha and c: three rows differ from the derived column by more
 # than EXP's own rounding (2.4 vs 2.347, 2.0 vs 1.934, 1.6 vs 1.541), by at most 0.066.
 TABLE_4_EXP_TOLERANCE = 0.07
@@ -80,8 +93,11 @@ def test_table_1(alpha, gamma, ops, speed, ops_exact, speed_exact):
   assert theory.speedup(alpha, gamma, 0.0) == pytest.approx(speed_exact, abs=5e-5)
 
 
-@pytest.mark.parametrize("row, derived", zip(paper.TABLE_2, TABLE_4_DERIVED),
-                         ids=[row.config_name for row in paper.TABLE_2])
+@pytest.mark.parametrize(
+    "row, derived",
+    zip(paper.TABLE_2, TABLE_4_DERIVED),
+    ids=[row.config_name for row in paper.TABLE_2],
+)
 def test_table_4_expected_speedup(row, derived):
   speedup = theory.speedup(row.alpha, row.gamma, row.c)
   assert speedup == pytest.approx(derived, abs=5e-4)
@@ -89,8 +105,9 @@ def test_table_4_expected_speedup(row, derived):
 
 
 @pytest.mark.parametrize("row,gamma,alpha,c,tokens,best_gamma,best_speedup", TABLE_4_SMALL)
-def test_table_4_small_drafter_tokens_and_optimum(row, gamma, alpha, c, tokens, best_gamma,
-                                                  best_speedup):
+def test_table_4_small_drafter_tokens_and_optimum(
+    row, gamma, alpha, c, tokens, best_gamma, best_speedup
+):
   del row
   assert theory.expected_tokens(alpha, gamma) == pytest.approx(tokens, abs=0.005)
   found_gamma, found_speedup = theory.optimal_gamma(alpha, c)
@@ -220,21 +237,30 @@ def test_alpha_and_tokens_from_stats():
     theory.tokens_per_call(np.ones(2), np.ones(3))
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: theory.expected_tokens(1.2, 3), "alpha must lie in"),
-    (lambda: theory.expected_tokens(-0.1, 3), "alpha must lie in"),
-    (lambda: theory.expected_tokens(np.array([0.5, math.nan]), 3), "NaN"),
-    (lambda: theory.expected_tokens(0.5, 0), "positive integer"),
-    (lambda: theory.expected_tokens(0.5, 2.5), "positive integer"),
-    (lambda: theory.speedup(0.5, 3, -0.01), "c must be"),
-    (lambda: theory.operations_factor(0.5, INF, 0.0), "finite"),
-    (lambda: theory.operations_factor(0.5, 3, -1.0), "c_hat must be"),
-    (lambda: theory.optimal_gamma(0.5, 0.1, max_gamma=0), "positive integer"),
-    (lambda: theory.lenient_alpha([0.5, 0.5], [0.5, 0.5], 0.0), r"lenience must lie in \(0, 1\]"),
-    (lambda: theory.lenient_alpha([0.5, 0.5], [0.5, 0.5], 1.5), r"lenience must lie in \(0, 1\]"),
-    (lambda: theory.lenient_alpha([0.5, 0.5], [1.0], 1.0), "same shape"),
-    (lambda: theory.lenient_alpha([2.0, -1.0], [0.5, 0.5], 1.0), "not logits"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: theory.expected_tokens(1.2, 3), "alpha must lie in"),
+        (lambda: theory.expected_tokens(-0.1, 3), "alpha must lie in"),
+        (lambda: theory.expected_tokens(np.array([0.5, math.nan]), 3), "NaN"),
+        (lambda: theory.expected_tokens(0.5, 0), "positive integer"),
+        (lambda: theory.expected_tokens(0.5, 2.5), "positive integer"),
+        (lambda: theory.speedup(0.5, 3, -0.01), "c must be"),
+        (lambda: theory.operations_factor(0.5, INF, 0.0), "finite"),
+        (lambda: theory.operations_factor(0.5, 3, -1.0), "c_hat must be"),
+        (lambda: theory.optimal_gamma(0.5, 0.1, max_gamma=0), "positive integer"),
+        (
+            lambda: theory.lenient_alpha([0.5, 0.5], [0.5, 0.5], 0.0),
+            r"lenience must lie in \(0, 1\]",
+        ),
+        (
+            lambda: theory.lenient_alpha([0.5, 0.5], [0.5, 0.5], 1.5),
+            r"lenience must lie in \(0, 1\]",
+        ),
+        (lambda: theory.lenient_alpha([0.5, 0.5], [1.0], 1.0), "same shape"),
+        (lambda: theory.lenient_alpha([2.0, -1.0], [0.5, 0.5], 1.0), "not logits"),
+    ],
+)
 def test_invalid_inputs_raise(call, message):
   with pytest.raises(ValueError, match=message):
     call()

@@ -1,6 +1,7 @@
 """Tests of speculative_t5x/training.py (and the shipped demo pair): a tiny model on a tiny corpus
 learns, a resumed run equals an uninterrupted one, and demo_models/ decodes greedily the same with
 and without speculation."""
+
 import pathlib
 
 import gin
@@ -18,13 +19,21 @@ from speculative_t5x import training
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEMO_PAIR = REPO_ROOT / "demo_models"
-TEST_VOCABULARY_PATH = (pathlib.Path(seqio.__file__).parent / "test_data" / "sentencepiece" /
-                        "sentencepiece.model")
+TEST_VOCABULARY_PATH = (
+    pathlib.Path(seqio.__file__).parent / "test_data" / "sentencepiece" / "sentencepiece.model"
+)
 TASK = "demo_ende_training_test"
 LENGTHS = {"inputs": 24, "targets": 16}
-PAIRS = [("open file", "datei offen"), ("save file", "datei sichern"), ("close", "schliessen"),
-         ("open window", "fenster offen"), ("quit", "beenden"), ("help", "hilfe"),
-         ("new window", "neues fenster"), ("save as", "sichern als")]
+PAIRS = [
+    ("open file", "datei offen"),
+    ("save file", "datei sichern"),
+    ("close", "schliessen"),
+    ("open window", "fenster offen"),
+    ("quit", "beenden"),
+    ("help", "hilfe"),
+    ("new window", "neues fenster"),
+    ("save as", "sichern als"),
+]
 TINY = tiny_config(26, num_decoder_layers=1)
 
 
@@ -49,9 +58,18 @@ def tiny_optimizer():
 
 
 def run(model_dir, num_steps, **kwargs):
-  settings = dict(model_config=TINY, mixture_or_task_name=TASK, task_feature_lengths=LENGTHS,
-                  batch_size=4, num_steps=num_steps, pack=True, eval_period=0,
-                  checkpoint_period=4, log_period=1, progress=False)
+  settings = dict(
+      model_config=TINY,
+      mixture_or_task_name=TASK,
+      task_feature_lengths=LENGTHS,
+      batch_size=4,
+      num_steps=num_steps,
+      pack=True,
+      eval_period=0,
+      checkpoint_period=4,
+      log_period=1,
+      progress=False,
+  )
   return training.train(model_dir, **dict(settings, **kwargs))
 
 
@@ -108,22 +126,23 @@ def test_make_optimizer_rejects_unknown_names():
 
 
 def test_demo_pair_greedy_speculative_equals_baseline():
-  (target_params, target_config), (drafter_params, drafter_config) = (
-      checkpoints.restore_pair(DEMO_PAIR))
+  (target_params, target_config), (drafter_params, drafter_config) = checkpoints.restore_pair(
+      DEMO_PAIR
+  )
   assert target_config.vocab_size == drafter_config.vocab_size
   vocabulary = tasks.get_vocabulary(str(DEMO_PAIR / tasks.DEMO_VOCABULARY_FILE))
-  sentences = ["Open file", "The file could not be saved.", "Show hidden files",
-               "Invalid argument"]
+  sentences = ["Open file", "The file could not be saved.", "Show hidden files", "Invalid argument"]
   inputs = np.zeros((len(sentences), 48), np.int32)
   for i, sentence in enumerate(sentences):
     ids = list(vocabulary.encode(tasks.TRANSLATE_EN_DE_PREFIX + sentence)) + [vocabulary.eos_id]
-    inputs[i, :len(ids)] = ids
+    inputs[i, : len(ids)] = ids
   batch = {"encoder_input_tokens": inputs, "decoder_input_tokens": np.zeros((4, 32), np.int32)}
   target = network.Transformer(target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
   expected, _ = baseline(target_params, batch, jax.random.PRNGKey(0), 0.0)
   speculative = models.SpeculativeEncoderDecoderModel(
-      target, network.Transformer(drafter_config), vocabulary, vocabulary, gamma=4).jit_predict()
+      target, network.Transformer(drafter_config), vocabulary, vocabulary, gamma=4
+  ).jit_predict()
   params = {"target": target_params, "drafter": drafter_params}
   decodes, aux = speculative(params, batch, jax.random.PRNGKey(0), 0.0)
   np.testing.assert_array_equal(decodes, expected)

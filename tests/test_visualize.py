@@ -1,4 +1,5 @@
 """visualize: trace rows -> target calls (hand-made traces and a real decode), and their HTML."""
+
 import pathlib
 
 import jax
@@ -13,15 +14,18 @@ from speculative_t5x.visualize import Step
 EOS = 1
 TARGET = tiny_config(37)
 DRAFTER = TARGET.replace(emb_dim=8, num_decoder_layers=1, mlp_dim=16)
-SENTENCEPIECE_MODEL = (pathlib.Path(__file__).resolve().parents[1] / "data" / "demo_ende" /
-                       "sentencepiece.model")
+SENTENCEPIECE_MODEL = (
+    pathlib.Path(__file__).resolve().parents[1] / "data" / "demo_ende" / "sentencepiece.model"
+)
 
 
 def _trace(*iterations, length=5):
   """iterations of (drafts, accepted, token, emitted) -> a one-row trace of `length` iterations."""
   gamma = len(iterations[0][0])
-  trace = {"drafts": np.zeros((1, length, gamma), np.int32),
-           **{name: np.zeros((1, length), np.int32) for name in ("accepted", "token", "emitted")}}
+  trace = {
+      "drafts": np.zeros((1, length, gamma), np.int32),
+      **{name: np.zeros((1, length), np.int32) for name in ("accepted", "token", "emitted")},
+  }
   for i, (drafts, accepted, token, emitted) in enumerate(iterations):
     trace["drafts"][0, i] = drafts
     trace["accepted"][0, i], trace["token"][0, i], trace["emitted"][0, i] = accepted, token, emitted
@@ -29,11 +33,16 @@ def _trace(*iterations, length=5):
 
 
 def test_steps_of_rejection_bonus_and_eos():
-  trace = _trace(([5, 6, 7], 2, 9, 3),     # two accepted, 7 rejected, 9 sampled instead
-                 ([10, 11, 12], 3, 13, 4),  # all accepted, 13 is the bonus token
-                 ([EOS, 20, 21], 2, 4, 1))  # EOS accepted: the rest is dropped
-  assert visualize.trace_steps(trace, 0) == [Step((5, 6), 7, 9), Step((10, 11, 12), None, 13),
-                                             Step((EOS,), None, None)]
+  trace = _trace(
+      ([5, 6, 7], 2, 9, 3),  # two accepted, 7 rejected, 9 sampled instead
+      ([10, 11, 12], 3, 13, 4),  # all accepted, 13 is the bonus token
+      ([EOS, 20, 21], 2, 4, 1),
+  )  # EOS accepted: the rest is dropped
+  assert visualize.trace_steps(trace, 0) == [
+      Step((5, 6), 7, 9),
+      Step((10, 11, 12), None, 13),
+      Step((EOS,), None, None),
+  ]
 
 
 def test_length_limit_drops_the_correction_and_its_rejection():
@@ -43,16 +52,23 @@ def test_length_limit_drops_the_correction_and_its_rejection():
 
 def test_steps_replay_a_real_decode():
   model = models.SpeculativeEncoderDecoderModel(
-      network.Transformer(TARGET), network.Transformer(DRAFTER),
+      network.Transformer(TARGET),
+      network.Transformer(DRAFTER),
       seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS),
-      seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS), gamma=3)
-  params = {"target": network.init_params(TARGET, jax.random.PRNGKey(0)),
-            "drafter": network.init_params(DRAFTER, jax.random.PRNGKey(1))}
+      seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS),
+      gamma=3,
+  )
+  params = {
+      "target": network.init_params(TARGET, jax.random.PRNGKey(0)),
+      "drafter": network.init_params(DRAFTER, jax.random.PRNGKey(1)),
+  }
   inputs = np.random.default_rng(0).integers(3, TARGET.vocab_size, (3, 6)).astype(np.int32)
   batch = {"encoder_input_tokens": inputs, "decoder_input_tokens": np.zeros((3, 12), np.int32)}
-  decodes, aux = jax.jit(lambda p, b, r: model.predict_batch_with_aux(
-      p, b, r, decoder_params={"temperature": 1.0, "return_trace": True}))(
-          params, batch, jax.random.PRNGKey(2))
+  decodes, aux = jax.jit(
+      lambda p, b, r: model.predict_batch_with_aux(
+          p, b, r, decoder_params={"temperature": 1.0, "return_trace": True}
+      )
+  )(params, batch, jax.random.PRNGKey(2))
   for row in range(3):
     steps = visualize.trace_steps(aux["speculative_trace"], row)
     tokens = [t for step in steps for t in step.tokens]
