@@ -11,7 +11,7 @@ from flax import serialization
 from conftest import FIXTURE_CONFIG, fixture_path, tiny_config
 from speculative_t5x import network
 
-# T5X's minimal T5 1.1 tree (reference/t5x.md section 3), written out by hand.
+# T5X's minimal T5 1.1 tree (T5X's t5_1_1 network), written out by hand.
 _T5X_LAYER_PATHS = {
     "encoder": [
         "pre_attention_layer_norm/scale",

@@ -1,6 +1,6 @@
-"""theory.py against the paper's printed numbers (../shared/reference/paper.md).
+"""theory.py against the paper's printed numbers (Leviathan, Kalman, Matias, ICML 2023).
 
-Every expected value below is typed in from paper.md or worked out by hand; none is computed by the
+Every expected value below is typed in from the paper or worked out by hand; none is computed by the
 code under test. Tolerances follow the printed precision: half a unit of the last printed digit.
 """
 
@@ -14,7 +14,7 @@ from speculative_t5x import theory
 
 INF = math.inf
 
-# Table 1 (c = c_hat = 0): alpha, gamma, printed operations and speed, then paper.md's [derived]
+# Table 1 (c = c_hat = 0): alpha, gamma, printed operations and speed, then the [derived]
 # recomputation at four decimals.
 TABLE_1 = [
     (0.6, 2, 1.53, 1.96, 1.5306, 1.9600),
@@ -54,7 +54,7 @@ TABLE_4_SMALL = [
     ("CNNDM t1", 5, 0.53, 0.02, 2.08, 5, 1.89),
 ]
 
-# Figure 3 grid from paper.md: for each alpha, (optimal gamma, speedup) for c = 0.01, 0.02, 0.05,
+# Figure 3 grid from the paper: for each alpha, (optimal gamma, speedup) for c = 0.01, 0.02, 0.05,
 # 0.1, 0.2, and the c = 0 supremum 1 / (1 - alpha) (printed to two decimals, 10.0 and 20.0 to one).
 FIGURE_3_C = (0.01, 0.02, 0.05, 0.1, 0.2)
 FIGURE_3 = {
@@ -68,7 +68,7 @@ FIGURE_3 = {
     0.95: (20.0, [(40, 12.54), (31, 9.95), (21, 6.60), (15, 4.48), (10, 2.87)]),
 }
 
-# Figure 4 style grid from paper.md (c = c_hat = 0): speedup / operations factor per gamma.
+# Figure 4 style grid from the paper (c = c_hat = 0): speedup / operations factor per gamma.
 FIGURE_4_GAMMAS = (1, 2, 3, 5, 7, 10)
 FIGURE_4 = {
     0.5: [(1.50, 1.33), (1.75, 1.71), (1.88, 2.13), (1.97, 3.05), (1.99, 4.02), (2.00, 5.50)],
@@ -79,7 +79,7 @@ FIGURE_4 = {
 }
 
 # Appendix A.5, T5-small on EnDe, c = 0.015. Temperature 0, gamma = 8: alpha, printed speedup and
-# paper.md's [derived] value. Temperature 1 (Table 5): alpha and the [derived] optimum.
+# the [derived] value. Temperature 1 (Table 5): alpha and the [derived] optimum.
 A5_TEMPERATURE_0 = [(0.75, 3.3, 3.303), (0.80, 3.9, 3.865), (0.87, 4.9, 4.907)]
 A5_TEMPERATURE_1 = [(0.62, 7, 2.33), (0.71, 9, 2.94), (0.76, 10, 3.45), (0.84, 15, 4.79)]
 A5_C = 0.015
