@@ -756,7 +756,7 @@ def test_a_broken_drafter_gives_the_baselines_greedy_output(name):
   assert np.all(np.isfinite(np.asarray(aux["scores"])))
 
 
-@pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("gamma", [4])  # gamma 1: one draft, the two rules coincide
 def test_block_verifier_greedy_equals_baseline(gamma):
   target, drafter = _tiny_params()
   model = models.SpeculativeEncoderDecoderModel(

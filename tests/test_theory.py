@@ -95,7 +95,7 @@ def test_table_1(alpha, gamma, ops, speed, ops_exact, speed_exact):
 
 @pytest.mark.parametrize(
     "row, derived",
-    zip(paper.TABLE_2, TABLE_4_DERIVED),
+    list(zip(paper.TABLE_2, TABLE_4_DERIVED)),
     ids=[row.config_name for row in paper.TABLE_2],
 )
 def test_table_4_expected_speedup(row, derived):
