@@ -44,6 +44,7 @@ import gin
 import jax
 
 from speculative_t5x import benchmark
+from speculative_t5x import draft_length
 from speculative_t5x import gin_utils
 from speculative_t5x import pairs
 from speculative_t5x import report
@@ -109,6 +110,9 @@ class BenchmarkSetup:
   seed: random inputs and decode rngs (random weights: the pair's RANDOM_INIT_SEED).
   verifiers: label -> speculative.Verifier, each measured with every drafter, side by side
     (None: Algorithm 1 alone), e.g. configs/runs/benchmark_verifiers.gin.
+  draft_stops: label -> a `draft_length` rule or None (static gamma), each measured with every
+    drafter and verifier, side by side, at every gamma as its most drafts (None: static gamma
+    alone), e.g. configs/runs/benchmark_draft_length.gin.
   """
 
   pair: pairs.PairConfig
@@ -118,6 +122,7 @@ class BenchmarkSetup:
   random_drafters: Sequence[str] = benchmark.RANDOM_DRAFTER_KINDS
   seed: int = 0
   verifiers: Mapping[str, speculative.Verifier] | None = None
+  draft_stops: Mapping[str, draft_length.DraftStop | None] | None = None
 
 
 def load_setup() -> BenchmarkSetup:
@@ -247,6 +252,7 @@ def main(argv):
       steps_per_call=FLAGS.steps_per_call,
       progress=True,
       verifiers=setup.verifiers,
+      draft_stops=setup.draft_stops,
   )
 
   header = (

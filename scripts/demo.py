@@ -8,10 +8,12 @@ the run's own statistics; c and the verification cost from compiled decode steps
 the examples; the speedups beside Theorem 3.8's prediction; see speculative_t5x/report.py). It
 checks that the greedy output is identical to the baseline's, and exits with status 1 if not.
 
-Without `demo_models/` it falls back to a tiny random pair, labelled as such (its alpha says
-nothing about real drafters).
+A --pair_dir that is missing or incomplete is an error (exit status 1), never replaced: a tiny
+pair of random weights, for the mechanics only (its alpha says nothing about real drafters), is
+the explicit --random_pair. Every flag is checked before anything loads.
 
   python scripts/demo.py [--pair_dir=demo_models] [--num_examples=24] [--gamma=2]
+  python scripts/demo.py --random_pair
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import os
 import pathlib
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -31,11 +32,13 @@ import seqio  # noqa: E402
 
 from speculative_t5x import benchmark  # noqa: E402
 from speculative_t5x import drafters  # noqa: E402
+from speculative_t5x import gin_utils  # noqa: E402
 from speculative_t5x import network  # noqa: E402
 from speculative_t5x import pairs  # noqa: E402
 from speculative_t5x import report  # noqa: E402
 from speculative_t5x import sampling  # noqa: E402
 from speculative_t5x import tasks  # noqa: E402
+from speculative_t5x import validation  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DRAFTER = "demo drafter"
@@ -47,37 +50,85 @@ _PAIR_DIR = flags.DEFINE_string(
     str(REPO / "demo_models"),
     "Directory written by checkpoints.save_pair (+ sentencepiece.model).",
 )
+_RANDOM_PAIR = flags.DEFINE_bool(
+    "random_pair",
+    False,
+    "Decode with a tiny pair of RANDOM weights instead of --pair_dir: the mechanics only (its "
+    "alpha means nothing).",
+)
 _TEST_FILE = flags.DEFINE_string(
     "test_file", str(REPO / "data" / "demo_ende" / "test.tsv"), "Held-out English<TAB>German pairs."
 )
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 24, "Sentences to decode and time.")
-_SHOW = flags.DEFINE_integer("show", 5, "Translations to print.")
-_GAMMA = flags.DEFINE_integer("gamma", 2, "Drafted tokens per target call (2 suits the demo pair).")
+_NUM_EXAMPLES = flags.DEFINE_integer(
+    "num_examples", 24, "Sentences to decode and time.", lower_bound=1
+)
+_SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
+_GAMMA = flags.DEFINE_integer(
+    "gamma", 2, "Drafted tokens per target call (2 suits the demo pair).", lower_bound=1
+)
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Temperatures to run.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats per example (median is used).")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 3, "Timed repeats per example (median is used).", lower_bound=1
+)
 _COST_REPEATS = flags.DEFINE_integer(
     "cost_repeats",
     10,
     "Timed rounds of the decode steps behind "
     "c and the verification cost, spread over the examples.",
+    lower_bound=1,
 )
-_DECODE_LENGTH = flags.DEFINE_integer("decode_length", 64, "Decoder length (max output tokens).")
+_DECODE_LENGTH = flags.DEFINE_integer(
+    "decode_length", 64, "Decoder length (max output tokens).", lower_bound=1
+)
+
+
+def check_flags() -> tuple[float, ...]:
+  """What absl's bounds leave, before anything loads: --temperatures finite and >= 0, and either
+  --random_pair or a --pair_dir holding a pair and its vocabulary -> the temperatures."""
+  given = f"--temperatures={','.join(_TEMPERATURES.value)}"
+  try:
+    values = [float(t) for t in _TEMPERATURES.value]
+  except ValueError as e:
+    raise gin_utils.ConfigError(f"{given}: {e}: give numbers, e.g. --temperatures=0,1") from e
+  try:
+    temperatures = validation.check_temperatures(values, given)
+  except validation.InvalidInputError as e:
+    raise gin_utils.ConfigError(str(e)) from e
+  if _RANDOM_PAIR.value:
+    if flags.FLAGS["pair_dir"].present:
+      raise gin_utils.ConfigError(
+          "--random_pair decodes with random weights, --pair_dir with a trained pair: give one"
+      )
+    return temperatures
+  pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
+  needed = ("target", "drafter", tasks.DEMO_VOCABULARY_FILE)
+  missing = [name for name in needed if not (pair_dir / name).exists()]
+  if missing:
+    problem = "does not exist" if not pair_dir.is_dir() else f"has no {', '.join(missing)}"
+    raise gin_utils.ConfigError(
+        f"--pair_dir={_PAIR_DIR.value} {problem}: give a directory written by "
+        f"checkpoints.save_pair with its {tasks.DEMO_VOCABULARY_FILE} (the shipped demo_models/ "
+        "is the default), or --random_pair for a tiny random pair (mechanics only)"
+    )
+  return temperatures
 
 
 def _demo_pair() -> tuple[pairs.Pair, seqio.Vocabulary | None, str]:
   """-> (the pair, its sentencepiece vocabulary or None for the random pair, a label)."""
-  pair_dir = pathlib.Path(_PAIR_DIR.value)
-  if (pair_dir / "target").exists():
-    vocabulary = seqio.SentencePieceVocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
-    return (
-        pairs.load_pair(pairs.PairConfig.from_pair_dir(pair_dir), vocabulary.eos_id),
-        vocabulary,
-        f"trained demo pair from {pair_dir}",
-    )
-  print(
-      f"[demo] {pair_dir} holds no trained pair: using a tiny RANDOM pair instead "
-      "(mechanics only; its alpha is not meaningful)."
+  if _RANDOM_PAIR.value:
+    return _random_pair()
+  pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
+  vocabulary = seqio.SentencePieceVocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
+  return (
+      pairs.load_pair(pairs.PairConfig.from_pair_dir(pair_dir), vocabulary.eos_id),
+      vocabulary,
+      f"trained demo pair from {pair_dir}",
   )
+
+
+def _random_pair() -> tuple[pairs.Pair, None, str]:
+  """--random_pair: a tiny target and drafter of random weights, and no vocabulary."""
+  print("[demo] --random_pair: a tiny RANDOM pair (mechanics only; its alpha is not meaningful).")
   target = network.T5Config(
       vocab_size=512,
       emb_dim=64,
@@ -102,7 +153,9 @@ def _demo_pair() -> tuple[pairs.Pair, seqio.Vocabulary | None, str]:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise gin_utils.ConfigError(f"unexpected arguments {argv[1:]}: all options are --flags")
+  temperatures = check_flags()
   logging.set_verbosity(logging.WARNING)
   pair, vocabulary, label = _demo_pair()
   target, drafter = pair.target_config, pair.drafter.config
@@ -129,7 +182,7 @@ def main(argv):
       pair.target_params,
       {DRAFTER: (drafter, pair.drafter_params)},
       [gamma],
-      [float(t) for t in _TEMPERATURES.value],
+      list(temperatures),
       encoder_tokens[:, None],
       _DECODE_LENGTH.value,
       vocabulary=vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID),
@@ -159,4 +212,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

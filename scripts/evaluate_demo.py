@@ -31,11 +31,13 @@ import numpy as np
 
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
+from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import pairs
 from speculative_t5x import tasks
 from speculative_t5x import training
+from speculative_t5x import validation
 
 MEMBERS = ("target", "drafter")
 FEATURE_LENGTHS = {"inputs": 48, "targets": 48}  # configs/runs/train.gin's TASK_FEATURE_LENGTHS
@@ -50,12 +52,16 @@ flags.DEFINE_string(
     "/tmp/speculative_t5x/demo_eval",
     "Directory for evaluation.json and test_inputs.txt.",
 )
-flags.DEFINE_string("split", "test", "Split of the demo task to evaluate on.")
-flags.DEFINE_integer("max_examples", None, "Evaluate on the first examples only (default: all).")
-flags.DEFINE_integer("batch_size", 100, "Batch size of the BLEU decodes.")
+flags.DEFINE_enum("split", "test", tasks.DEMO_SPLITS, "Split of the demo task to evaluate on.")
+flags.DEFINE_integer(
+    "max_examples", None, "Evaluate on the first examples only (default: all).", lower_bound=1
+)
+flags.DEFINE_integer("batch_size", 100, "Batch size of the BLEU decodes.", lower_bound=1)
 flags.DEFINE_list("gammas", [str(g) for g in range(1, 9)], "Gammas of the greedy equality check.")
-flags.DEFINE_integer("check_examples", 100, "Examples of the greedy equality check.")
-flags.DEFINE_integer("num_inputs", 32, "Source sentences written to test_inputs.txt.")
+flags.DEFINE_integer("check_examples", 100, "Examples of the greedy equality check.", lower_bound=1)
+flags.DEFINE_integer(
+    "num_inputs", 32, "Source sentences written to test_inputs.txt.", lower_bound=1
+)
 
 
 def export_pair(pair_dir: pathlib.Path, target_run: str, drafter_run: str) -> None:
@@ -95,13 +101,40 @@ def greedy_check(pair: pairs.Pair, examples: training.EvalSet, vocabulary, gamma
   return results
 
 
+def check_flags() -> list[int]:
+  """The flags absl's bounds leave, before anything loads: --gammas integers >= 1, both runs
+  (each an existing train.py model dir) or neither, and without them an existing --pair_dir
+  -> the gammas."""
+  wanted = f"--gammas={','.join(FLAGS.gammas)}: give integers >= 1, e.g. --gammas=1,2,4"
+  if not FLAGS.gammas:
+    raise gin_utils.ConfigError(wanted)
+  try:
+    gammas = [validation.check_gamma(int(gamma)) for gamma in FLAGS.gammas]
+  except ValueError as e:
+    raise gin_utils.ConfigError(f"{wanted} ({e})") from e
+  if bool(FLAGS.target_run) != bool(FLAGS.drafter_run):
+    raise gin_utils.ConfigError(
+        "give both --target_run and --drafter_run (to export a pair) or neither."
+    )
+  for flag, run in (("--target_run", FLAGS.target_run), ("--drafter_run", FLAGS.drafter_run)):
+    if run and not os.path.isdir(os.path.join(run, training.EXPORT_DIR)):
+      raise gin_utils.ConfigError(
+          f"{flag}={run} has no {training.EXPORT_DIR}/: give a scripts/train.py --model_dir"
+      )
+  if not FLAGS.target_run and not os.path.isdir(FLAGS.pair_dir):
+    raise gin_utils.ConfigError(
+        f"--pair_dir={FLAGS.pair_dir} does not exist: give a checkpoints.save_pair directory "
+        "(e.g. demo_models), or --target_run and --drafter_run to export one"
+    )
+  return gammas
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  gammas = check_flags()
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO.
   pair_dir = pathlib.Path(FLAGS.pair_dir)
-  if bool(FLAGS.target_run) != bool(FLAGS.drafter_run):
-    raise app.UsageError("give both --target_run and --drafter_run (to export a pair) or neither.")
   if FLAGS.target_run:
     export_pair(pair_dir, FLAGS.target_run, FLAGS.drafter_run)
   vocabulary = tasks.get_vocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
@@ -132,7 +165,7 @@ def main(argv):
   check = training.eval_set(
       task, FLAGS.split, FEATURE_LENGTHS, FLAGS.check_examples, FLAGS.check_examples
   )
-  report["greedy_check"] = greedy_check(pair, check, vocabulary, [int(g) for g in FLAGS.gammas])
+  report["greedy_check"] = greedy_check(pair, check, vocabulary, gammas)
 
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
@@ -153,4 +186,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

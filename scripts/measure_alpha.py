@@ -24,6 +24,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import gin
+import seqio
 import tqdm
 
 from speculative_t5x import alpha
@@ -31,6 +32,7 @@ from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import gin_utils
 from speculative_t5x import pairs
 from speculative_t5x import tasks
+from speculative_t5x import validation
 
 DEFAULT_GIN_FILE = "configs/runs/measure_alpha.gin"
 
@@ -69,11 +71,36 @@ class AlphaSetup:
   batch_size: int = 32
 
   def __post_init__(self):
-    if not self.drafters:
+    if not isinstance(self.pair, pairs.PairConfig):
+      raise gin_utils.ConfigError(
+          f"measure_alpha.AlphaSetup.pair must be a pairs.PairConfig (configs/runs/"
+          f"measure_alpha.gin binds it to @pairs.PairConfig()), got {self.pair!r}"
+      )
+    if not isinstance(self.drafters, Mapping) or not self.drafters:
       raise gin_utils.ConfigError(
           "measure_alpha.AlphaSetup.drafters is empty: give name -> "
           "drafter, e.g. {'bigram': @drafters.BigramDrafter()}"
       )
+    try:
+      for name, value in (
+          ("MIXTURE_OR_TASK_NAME", self.mixture_or_task_name),
+          ("ALPHA_OUTPUT_DIR", self.output_dir),
+          ("SPLIT", self.split),
+          ("measure_alpha.AlphaSetup.ngram_fit_split", self.ngram_fit_split),
+      ):
+        validation.check_text(value, name)
+      validation.check_feature_lengths(
+          self.task_feature_lengths, "TASK_FEATURE_LENGTHS", ("inputs", "targets")
+      )
+      validation.check_temperatures(self.temperatures, "TEMPERATURES")
+      for name, value in (
+          ("NUM_TOKENS", self.num_tokens),
+          ("BATCH_SIZE", self.batch_size),
+          ("NGRAM_FIT_EXAMPLES", self.ngram_fit_examples),
+      ):
+        validation.check_integer(value, name, 1)
+    except validation.InvalidInputError as e:
+      raise gin_utils.ConfigError(str(e)) from e
     unknown = sorted(set(self.drafter_checkpoint_paths) - set(self.drafters))
     if unknown:
       raise gin_utils.ConfigError(
@@ -107,6 +134,7 @@ def measure(setup: AlphaSetup) -> tuple[dict, str]:
     task = tasks.get_task(setup.mixture_or_task_name)
   except ValueError as e:
     raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME: {e}") from e
+  check_task(setup, task)
   eos_id = task.output_features["targets"].vocabulary.eos_id
   lengths = dict(setup.task_feature_lengths)
   fit_targets = functools.cache(
@@ -136,6 +164,31 @@ def measure(setup: AlphaSetup) -> tuple[dict, str]:
         setup.num_tokens,
     )
   return results, target_source
+
+
+def check_task(setup: AlphaSetup, task: seqio.Task) -> None:
+  """Before anything loads: the task has the splits read (the fitting split where a drafter
+  learns from targets) and 'inputs' and 'targets' features whose vocabularies the target's
+  vocab_size covers."""
+  splits = task.source.splits  # empty where a source does not list them (TFDS mock data)
+  read = [("SPLIT", setup.split)]
+  if any(drafter.learns_from_targets for drafter in setup.drafters.values()):
+    read.append(("measure_alpha.AlphaSetup.ngram_fit_split", setup.ngram_fit_split))
+  for macro, split in read:
+    if splits and split not in splits:
+      raise gin_utils.ConfigError(
+          f"{macro} {split!r} is not a split of {task.name}: use one of {sorted(splits)}"
+      )
+  vocab_size = setup.pair.target_config.vocab_size
+  for feature in ("inputs", "targets"):
+    if feature not in task.output_features:
+      raise gin_utils.ConfigError(f"task {task.name} has no {feature!r} feature")
+    pieces = task.output_features[feature].vocabulary.vocab_size
+    if pieces > vocab_size:
+      raise gin_utils.ConfigError(
+          f"TARGET_CONFIG vocab_size {vocab_size} < the {pieces} pieces of {task.name}'s "
+          f"{feature!r} vocabulary: set the target's vocab_size to cover it"
+      )
 
 
 def markdown(setup: AlphaSetup, results: dict, target_source: str) -> str:

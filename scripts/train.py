@@ -25,6 +25,7 @@ import gin
 
 from speculative_t5x import gin_utils
 from speculative_t5x import training
+from speculative_t5x import validation
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string(
@@ -42,9 +43,33 @@ flags.DEFINE_float("distill_temperature", None, "Teacher sampling temperature (0
 flags.mark_flags_as_required(["gin_file", "model_dir"])
 
 
+def check_flags() -> None:
+  """The flags, before anything is parsed or built: --distill_temperature finite and >= 0 and
+  only with --distill_from, a local --distill_from an existing directory, --model_dir not a
+  file."""
+  if FLAGS.distill_temperature is not None:
+    if not FLAGS.distill_from:
+      raise gin_utils.ConfigError(
+          "--distill_temperature is the teacher's temperature: it needs --distill_from"
+      )
+    try:
+      validation.check_temperature(FLAGS.distill_temperature)
+    except validation.InvalidInputError as e:
+      raise gin_utils.ConfigError(f"--distill_temperature={FLAGS.distill_temperature}: {e}") from e
+  distill_from = FLAGS.distill_from
+  if distill_from and "://" not in distill_from and not os.path.isdir(distill_from):
+    raise gin_utils.ConfigError(
+        f"--distill_from={distill_from} is not a directory: give a checkpoints.save_model "
+        "directory, e.g. a trained target's MODEL_DIR/model"
+    )
+  if os.path.isfile(FLAGS.model_dir):
+    raise gin_utils.ConfigError(f"--model_dir={FLAGS.model_dir} is a file: give a directory")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  check_flags()
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO.
   bindings = list(FLAGS.gin_bindings)
   if FLAGS.distill_from:

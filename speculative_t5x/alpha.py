@@ -27,6 +27,36 @@ def generated_positions(sequences: jax.Array, eos_id: int) -> jax.Array:
   return jnp.arange(sequences.shape[1])[None] < lengths[:, None]
 
 
+def teacher_forced_betas(
+    target_config: network.T5Config,
+    target_params,
+    drafter: drafters_lib.Drafter,
+    drafter_params,
+    encoder_input_tokens: jax.Array,
+    sequences: jax.Array,
+    temperature,
+    topk: int = 0,
+    topp: float = 0.0,
+) -> tuple[jax.Array, jax.Array]:
+  """Both models teacher-forced on target-generated `sequences` [B, L] -> (beta [B, L] at every
+  position, the drafter's logits [B, L, V]); the drafter scored through
+  `Drafter.teacher_forced_logits`."""
+  decoder_inputs = shift_right(sequences)
+  drafter_logits = drafter.teacher_forced_logits(
+      drafter_params, encoder_input_tokens, decoder_inputs
+  )
+  p = sampling.distribution(
+      network.teacher_forced_logits(
+          target_config, target_params, encoder_input_tokens, decoder_inputs
+      ),
+      temperature,
+      topk,
+      topp,
+  )
+  q = sampling.distribution(drafter_logits, temperature, topk, topp)
+  return jnp.sum(jnp.minimum(p, q), axis=-1), drafter_logits
+
+
 def beta_totals(
     target_config: network.T5Config,
     target_params,
@@ -40,49 +70,32 @@ def beta_totals(
     topp: float = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
   """-> (sum of beta [B], number of generated positions [B]) over target-generated `sequences`
-  [B, L], the drafter scored through `Drafter.teacher_forced_logits`."""
-  decoder_inputs = shift_right(sequences)
-  p = sampling.distribution(
-      network.teacher_forced_logits(
-          target_config, target_params, encoder_input_tokens, decoder_inputs
-      ),
+  [B, L] (`teacher_forced_betas`)."""
+  beta, _ = teacher_forced_betas(
+      target_config,
+      target_params,
+      drafter,
+      drafter_params,
+      encoder_input_tokens,
+      sequences,
       temperature,
       topk,
       topp,
   )
-  q = sampling.distribution(
-      drafter.teacher_forced_logits(drafter_params, encoder_input_tokens, decoder_inputs),
-      temperature,
-      topk,
-      topp,
-  )
-  beta = jnp.sum(jnp.minimum(p, q), axis=-1)
   valid = generated_positions(sequences, eos_id)
   return jnp.sum(jnp.where(valid, beta, 0.0), axis=1), jnp.sum(valid, axis=1)
 
 
-def measure(
+def target_sampler(
     target_config: network.T5Config,
-    target_params,
-    drafters: dict,
-    encoder_batches,
     decode_length: int,
-    temperature: float,
     eos_id: int,
-    num_tokens: int,
+    temperature: float,
     topk: int = 0,
     topp: float = 0.0,
-    seed: int = 0,
-) -> dict:
-  """Table 3's alpha of each drafter over about `num_tokens` target-generated tokens.
-
-  Args:
-    drafters: name -> (drafters.Drafter, params).
-    encoder_batches: an iterable of encoder input arrays [B, Le]; consumed until `num_tokens`
-      generated positions are counted (or it runs out).
-  Returns:
-    {name: {'alpha': ..., 'tokens': ...}}.
-  """
+):
+  """A jitted `generate(params, encoder_tokens [B, Le], rng) -> sequences [B, decode_length]`: the
+  target's own samples (the baseline loop), on which alpha is measured."""
   module = network.Transformer(target_config)
 
   @jax.jit
@@ -109,6 +122,32 @@ def measure(
     )
     return decodes[:, -1]
 
+  return generate
+
+
+def measure(
+    target_config: network.T5Config,
+    target_params,
+    drafters: dict,
+    encoder_batches,
+    decode_length: int,
+    temperature: float,
+    eos_id: int,
+    num_tokens: int,
+    topk: int = 0,
+    topp: float = 0.0,
+    seed: int = 0,
+) -> dict:
+  """Table 3's alpha of each drafter over about `num_tokens` target-generated tokens.
+
+  Args:
+    drafters: name -> (drafters.Drafter, params).
+    encoder_batches: an iterable of encoder input arrays [B, Le]; consumed until `num_tokens`
+      generated positions are counted (or it runs out).
+  Returns:
+    {name: {'alpha': ..., 'tokens': ...}}.
+  """
+  generate = target_sampler(target_config, decode_length, eos_id, temperature, topk, topp)
   scorers = {
       name: jax.jit(
           lambda tp, dp, enc, seq, d=drafter: beta_totals(

@@ -23,6 +23,13 @@ checkpoints on GCS go through orbax's own path handling (etils.epath).
 Writing: `save_model` / `restore_model` keep one model's params and `T5Config`, `save_pair` /
 `restore_pair` a (target, drafter) pair in one directory, each as orbax params plus
 `config.json`.
+
+Damaged weights are refused, never loaded: a file that fails what its format checks (gzip's CRC
+and zstd's frame checks of a zarr chunk, msgpack's framing and array sizes) raises a ValueError
+naming the array and the file, and by default (`check_finite=True` on every reading function) a
+floating-point array holding NaN or inf raises `NonFiniteWeightsError` naming its path. Flipped
+bits that leave finite numbers are invisible to both: neither zarr nor orbax stores checksums of
+the values.
 """
 
 import dataclasses
@@ -56,6 +63,47 @@ _PARAMS_DIR = "params"
 _PAIR_MEMBERS = ("target", "drafter")
 # Magic numbers of the zarr compressors orbax and T5X use, for chunks stored without .zarray.
 _COMPRESSOR_MAGIC = ((b"\x1f\x8b", {"id": "gzip"}), (b"\x28\xb5\x2f\xfd", {"id": "zstd"}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged weights.
+# ----------------------------------------------------------------------------------------------
+class NonFiniteWeightsError(ValueError):
+  """Weights holding NaN or inf: a damaged file, or a training run that diverged."""
+
+
+def check_params_finite(params: Mapping, source: str = "params") -> None:
+  """Raises one `NonFiniteWeightsError` naming every floating-point array or scalar of `params`
+  that holds NaN or inf, with the counts and the first index; other leaves are ignored.
+
+  Args:
+    params: nested dict of arrays (numpy or jax), scalars and other leaves.
+    source: what `params` came from, for the message.
+  """
+  problems = []
+  for path, value in sorted(traverse_util.flatten_dict(dict(params)).items()):
+    if not isinstance(value, (np.ndarray, np.generic, jax.Array, float, complex)):
+      continue
+    array = np.asarray(value)
+    if not jax.numpy.issubdtype(array.dtype, jax.numpy.inexact):
+      continue  # jax's issubdtype counts bfloat16 as floating; numpy's does not.
+    finite = np.isfinite(array)
+    if finite.all():
+      continue
+    nans = int(np.isnan(array).sum())
+    first = tuple(int(i) for i in np.unravel_index(np.argmin(finite), array.shape))
+    problems.append(
+        f"  {'/'.join(map(str, path))} {array.shape}: {nans} NaN and "
+        f"{array.size - int(finite.sum()) - nans} inf of {array.size} values, the first at "
+        f"index {first}"
+    )
+  if problems:
+    raise NonFiniteWeightsError(
+        f"{source} holds NaN or inf in {len(problems)} parameter(s):\n"
+        + "\n".join(problems)
+        + "\nThe file is damaged (copy or download it again) or the training diverged (use an "
+        "earlier checkpoint); check_finite=False loads it anyway."
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,9 +364,9 @@ def _guarded(read: _ArrayRead, directory: _Location, fn):
   except ValueError as e:
     where = directory.join(read.relative_path).path
     raise ValueError(
-        f"cannot read array '{read.name}' from {where}: {e}. A missing, truncated "
-        "or corrupted chunk file means an incomplete copy: copy the checkpoint "
-        "again"
+        f"cannot read array '{read.name}' from {where}: {e}. A missing or truncated chunk "
+        "file, or one that fails its compressor's checks (a flipped byte), means a damaged or "
+        "incomplete copy: copy the checkpoint again"
     ) from e
 
 
@@ -385,6 +433,7 @@ def load_t5x_checkpoint(
     step: int | None = None,
     restore_dtype: Any = None,
     template: Mapping[str, Any] | None = None,
+    check_finite: bool = True,
 ) -> dict:
   """Reads a T5X checkpoint (any layout in the module docstring) into numpy, without T5X.
 
@@ -395,15 +444,21 @@ def load_t5x_checkpoint(
     restore_dtype: if given (e.g. 'bfloat16'), floating-point arrays under 'target' are cast to it.
     template: nested dict (same paths as the result) of arrays or `jax.ShapeDtypeStruct`s; only
       consulted for arrays stored with neither a `.zarray` file nor a spec (old orbax copies).
+    check_finite: raise `NonFiniteWeightsError` if a floating-point array (parameters and
+      optimizer state) holds NaN or inf; False loads it as it is.
 
   Returns:
     {'target': nested params, 'state': nested optimizer state, ...} of numpy arrays: the entries
     of the checkpoint's optimizer state dict, 'target' and 'state' always present.
   """
-  return _load(path, step, restore_dtype, template or {}, only_target=False)
+  return _load(
+      path, step, restore_dtype, template or {}, only_target=False, check_finite=check_finite
+  )
 
 
-def _load(path, step, restore_dtype, template: Mapping[str, Any], only_target: bool) -> dict:
+def _load(
+    path, step, restore_dtype, template: Mapping[str, Any], only_target: bool, check_finite: bool
+) -> dict:
   kind, location = _find_checkpoint(path, step)
   if kind == "project":
     tree = {"target": _orbax_numpy_restore(location.join(_PARAMS_DIR))}
@@ -413,6 +468,8 @@ def _load(path, step, restore_dtype, template: Mapping[str, Any], only_target: b
   else:
     file = location if kind == "file" else location.join(_MSGPACK_FILE)
     tree = _read_msgpack_checkpoint(file, template, only_target)
+  if only_target:
+    tree = {"target": tree.get("target", {})}
   tree.setdefault("target", {})
   tree.setdefault("state", {})
   if restore_dtype is not None:
@@ -421,6 +478,8 @@ def _load(path, step, restore_dtype, template: Mapping[str, Any], only_target: b
         lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x,
         tree["target"],
     )
+  if check_finite:  # After the cast: an overflow to float16's inf is refused as well.
+    check_params_finite(tree, source=f"checkpoint {location.path}")
   return tree
 
 
@@ -462,7 +521,10 @@ def _orbax_numpy_restore(location: _Location) -> dict:
     args = _map_leaves(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), structure)
     return checkpointer.restore(location.path, restore_args=args)
   except (ValueError, OSError) as e:
-    raise ValueError(f"cannot restore the orbax checkpoint at {location.path}: {e}") from e
+    raise ValueError(
+        f"cannot restore the orbax checkpoint at {location.path}: {e}. A read or decompression "
+        "error means a damaged or incomplete copy: copy the checkpoint again"
+    ) from e
 
 
 def _map_leaves(fn, tree):
@@ -527,19 +589,24 @@ def config_from_params(params: Mapping, **overrides) -> network.T5Config:
 
 
 def restore_params(
-    config: network.T5Config, path: str | os.PathLike, dtype: Any = None, step: int | None = None
+    config: network.T5Config,
+    path: str | os.PathLike,
+    dtype: Any = None,
+    step: int | None = None,
+    check_finite: bool = True,
 ) -> dict:
   """Parameters for `network.Transformer(config)` from a T5X or project checkpoint at `path`.
 
-  Reads only the 'target' of `path` (see `load_t5x_checkpoint`), checks it against
-  `network.param_shapes(config)` (one ValueError lists every problem) and casts floating-point
-  parameters to `dtype` if given (e.g. 'bfloat16' for the real sizes). The result is on the
+  Reads only the 'target' of `path` (see `load_t5x_checkpoint`), casts floating-point
+  parameters to `dtype` if given (e.g. 'bfloat16' for the real sizes), refuses NaN and inf
+  (`NonFiniteWeightsError`, unless check_finite=False) and checks the tree against
+  `network.param_shapes(config)` (one ValueError lists every problem). The result is on the
   default device (jax arrays): numpy parameters would be copied to the device at every call of
   a jitted function.
   """
   shapes = network.param_shapes(config)
   template = {"target": _map_leaves(lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes)}
-  params = _load(path, step, dtype, template, only_target=True)["target"]
+  params = _load(path, step, dtype, template, only_target=True, check_finite=check_finite)["target"]
   check_params(params, shapes, source=f"checkpoint {path}")
   return jax.device_put(params)
 
@@ -600,10 +667,14 @@ def read_config(directory: str | os.PathLike) -> network.T5Config:
   return config_from_json(config_file.read_text(), source=str(config_file))
 
 
-def restore_model(directory: str | os.PathLike, dtype: Any = None) -> tuple[dict, network.T5Config]:
-  """(params, config) written by `save_model`, params checked and cast to `dtype` if given."""
+def restore_model(
+    directory: str | os.PathLike, dtype: Any = None, check_finite: bool = True
+) -> tuple[dict, network.T5Config]:
+  """(params, config) written by `save_model`, params cast to `dtype` if given and checked as by
+  `restore_params`."""
   config = read_config(directory)
-  return restore_params(config, _epath(directory), dtype=dtype), config
+  params = restore_params(config, _epath(directory), dtype=dtype, check_finite=check_finite)
+  return params, config
 
 
 def save_pair(
@@ -621,7 +692,10 @@ def save_pair(
 
 
 def restore_pair(
-    directory: str | os.PathLike, dtype: Any = None
+    directory: str | os.PathLike, dtype: Any = None, check_finite: bool = True
 ) -> tuple[tuple[dict, network.T5Config], tuple[dict, network.T5Config]]:
-  """((target_params, target_config), (drafter_params, drafter_config)) from `save_pair`."""
-  return tuple(restore_model(_epath(directory) / member, dtype) for member in _PAIR_MEMBERS)
+  """((target_params, target_config), (drafter_params, drafter_config)) from `save_pair`,
+  each member restored by `restore_model`."""
+  return tuple(
+      restore_model(_epath(directory) / member, dtype, check_finite) for member in _PAIR_MEMBERS
+  )

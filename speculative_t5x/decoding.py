@@ -16,10 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import draft_length
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import sampling
 from speculative_t5x import speculative
 from speculative_t5x import theory
+from speculative_t5x import validation
 
 STAT_NAMES = (
     "target_calls",
@@ -36,7 +38,8 @@ class SpeculativeStats:
   """Per-row counts of a speculative decode, every field of one shape ([rows], [B] or [B, N]).
 
   target_calls: target calls (loop iterations while the row was active); drafter_calls: drafter
-  model calls (0 for table and lookup drafters); drafted_tokens: gamma per target call;
+  model steps the batch ran while the row was active (0 for table and lookup drafters);
+  drafted_tokens: the row's drafts (gamma per target call, fewer under a draft-length rule);
   accepted_tokens: drafts accepted and kept; beta_sum, beta_count: the sum of beta_i =
   sum_x min(p_i(x), q_i(x)) over the verified positions (the accepted drafts and the first
   rejected one) and their number. `alpha`, `tokens_per_call` and `acceptance_rate` pool the rows
@@ -226,14 +229,10 @@ def _unflatten_sorted(
 def _max_lengths(
     max_decode_steps, prompt_lengths: jax.Array, length: int, hard_limit: int | None = None
 ) -> jax.Array:
-  """Per-row last position: min(L, prompt length + max_decode_steps) -> [rows] int32."""
+  """Per-row last position: min(L, prompt length + max_decode_steps) -> [rows] int32
+  (max_decode_steps, None or in [1, L], is checked at the top of the decoding functions)."""
   if max_decode_steps is None:
     return jnp.full(prompt_lengths.shape, length, jnp.int32)
-  if isinstance(max_decode_steps, int) and max_decode_steps > length:
-    raise ValueError(
-        f"max_decode_steps={max_decode_steps} is larger than the decode length "
-        f"{length}: cannot decode more steps than the sequence length."
-    )
   steps = jnp.asarray(max_decode_steps, jnp.int32)
   if hard_limit:
     steps = jnp.minimum(steps, hard_limit)
@@ -308,7 +307,9 @@ def temperature_sample(
   Returns:
     decodes [B, N, L] and log_probs [B, N], sorted by ascending log-prob (best last).
   """
-  sampling.validate(temperature, topk, topp)
+  validation.check_decode_call(
+      inputs, eos_id, num_decodes, temperature, topk, topp, max_decode_steps, decode_rng
+  )
   batch, length = inputs.shape
   rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
   inputs = expand_rows(inputs, num_decodes)
@@ -399,14 +400,28 @@ class SpeculativeLoopState:
   trace: SpeculativeTrace | None  # fields [rows, L(, gamma)], or None when not traced
 
 
-def validate_speculative(gamma, temperature, topk, topp) -> None:
-  """Raises ValueError for bad settings, before tracing."""
-  if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
-    raise ValueError(
-        f"gamma must be an integer >= 1 (the number of drafted tokens per target "
-        f"call), got {gamma}."
+def validate_speculative(
+    gamma,
+    temperature,
+    topk,
+    topp,
+    *,
+    inputs=None,
+    eos_id=None,
+    num_decodes=1,
+    max_decode_steps=None,
+    decode_rng=None,
+) -> None:
+  """Raises `validation.InvalidInputError` (a ValueError) for bad arguments of
+  `speculative_sample`, before tracing: gamma and the sampling settings, and with `inputs` [B, L]
+  everything `validation.check_decode_call` checks."""
+  validation.check_gamma(gamma)
+  if inputs is None:
+    validation.check_sampling(temperature, topk, topp)
+  else:
+    validation.check_decode_call(
+        inputs, eos_id, num_decodes, temperature, topk, topp, max_decode_steps, decode_rng
     )
-  sampling.validate(temperature, topk, topp)
 
 
 def speculative_sample(
@@ -420,6 +435,7 @@ def speculative_sample(
     *,
     gamma: int,
     verifier: speculative.Verifier = speculative.ALGORITHM_1,
+    draft_stop: draft_length.DraftStop | None = None,
     decode_rng: jax.Array | None = None,
     num_decodes: int = 1,
     temperature: float | jax.Array = 1.0,
@@ -445,8 +461,11 @@ def speculative_sample(
     drafter: a `drafters.Drafter`; drafter_params its parameters; drafter_state its state at
       batch B (from `drafter.init_state`).
     eos_id: end-of-sequence id; tokens accepted after it are dropped.
-    gamma: drafts per target call (static).
+    gamma: drafts per target call (static), the most under `draft_stop`.
     verifier: a `speculative.Verifier` (default Algorithm 1, `speculative.TokenVerifier`).
+    draft_stop: a `draft_length` rule that ends a row's drafting early (adaptive draft length),
+      or None: gamma drafts per call. The verification width stays gamma + 1; empty slots are
+      rejected, and the drafter steps run only while some active row still drafts.
     decode_rng, num_decodes, temperature, topk, topp, max_decode_steps: as in temperature_sample
       (topk defaults to 0 here: no cutoff). Iteration i uses the uniforms [B*N, 2 gamma + 1] at
       row i of `sampling.uniforms(decode_rng, (L, B*N, 2 gamma + 1))`: gamma for the drafts, gamma
@@ -459,7 +478,17 @@ def speculative_sample(
     A `SpeculativeOutput`: decodes [B, N, L], log_probs [B, N], stats (`SpeculativeStats`, fields
     [B, N]) and, with return_trace, the trace (`SpeculativeTrace`, fields [B, N, L(, gamma)]).
   """
-  validate_speculative(gamma, temperature, topk, topp)
+  validate_speculative(
+      gamma,
+      temperature,
+      topk,
+      topp,
+      inputs=inputs,
+      eos_id=eos_id,
+      num_decodes=num_decodes,
+      max_decode_steps=max_decode_steps,
+      decode_rng=decode_rng,
+  )
   if drafter.vocab_size <= 0:
     raise ValueError(f"the drafter's vocab_size is {drafter.vocab_size}: give it the target's.")
   batch, length = inputs.shape
@@ -480,6 +509,11 @@ def speculative_sample(
 
   def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
     u = uniforms[jnp.minimum(state.iteration, length - 1)]
+    # A rule reaches the drafter only when given, so a drafter written without `stop` still
+    # decodes at a static gamma. Rows that ended stop after their first draft.
+    stop = {}
+    if draft_stop is not None:
+      stop["stop"] = lambda logits, drafts: draft_stop(logits, drafts) | state.ended
     drafts, q, drafter_state = drafter.propose(
         drafter_params,
         state.drafter_state,
@@ -488,7 +522,11 @@ def speculative_sample(
         gamma,
         u[:, :gamma],
         standardize,
+        **stop,
     )
+    # Drafts before the first EMPTY slot; the batch's drafter steps are the longest row's.
+    drafted = jnp.sum(jnp.cumprod((drafts != drafters_lib.EMPTY).astype(jnp.int32), axis=1), axis=1)
+    steps = gamma if draft_stop is None else jnp.max(drafted)
     pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
     # An out-of-vocabulary draft (a broken drafter) never reaches the target's embedding: it is
     # scored as 0 and rejected by the verifier.
@@ -522,8 +560,8 @@ def speculative_sample(
     stats = state.stats
     stats = stats.replace(
         target_calls=stats.target_calls + active,
-        drafter_calls=stats.drafter_calls + active * gamma * drafter.steps_per_draft,
-        drafted_tokens=stats.drafted_tokens + active * gamma,
+        drafter_calls=stats.drafter_calls + active * steps * drafter.steps_per_draft,
+        drafted_tokens=stats.drafted_tokens + active * (gamma if draft_stop is None else drafted),
         accepted_tokens=stats.accepted_tokens + jnp.minimum(n, emitted),
         beta_sum=stats.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), axis=1),
         beta_count=stats.beta_count + jnp.sum(verified, axis=1).astype(jnp.int32),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import flax
 import gin
@@ -26,8 +26,31 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import checkpoints
+from speculative_t5x import draft_length
 from speculative_t5x import network
 from speculative_t5x import sampling
+
+# An empty draft slot: the row stopped drafting before it (`draft_length`); verifiers reject it.
+EMPTY = -1
+
+
+def _check_int(owner: str, name: str, value: Any, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}.")
+
+
+def _check_token_ids(tokens: np.ndarray, vocab_size: int, owner: str) -> np.ndarray:
+  """The non-padding ids of one fitting sequence, refused where outside [0, vocab_size)."""
+  tokens = np.asarray(tokens)
+  if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+    raise ValueError(f"{owner}.fit needs integer token ids, got dtype {tokens.dtype}.")
+  bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
+  if bad.size:
+    raise ValueError(
+        f"{owner}.fit got token id {int(bad.flat[0])} outside [0, {vocab_size}): fit on "
+        "sequences of the target's vocabulary, with the target's vocab_size."
+    )
+  return tokens.ravel()
 
 
 def decoder_inputs(sequences: jax.Array, positions: jax.Array) -> jax.Array:
@@ -41,6 +64,60 @@ def _draw(standardize: sampling.Standardizer, u: jax.Array, logits: jax.Array):
   The block axis stays while standardizing: a per-row temperature is [B, 1]."""
   draft, q = standardize.draw_from_logits(u[:, None], logits)
   return draft[:, 0], None if q is None else q[:, 0]
+
+
+def draft_chain(
+    first_logits: jax.Array,
+    step: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any]],
+    carry: Any,
+    gamma: int,
+    u: jax.Array,
+    standardize: sampling.Standardizer,
+    stop: draft_length.DraftStop | None = None,
+) -> tuple[jax.Array, jax.Array | None, Any, jax.Array]:
+  """Drafts x_1..x_gamma one drafter step at a time; under `stop`, rows stop early.
+
+  The loop runs while some row is still drafting (at most gamma steps); a row that stopped keeps
+  computing with the batch, but its later slots are EMPTY with zero q rows.
+
+  Args:
+    first_logits: [B, 1, V], the drafter's logits for x_1.
+    step: (carry, x_i [B], i) -> (logits of x_{i+1} [B, 1, V], carry), for i = 1..gamma-1.
+    carry: the drafter's state threaded through `step` (e.g. its cache).
+    u: [B, gamma] U[0, 1) draws, u[:, i-1] for x_i.
+    stop: (logits [B, V], x_i [B]) -> [B] bool, stop after x_i; None: always gamma drafts.
+
+  Returns:
+    drafts [B, gamma] int32 (EMPTY after each row's last draft), q [B, gamma, V] float32 (zero
+    at empty slots; None when greedy), the carry, and the drafter steps taken (scalar int32).
+  """
+  batch = first_logits.shape[0]
+  first, q_first = _draw(standardize, u[:, 0], first_logits)
+  drafting = jnp.ones((batch,), bool)
+  if stop is not None:
+    drafting = ~stop(first_logits[:, 0], first)
+  drafts = jnp.full((batch, gamma), EMPTY, jnp.int32).at[:, 0].set(first)
+  q = None
+  if q_first is not None:
+    q = jnp.zeros((batch, gamma) + q_first.shape[1:], jnp.float32).at[:, 0].set(q_first)
+
+  def body(loop):
+    i, drafting, token, drafts, q, carry = loop
+    logits, carry = step(carry, token, i)
+    draft, q_i = _draw(standardize, jax.lax.dynamic_index_in_dim(u, i, 1, False), logits)
+    drafts = drafts.at[:, i].set(jnp.where(drafting, draft, EMPTY))
+    if q is not None:
+      q = q.at[:, i].set(jnp.where(drafting[:, None], q_i, 0.0))
+    if stop is not None:
+      drafting = drafting & ~stop(logits[:, 0], draft)
+    return i + 1, drafting, draft, drafts, q, carry
+
+  steps, _, _, drafts, q, carry = jax.lax.while_loop(
+      lambda loop: (loop[0] < gamma) & jnp.any(loop[1]),
+      body,
+      (jnp.int32(1), drafting, first, drafts, q, carry),
+  )
+  return drafts, q, carry, steps
 
 
 class Drafter(abc.ABC):
@@ -149,10 +226,16 @@ class Drafter(abc.ABC):
       gamma: int,
       u: jax.Array,
       standardize: sampling.Standardizer,
+      stop: draft_length.DraftStop | None = None,
   ) -> tuple[jax.Array, jax.Array, Any]:
     """u [B, gamma]: U[0, 1) draws, u[:, i] for draft i (`Standardizer.draw`)
     -> drafts [B, gamma] int32, q [B, gamma, V] float32 (drafts[:, i] ~ q[:, i]), new state.
-    When `standardize.greedy`, q may be None: the drafts are then argmaxes and q their one-hot."""
+    When `standardize.greedy`, q may be None: the drafts are then argmaxes and q their one-hot.
+
+    stop: a `draft_length.DraftStop` rule, or None (gamma drafts). A drafter that takes model
+    steps honours it (`draft_chain`): a row stops after the draft the rule flags, its later slots
+    EMPTY (q rows 0), and the steps run only while some row drafts. A drafter whose drafts cost no
+    step may ignore it."""
 
   @property
   def steps_per_draft(self) -> int:
@@ -253,7 +336,7 @@ class T5Drafter(Drafter):
         self.config, params, encoder_input_tokens, decoder_input_tokens
     )
 
-  def propose(self, params, state, sequences, length, gamma, u, standardize):
+  def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
     module = self.module
     decode = lambda tokens, cache, index: module.apply(  # noqa: E731
         {"params": params}, tokens, cache, index, method=module.decode
@@ -271,22 +354,16 @@ class T5Drafter(Drafter):
     logits, cache = jax.lax.cond(
         jnp.all(state.written >= length), lambda: first_logits(1), lambda: first_logits(2)
     )
-    first, q_first = _draw(standardize, u[:, 0], logits)
-
-    def step(carry, u_i):
-      cache, token, position = carry
-      logits, cache = decode(token[:, None], cache, position)
-      draft, q_i = _draw(standardize, u_i, logits)
-      return (cache, draft, position + 1), (draft, q_i)
-
-    (cache, _, _), (drafts, qs) = jax.lax.scan(
-        step, (cache, first, length + 1), jnp.moveaxis(u[:, 1:], 1, 0)
+    drafts, q, cache, steps = draft_chain(
+        logits,
+        lambda cache, token, i: decode(token[:, None], cache, length + i),
+        cache,
+        gamma,
+        u,
+        standardize,
+        stop,
     )
-    drafts = jnp.concatenate([first[:, None], jnp.moveaxis(drafts, 0, 1)], axis=1)
-    state = T5DrafterState(cache, length + gamma)
-    if q_first is None:  # greedy
-      return drafts, None, state
-    return drafts, jnp.concatenate([q_first[:, None], jnp.moveaxis(qs, 0, 1)], axis=1), state
+    return drafts, q, T5DrafterState(cache, length + steps)
 
 
 def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
@@ -301,6 +378,15 @@ class _TableDrafter(Drafter):
 
   vocab_size: int = 0
   eos_id: int | None = None
+
+  def __post_init__(self):
+    _check_int(type(self).__name__, "vocab_size", self.vocab_size, 0)
+    smoothing = getattr(self, "smoothing", 0.0)
+    if not (isinstance(smoothing, (int, float)) and np.isfinite(smoothing) and smoothing >= 0):
+      raise ValueError(
+          f"{type(self).__name__}.smoothing must be a finite number >= 0 (added to every count), "
+          f"got {smoothing!r}."
+      )
 
   @property
   def steps_per_draft(self) -> int:
@@ -321,15 +407,18 @@ class _TableDrafter(Drafter):
   def next_logits(self, params, previous: jax.Array) -> jax.Array:
     """previous tokens [B] -> logits [B, V]."""
 
-  def propose(self, params, state, sequences, length, gamma, u, standardize):
+  def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
     previous = decoder_inputs(sequences, length[:, None])[:, 0]
-
-    def step(token, u_i):
-      draft, q_i = _draw(standardize, u_i, self.next_logits(params, token)[:, None])
-      return draft, (draft, q_i)
-
-    _, (drafts, q) = jax.lax.scan(step, previous, jnp.moveaxis(u, 1, 0))
-    return jnp.moveaxis(drafts, 0, 1), None if q is None else jnp.moveaxis(q, 0, 1), state
+    drafts, q, _, _ = draft_chain(
+        self.next_logits(params, previous)[:, None],
+        lambda carry, token, i: (self.next_logits(params, token)[:, None], carry),
+        (),
+        gamma,
+        u,
+        standardize,
+        stop,
+    )
+    return drafts, q, state
 
   def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
     return jax.vmap(lambda previous: self.next_logits(params, previous), in_axes=1, out_axes=1)(
@@ -349,8 +438,8 @@ class UnigramDrafter(_TableDrafter):
     """Counts token ids (0 = padding, ignored) in an iterable of int arrays -> params."""
     counts = np.zeros(vocab_size, np.int64)
     for tokens in token_arrays:
-      tokens = np.asarray(tokens).ravel()
-      counts += np.bincount(tokens[tokens > 0], minlength=vocab_size)[:vocab_size]
+      tokens = _check_token_ids(tokens, vocab_size, "UnigramDrafter")
+      counts += np.bincount(tokens[tokens > 0], minlength=vocab_size)
     return {"logits": _ngram_logits(counts, smoothing)}
 
   def fit_params(self, targets):
@@ -374,6 +463,14 @@ class BigramDrafter(_TableDrafter):
   smoothing: float = 1.0
   backoff: float = 0.1
 
+  def __post_init__(self):
+    super().__post_init__()
+    _check_int("BigramDrafter", "top", self.top, 1)
+    if not (isinstance(self.backoff, (int, float)) and 0 < self.backoff < 1):
+      raise ValueError(
+          f"BigramDrafter.backoff must be in (0, 1) (the unigram's weight), got {self.backoff!r}."
+      )
+
   @staticmethod
   def fit(
       token_arrays, vocab_size: int, top: int = 32, smoothing: float = 1.0, backoff: float = 0.1
@@ -384,9 +481,9 @@ class BigramDrafter(_TableDrafter):
     unigram = np.zeros(vocab_size, np.int64)
     pairs: dict[tuple[int, int], int] = {}
     for tokens in token_arrays:
-      tokens = np.asarray(tokens).ravel()
+      tokens = _check_token_ids(tokens, vocab_size, "BigramDrafter")
       tokens = tokens[tokens > 0]
-      unigram += np.bincount(tokens, minlength=vocab_size)[:vocab_size]
+      unigram += np.bincount(tokens, minlength=vocab_size)
       for prev, nxt in zip(np.concatenate([[0], tokens[:-1]]), tokens):
         pairs[(int(prev), int(nxt))] = pairs.get((int(prev), int(nxt)), 0) + 1
     uni_p = (unigram + smoothing) / (unigram + smoothing).sum()
@@ -438,6 +535,16 @@ class PromptLookupDrafter(Drafter):
   eos_id: int | None = None
   fallback_token: int = 0
 
+  def __post_init__(self):
+    _check_int("PromptLookupDrafter", "vocab_size", self.vocab_size, 0)
+    _check_int("PromptLookupDrafter", "ngram", self.ngram, 1)
+    _check_int("PromptLookupDrafter", "fallback_token", self.fallback_token, 0)
+    if self.vocab_size and self.fallback_token >= self.vocab_size:
+      raise ValueError(
+          f"PromptLookupDrafter.fallback_token {self.fallback_token} is outside the vocabulary "
+          f"[0, {self.vocab_size}): give an id of the target's vocabulary (0 by default)."
+      )
+
   @property
   def steps_per_draft(self) -> int:
     return 0
@@ -458,7 +565,8 @@ class PromptLookupDrafter(Drafter):
     )(jnp.arange(length))
     return jnp.where(jax.nn.one_hot(first, self.vocab_size, dtype=bool), 0.0, network.MASK_VALUE)
 
-  def propose(self, params, state, sequences, length, gamma, u, standardize):
+  def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
+    del stop  # its drafts cost no drafter step, so stopping early saves nothing.
     n = self.ngram
     # Search space per row: the input tokens, then x_0..x_length (BOS and the decoded tokens).
     positions = jnp.arange(sequences.shape[1] + 1)[None]

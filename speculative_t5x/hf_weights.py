@@ -9,15 +9,23 @@ The transformers 5.x trap: `T5Config` always sets `tie_word_embeddings=True`, so
 `shared` become one Parameter and loading an untied head overwrites the input embedding. Use
 `to_hf_model` (it gives `lm_head` its own Parameter) rather than `from_pretrained` under 5.x.
 
+Damaged files are refused: a safetensors file whose header does not describe its data, or a
+`pytorch_model.bin` whose zip records fail their CRC-32, raises a ValueError naming the file; and
+by default (`check_finite=True`) a weight holding NaN or inf raises
+`checkpoints.NonFiniteWeightsError` naming its key.
+
 torch is imported only to read `pytorch_model.bin` files and to build a torch model.
 """
 
 import json
 import os
+import pickle
 from typing import Any, Mapping
+import zipfile
 
 from flax import traverse_util
 import numpy as np
+import safetensors
 import safetensors.numpy
 
 from speculative_t5x import checkpoints
@@ -104,18 +112,25 @@ def _to_numpy(value: Any) -> np.ndarray:
   return np.asarray(value).astype(np.float32)
 
 
-def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: network.T5Config) -> dict:
+def params_from_hf_state_dict(
+    state_dict: Mapping[str, Any],
+    config: network.T5Config,
+    check_finite: bool = True,
+    source: str = "HF state dict",
+) -> dict:
   """float32 params for `network.Transformer(config)` from an HF T5 state dict.
 
   Accepts numpy arrays or torch tensors. The embedding may be under `shared.weight` or the
   `embed_tokens` aliases (which must then agree). One ValueError lists every missing, extra or
-  mis-shaped key by name.
+  mis-shaped key by name; then, unless check_finite=False, one
+  `checkpoints.NonFiniteWeightsError` every key holding NaN or inf. `source` names the state
+  dict in the messages.
   """
   arrays = {key: _to_numpy(value) for key, value in state_dict.items()}
   embeddings = [k for k in ("shared.weight",) + _EMBEDDING_ALIASES if k in arrays]
   for alias in embeddings[1:]:
     if arrays[alias].shape != arrays[embeddings[0]].shape or not np.array_equal(
-        arrays[alias], arrays[embeddings[0]]
+        arrays[alias], arrays[embeddings[0]], equal_nan=True  # NaN is for check_finite to report.
     ):
       raise ValueError(
           f"{alias} differs from {embeddings[0]}: T5 shares one embedding table "
@@ -136,7 +151,7 @@ def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: network.T5C
       flat[path] = np.ascontiguousarray(arrays[hf].T if transpose else arrays[hf])
   known = {hf for _, hf, _ in key_map} | set(_EMBEDDING_ALIASES) | set(_UNUSED_KEYS)
   if config.logits_via_embedding and "lm_head.weight" in arrays:
-    if not np.array_equal(arrays["lm_head.weight"], arrays.get("shared.weight")):
+    if not np.array_equal(arrays["lm_head.weight"], arrays.get("shared.weight"), equal_nan=True):
       problems.append(
           "  lm_head.weight differs from shared.weight but the config ties the head "
           "(logits_via_embedding=True): use logits_via_embedding=False (T5 1.1)"
@@ -145,9 +160,11 @@ def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: network.T5C
   problems += [f"  extra: {key} {arrays[key].shape}" for key in sorted(arrays.keys() - known)]
   if problems:
     raise ValueError(
-        f"HF state dict does not match the model config ({len(problems)} problem(s)):"
+        f"{source} does not match the model config ({len(problems)} problem(s)):"
         "\n" + "\n".join(problems)
     )
+  if check_finite:
+    checkpoints.check_params_finite({hf: arrays[hf] for _, hf, _ in key_map}, source)
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
@@ -222,7 +239,13 @@ def load_hf_state_dict(path: str | os.PathLike) -> dict[str, Any]:
   """Tensors of an HF checkpoint: a directory, a `.safetensors` or `.bin` file, or an index.
 
   A directory is read from `model.safetensors` or else `pytorch_model.bin` (or their sharded
-  `*.index.json`). `.bin` files are read with torch (weights only) and returned as torch tensors.
+  `*.index.json`). `.bin` files are read with torch (weights only) and returned as torch tensors,
+  after their zip records pass their CRC-32 checks. The values are not checked:
+  `params_from_hf_state_dict` does that.
+
+  Raises:
+    FileNotFoundError: no such file, or a directory without HF weights.
+    ValueError: a file that is damaged or truncated (named in the message).
   """
   path = os.fspath(path)
   if os.path.isdir(path):
@@ -248,14 +271,48 @@ def load_hf_state_dict(path: str | os.PathLike) -> dict[str, Any]:
       tensors.update(load_hf_state_dict(os.path.join(os.path.dirname(path), shard)))
     return tensors
   if path.endswith(".safetensors"):
-    return safetensors.numpy.load_file(path)
+    try:
+      return safetensors.numpy.load_file(path)
+    except safetensors.SafetensorError as e:
+      raise ValueError(
+          f"HF checkpoint file {path} is not a readable safetensors file (damaged or "
+          f"truncated: download it again): {e}"
+      ) from e
+  _check_zip_records(path)
   import torch  # pylint: disable=g-import-not-at-top  (only .bin files need torch)
 
-  return torch.load(path, map_location="cpu", weights_only=True)
+  try:
+    return torch.load(path, map_location="cpu", weights_only=True)
+  except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+    raise ValueError(
+        f"HF checkpoint file {path} is not a readable torch file (damaged or truncated: "
+        f"download it again): {e}"
+    ) from e
 
 
-def load_hf(path: str | os.PathLike, dtype: str = "float32") -> tuple[dict, network.T5Config]:
-  """(params, config) of an HF T5 checkpoint directory holding `config.json` and weights."""
+def _check_zip_records(path: str) -> None:
+  """Raises a ValueError naming `path` and the record if a record of the zip archive torch writes
+  (every `.bin` since torch 1.6) fails its CRC-32; torch itself does not check. Older, pickled
+  `.bin` files are not zip archives and have nothing to check."""
+  if not zipfile.is_zipfile(path):
+    return
+  try:
+    with zipfile.ZipFile(path) as archive:
+      damaged = archive.testzip()
+  except (zipfile.BadZipFile, OSError) as e:
+    raise ValueError(f"HF checkpoint file {path} is a damaged zip archive: {e}") from e
+  if damaged is not None:
+    raise ValueError(
+        f"HF checkpoint file {path} is damaged: its record {damaged!r} fails its CRC-32 "
+        "check; download it again"
+    )
+
+
+def load_hf(
+    path: str | os.PathLike, dtype: str = "float32", check_finite: bool = True
+) -> tuple[dict, network.T5Config]:
+  """(params, config) of an HF T5 checkpoint directory holding `config.json` and weights (see
+  `load_hf_state_dict` and `params_from_hf_state_dict` for the checks)."""
   config_file = os.path.join(path, CONFIG_FILE)
   if not os.path.isfile(config_file):
     raise FileNotFoundError(
@@ -263,7 +320,10 @@ def load_hf(path: str | os.PathLike, dtype: str = "float32") -> tuple[dict, netw
     )
   with open(config_file) as f:
     config = t5_config_from_hf(json.load(f), dtype=dtype)
-  return params_from_hf_state_dict(load_hf_state_dict(path), config), config
+  params = params_from_hf_state_dict(
+      load_hf_state_dict(path), config, check_finite, source=f"HF checkpoint {path}"
+  )
+  return params, config
 
 
 def save_hf(directory: str | os.PathLike, params: Mapping, config: network.T5Config) -> None:

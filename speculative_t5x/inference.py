@@ -58,6 +58,7 @@ from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import pairs
 from speculative_t5x import tasks
+from speculative_t5x import validation
 
 DECODERS = ("speculative", "baseline")
 FEATURES = ("inputs", "targets")
@@ -126,7 +127,7 @@ class InferConfig:
       )
     lengths = dict(self.task_feature_lengths or {})
     if set(lengths) != set(FEATURES) or not all(
-        isinstance(n, int) and n > 0 for n in lengths.values()
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths.values()
     ):
       raise gin_utils.ConfigError(
           f"TASK_FEATURE_LENGTHS {self.task_feature_lengths!r} must give "
@@ -138,11 +139,30 @@ class InferConfig:
         ("GAMMA", self.gamma, 1),
         ("max_examples", self.max_examples, 1),
         ("ngram_fit_examples", self.ngram_fit_examples, 1),
+        ("decode_seed", self.decode_seed, 0),
     ):
       if value is not None and (
           not isinstance(value, int) or isinstance(value, bool) or value < low
       ):
         raise gin_utils.ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+    try:
+      for name, value in (
+          ("MIXTURE_OR_TASK_NAME", self.mixture_or_task_name),
+          ("INFER_OUTPUT_DIR", self.output_dir),
+          ("SPLIT", self.split),
+          ("ngram_fit_split", self.ngram_fit_split),
+      ):
+        validation.check_text(value, name)
+    except validation.InvalidInputError as e:
+      raise gin_utils.ConfigError(str(e)) from e
+    try:
+      validation.check_sampling(
+          self.temperature, self.topk, self.topp, vocab_size=self.pair.target_config.vocab_size
+      )
+    except validation.InvalidInputError as e:
+      raise gin_utils.ConfigError(
+          f"{e} (TEMPERATURE, inference.InferConfig.topk and .topp set the sampling)"
+      ) from e
 
   @property
   def speculative(self) -> bool:
@@ -197,8 +217,8 @@ def _fit_targets(task: seqio.Task, config: InferConfig) -> np.ndarray:
 
 
 def get_task(config: InferConfig) -> seqio.Task:
-  """The configured task, checked to be a task, to have the split, and to have a vocabulary the
-  models' vocab_size covers."""
+  """The configured task, checked to be a task, to have the split and the features 'inputs' and
+  'targets', and to have vocabularies the models' vocab_size covers."""
   try:
     task = tasks.get_task(config.mixture_or_task_name)
   except ValueError as e:
@@ -213,14 +233,21 @@ def get_task(config: InferConfig) -> seqio.Task:
     raise gin_utils.ConfigError(
         f"SPLIT {config.split!r} is not a split of {task.name}: use one " f"of {sorted(splits)}"
     )
-  vocabulary = task.output_features["targets"].vocabulary
-  vocab_size = config.pair.target_config.vocab_size
-  if vocab_size < vocabulary.vocab_size:
+  missing = [feature for feature in FEATURES if feature not in task.output_features]
+  if missing:
     raise gin_utils.ConfigError(
-        f"TARGET_CONFIG vocab_size {vocab_size} < the {vocabulary.vocab_size} pieces of "
-        f"{task.name}'s vocabulary: set VOCAB_SIZE to cover it (a drafter has the target's "
-        "vocab_size, pairs.PairConfig checks)"
+        f"task {task.name} has no feature(s) {missing} (it has {sorted(task.output_features)}): "
+        f"infer decodes 'targets' from 'inputs'; name a task with both"
     )
+  vocab_size = config.pair.target_config.vocab_size
+  for feature in FEATURES:
+    vocabulary = task.output_features[feature].vocabulary
+    if vocab_size < vocabulary.vocab_size:
+      raise gin_utils.ConfigError(
+          f"TARGET_CONFIG vocab_size {vocab_size} < the {vocabulary.vocab_size} pieces of "
+          f"{task.name}'s vocabulary: set VOCAB_SIZE to cover it (a drafter has the target's "
+          f"vocab_size, pairs.PairConfig checks; feature {feature!r})"
+      )
   return task
 
 
@@ -246,11 +273,41 @@ def _batches(task: seqio.Task, config: InferConfig) -> Iterator[list[dict]]:
 
 
 def model_batch(
-    examples: Sequence[Mapping[str, np.ndarray]], batch_size: int, lengths: Mapping[str, int]
+    examples: Sequence[Mapping[str, np.ndarray]],
+    batch_size: int,
+    lengths: Mapping[str, int],
+    vocab_size: int | None = None,
 ) -> dict[str, np.ndarray]:
   """EncDecFeatureConverter's model features for decoding, padded to `batch_size` rows with
   copies of the last example: encoder_input_tokens [B, Le]; decoder_input_tokens [B, Lt] (zeros:
-  decoding starts from BOS, only the shape counts)."""
+  decoding starts from BOS, only the shape counts).
+
+  Raises `validation.InvalidInputError` for no examples or more than `batch_size`, and for an
+  example whose 'inputs' are missing, empty, longer than lengths['inputs'] or (given
+  `vocab_size`) hold ids outside [0, vocab_size): a task whose vocabulary is not the model's.
+  """
+  if not 1 <= len(examples) <= batch_size:
+    raise validation.InvalidInputError(
+        f"model_batch got {len(examples)} examples for batch_size {batch_size}: give 1 to "
+        f"{batch_size}."
+    )
+  for i, example in enumerate(examples):
+    inputs = example.get("inputs")
+    if inputs is None or not 1 <= len(inputs) <= lengths["inputs"]:
+      raise validation.InvalidInputError(
+          f"example {i} of the batch has inputs {inputs!r}, but each needs 1 to "
+          f"lengths['inputs'] = {lengths['inputs']} tokens: read examples through the task's "
+          "pipeline at these feature lengths (it tokenizes and truncates them)."
+      )
+    inputs = np.asarray(inputs)
+    limit = np.inf if vocab_size is None else vocab_size
+    outside = inputs[(inputs < 0) | (inputs >= limit)]
+    if outside.size:
+      raise validation.InvalidInputError(
+          f"example {i} of the batch has input ids {sorted(set(outside.tolist()))}, negative or "
+          f">= the model's vocab_size {vocab_size}: the task's vocabulary is not the model's (set "
+          "VOCAB_SIZE to cover it, or use the model's vocabulary)."
+      )
   rows = list(examples) + [examples[-1]] * (batch_size - len(examples))
   encoder = np.zeros((batch_size, lengths["inputs"]), np.int32)
   for i, example in enumerate(rows):
@@ -333,7 +390,10 @@ def infer(config: InferConfig) -> dict:
     for index, examples in enumerate(_batches(task, config)):
       rng = jax.random.fold_in(jax.random.PRNGKey(config.decode_seed), index)
       decodes, aux = predict(
-          pair.params, model_batch(examples, config.batch_size, lengths), rng, temperature
+          pair.params,
+          model_batch(examples, config.batch_size, lengths, model.module.config.vocab_size),
+          rng,
+          temperature,
       )
       decodes = np.asarray(decodes)
       row_stats = _row_stats(aux, decodes, model.eos_id, len(examples))

@@ -13,6 +13,7 @@ Unlike T5X, where `temperature_sample` defaults to topk=1 (greedy), both models 
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -23,13 +24,17 @@ import numpy as np
 import seqio
 
 from speculative_t5x import decoding
+from speculative_t5x import draft_length
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import speculative
+from speculative_t5x import validation
 
 Batch = Mapping[str, jax.Array]
 _DECODER_PARAM_DEFAULTS = {"temperature": 0.0, "topk": 0, "topp": 0.0}
+# The token features that scoring and the loss read ([B, Le], [B, Ld], [B, Ld]).
+_SCORED_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
 
 
 def _cross_entropy(
@@ -59,6 +64,8 @@ class EncoderDecoderModel:
   """The baseline: T5 1.1 decoded with `decode_fn` (default `decoding.temperature_sample`)."""
 
   FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter
+  # The decode function's arguments that the model passes itself (the rest are decoder_params).
+  MODEL_DECODE_ARGS = ("inputs", "cache", "tokens_to_logits", "eos_id", "num_decodes")
 
   def __init__(
       self,
@@ -94,7 +101,9 @@ class EncoderDecoderModel:
 
   @property
   def eos_id(self) -> int:
-    return self._output_vocabulary.eos_id or 1
+    """The output vocabulary's EOS id, an id >= 1 of the model (0 is padding: a vocabulary whose
+    eos_id is 0 or None is an error, see `validation.check_eos_id`)."""
+    return validation.check_eos_id(self._output_vocabulary.eos_id, self.module.config.vocab_size)
 
   def get_initial_variables(
       self,
@@ -124,6 +133,7 @@ class EncoderDecoderModel:
 
   def loss_fn(self, params, batch: Batch, dropout_rng: jax.Array | None):
     """Weighted cross-entropy plus z-loss -> (loss, metrics)."""
+    validation.check_batch(batch, self.module.config.vocab_size, _SCORED_FEATURES)
     logits = self._compute_logits(params, batch, dropout_rng)
     weights = _weights(batch)
     loss, z = _cross_entropy(
@@ -149,19 +159,49 @@ class EncoderDecoderModel:
     """Sum over the targets of log p(target token) -> [B]."""
     if return_intermediates:
       raise ValueError("return_intermediates=True is not supported: call _compute_logits instead.")
+    validation.check_batch(batch, self.module.config.vocab_size, _SCORED_FEATURES)
     logits = self._compute_logits(params, batch)
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
     token = jnp.take_along_axis(log_probs, batch["decoder_target_tokens"][..., None], -1)[..., 0]
     return jnp.sum(token * _weights(batch), axis=-1)
 
-  def _settings(self, decoder_params: Mapping[str, Any] | None, rng) -> dict:
+  def _decoder_param_names(self) -> list[str] | None:
+    """The keys decoder_params may hold: the decode function's arguments other than those the
+    model passes (None: any, where it takes **kwargs or has no signature)."""
+    try:
+      parameters = inspect.signature(self._decode_fn).parameters.values()
+    except (TypeError, ValueError):
+      return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+      return None
+    return [p.name for p in parameters if p.name not in self.MODEL_DECODE_ARGS]
+
+  def _settings(
+      self, batch: Batch, decoder_params: Mapping[str, Any] | None, rng, num_decodes: int
+  ) -> dict:
+    """The decode function's settings, `decoder_params` over the defaults with `rng` as its
+    decode_rng, checked with the batch (token ids within the vocab_size where they are concrete)
+    and the output vocabulary before anything is traced (see `validation`)."""
+    validation.check_decoder_params(decoder_params, self._decoder_param_names())
     settings = dict(_DECODER_PARAM_DEFAULTS, **(decoder_params or {}))
     if rng is not None:
       if "decode_rng" in settings:
         raise ValueError("Got both `rng` and `decoder_params['decode_rng']`: give only one.")
       settings["decode_rng"] = rng
-    sampling.validate(
-        settings.get("temperature"), settings.get("topk", 0), settings.get("topp", 0.0)
+    vocab_size = self.module.config.vocab_size
+    validation.check_batch(batch, vocab_size)
+    validation.check_vocabulary(self._output_vocabulary, vocab_size, "output_vocabulary")
+    validation.check_decode_call(
+        batch["decoder_input_tokens"],
+        self.eos_id,
+        num_decodes,
+        settings["temperature"],
+        settings["topk"],
+        settings["topp"],
+        settings.get("max_decode_steps"),
+        settings.get("decode_rng"),
+        vocab_size,
+        name="decoder_input_tokens",
     )
     return settings
 
@@ -192,7 +232,7 @@ class EncoderDecoderModel:
       prompt_with_targets: bool = False,
   ):
     """-> (decodes [B, L] or [B, N, L], {'scores': [B] or [B, N]})."""
-    settings = self._settings(decoder_params, rng)
+    settings = self._settings(batch, decoder_params, rng, num_decodes)
     decoder_inputs = batch["decoder_input_tokens"]
     if prompt_with_targets:
       inputs = jnp.where(decoder_inputs == self.eos_id, 0, decoder_inputs)
@@ -234,21 +274,28 @@ class EncoderDecoderModel:
     A concrete greedy temperature (at or below `sampling.MIN_TEMPERATURE`) runs a second compiled
     function, the greedy specialization of the loop (argmaxes of the logits, no distributions;
     compiled on first use), whose outputs are those of the traced one at that temperature.
-    """
-    sampling.validate(None, topk, topp)
 
-    def fn(params, batch, rng, temperature):
-      decoder_params = {
+    The settings are checked here, and each call's batch (token ids included), rng and temperature
+    before the compiled function runs, so a bad value never reaches tracing or compilation.
+    """
+    validation.check_num_decodes(num_decodes)
+    validation.check_sampling(None, topk, topp, vocab_size=self.module.config.vocab_size)
+    validation.check_max_decode_steps(max_decode_steps)
+
+    def decoder_params(temperature):
+      return {
           "temperature": temperature,
           "topk": topk,
           "topp": topp,
           "max_decode_steps": max_decode_steps,
       }
+
+    def fn(params, batch, rng, temperature):
       return self.predict_batch_with_aux(
           params,
           batch,
           rng,
-          decoder_params=decoder_params,
+          decoder_params=decoder_params(temperature),
           return_all_decodes=return_all_decodes,
           num_decodes=num_decodes,
       )
@@ -257,7 +304,7 @@ class EncoderDecoderModel:
     compiled_greedy = jax.jit(lambda params, batch, rng: fn(params, batch, rng, 0.0))
 
     def predict(params, batch, rng, temperature):
-      sampling.validate(temperature)
+      self._settings(batch, decoder_params(temperature), rng, num_decodes)
       if sampling.is_greedy(temperature) and np.ndim(temperature) == 0:
         return compiled_greedy(params, batch, rng)
       return compiled(params, batch, rng, temperature)
@@ -274,11 +321,27 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     drafter: a `drafters.Drafter` (a `network.Transformer` is taken as the `drafters.T5Drafter` of
       its config); its vocab_size and eos_id, where unset, are the target's. Its parameters sit
       beside the target's: params = {'target': ..., 'drafter': ...}.
-    gamma: drafts per target call.
+    gamma: drafts per target call (the most, under `draft_stop`).
     verifier: a `speculative.Verifier` (default Algorithm 1, `speculative.TokenVerifier`).
+    draft_stop: a `draft_length` rule for adaptive draft length (e.g.
+      `draft_length.ConfidenceStop(threshold)`), or None: always gamma drafts.
     decode_fn: the decoding loop, T5X's extension point: called as `decoding.speculative_sample`
       (its default) is, and returning a `decoding.SpeculativeOutput`.
   """
+
+  MODEL_DECODE_ARGS = (
+      "inputs",
+      "target_cache",
+      "target_logits_fn",
+      "drafter",
+      "drafter_params",
+      "drafter_state",
+      "eos_id",
+      "gamma",
+      "verifier",
+      "draft_stop",
+      "num_decodes",
+  )
 
   def __init__(
       self,
@@ -288,6 +351,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       output_vocabulary: seqio.Vocabulary,
       gamma: int = 4,
       verifier: speculative.Verifier = speculative.ALGORITHM_1,
+      draft_stop: draft_length.DraftStop | None = None,
       decode_fn: Callable[..., decoding.SpeculativeOutput] = decoding.speculative_sample,
       optimizer_def: Any = None,
       label_smoothing: float = 0.0,
@@ -304,14 +368,22 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         z_loss=z_loss,
         loss_normalizing_factor=loss_normalizing_factor,
     )
-    decoding.validate_speculative(gamma, None, 0, 0.0)
+    validation.check_gamma(gamma)
+    for name, vocabulary in (("input", input_vocabulary), ("output", output_vocabulary)):
+      validation.check_vocabulary(vocabulary, module.config.vocab_size, f"{name}_vocabulary")
     if not isinstance(verifier, speculative.Verifier):
       raise ValueError(
           f"verifier must be a speculative.Verifier (e.g. "
           f"speculative.TokenVerifier()), got {type(verifier).__name__}."
       )
+    if draft_stop is not None and not callable(draft_stop):
+      raise ValueError(
+          f"draft_stop must be a draft_length rule (e.g. draft_length.ConfidenceStop(0.4)) or "
+          f"None, got {draft_stop!r}."
+      )
     self.gamma = int(gamma)
     self.verifier = verifier
+    self.draft_stop = draft_stop
     self.drafter = drafters_lib.as_drafter(drafter).for_target(
         module.config.vocab_size, self.eos_id
     )
@@ -360,7 +432,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
           "prompt_with_targets=True is not supported by speculative decoding: decode "
           "from BOS (the encoder-decoder default)."
       )
-    settings = self._settings(decoder_params, rng)
+    settings = self._settings(batch, decoder_params, rng, num_decodes)
     decoder_inputs = batch["decoder_input_tokens"]
     target_cache, drafter_state = self.prefill(params, batch)
     output = self._decode_fn(
@@ -373,6 +445,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         eos_id=self.eos_id,
         gamma=self.gamma,
         verifier=self.verifier,
+        draft_stop=self.draft_stop,
         num_decodes=num_decodes,
         **settings,
     )

@@ -245,8 +245,9 @@ def load_drafter(
 
 @contextlib.contextmanager
 def _restoring(macro: str, path: str) -> Iterator[None]:
-  """A checkpoint that is missing or does not fit the configured model is a ConfigError naming
-  the macro."""
+  """A checkpoint that is missing, damaged (weights holding NaN or inf included: restoring checks
+  them, `checkpoints.NonFiniteWeightsError`) or does not fit the configured model is a
+  ConfigError naming the macro."""
   try:
     yield
   except (FileNotFoundError, ValueError) as e:

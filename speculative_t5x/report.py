@@ -66,6 +66,7 @@ import tqdm
 
 from speculative_t5x import benchmark
 from speculative_t5x import decoding
+from speculative_t5x import draft_length
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import speculative
@@ -485,17 +486,29 @@ class Setting:
 Drafters = Mapping[str, tuple[network.T5Config, Any]]
 
 
+Verifiers = Mapping[str, speculative.Verifier]
+DraftStops = Mapping[str, draft_length.DraftStop | None]
+
+
 def setting_labels(
-    drafters: Drafters, verifiers: Mapping[str, speculative.Verifier] | None = None
-) -> dict[str, tuple[str, speculative.Verifier]]:
-  """label -> (drafter name, verifier) of every speculative setting: the drafter's name with the
-  default verifier alone (Algorithm 1), '<name>, <verifier> verification' with several."""
+    drafters: Drafters, verifiers: Verifiers | None = None, draft_stops: DraftStops | None = None
+) -> dict[str, tuple[str, speculative.Verifier, draft_length.DraftStop | None]]:
+  """label -> (drafter name, verifier, draft-length rule) of every speculative setting: the
+  drafter's name, then ', <verifier> verification' where several verifiers are swept and
+  ', <rule> draft length' where several rules are (the defaults: Algorithm 1, static gamma)."""
   verifiers = verifiers or {"token": speculative.ALGORITHM_1}
-  return {
-      (name if len(verifiers) == 1 else f"{name}, {label} verification"): (name, verifier)
-      for name in drafters
-      for label, verifier in verifiers.items()
-  }
+  draft_stops = draft_stops or {"static": None}
+  labels = {}
+  for name in drafters:
+    for verifier_label, verifier in verifiers.items():
+      for stop_label, stop in draft_stops.items():
+        label = name
+        if len(verifiers) > 1:
+          label += f", {verifier_label} verification"
+        if len(draft_stops) > 1:
+          label += f", {stop_label} draft length"
+        labels[label] = (name, verifier, stop)
+  return labels
 
 
 def build_settings(
@@ -504,23 +517,26 @@ def build_settings(
     drafters: Drafters,
     gammas: Sequence[int],
     vocabulary: seqio.Vocabulary,
-    verifiers: Mapping[str, speculative.Verifier] | None = None,
+    verifiers: Verifiers | None = None,
+    draft_stops: DraftStops | None = None,
 ) -> dict[Hashable, Setting]:
   """BASELINE and (setting label, gamma) -> Setting (labels: `setting_labels`); drafters of one
-  config share compiled functions per verifier (their parameters are arguments).
+  config share compiled functions per verifier and rule (their parameters are arguments).
 
   Args:
     drafters: name -> (config, params) of a T5 drafter.
     verifiers: label -> speculative.Verifier (default: Algorithm 1 alone).
+    draft_stops: label -> a `draft_length` rule or None (default: static gamma alone).
   """
   target = network.Transformer(target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary)
   result = {BASELINE: Setting(baseline.jit_predict(), jax.jit(baseline.prefill), target_params)}
   functions = {}
-  for label, (name, verifier) in setting_labels(drafters, verifiers).items():
+  for label, (name, verifier, stop) in setting_labels(drafters, verifiers, draft_stops).items():
     drafter_config, drafter_params = drafters[name]
     for gamma in gammas:
-      if (drafter_config, gamma, verifier) not in functions:
+      key = (drafter_config, gamma, verifier, stop)
+      if key not in functions:
         model = models.SpeculativeEncoderDecoderModel(
             target,
             network.Transformer(drafter_config),
@@ -528,11 +544,11 @@ def build_settings(
             vocabulary,
             gamma=gamma,
             verifier=verifier,
+            draft_stop=stop,
         )
-        functions[drafter_config, gamma, verifier] = (model.jit_predict(), jax.jit(model.prefill))
+        functions[key] = (model.jit_predict(), jax.jit(model.prefill))
       result[label, gamma] = Setting(
-          *functions[drafter_config, gamma, verifier],
-          {"target": target_params, "drafter": drafter_params},
+          *functions[key], {"target": target_params, "drafter": drafter_params}
       )
   return result
 
@@ -695,7 +711,8 @@ def sweep(
     cost_repeats: int = benchmark.DEFAULT_REPEATS,
     steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
     progress: bool = False,
-    verifiers: Mapping[str, speculative.Verifier] | None = None,
+    verifiers: Verifiers | None = None,
+    draft_stops: DraftStops | None = None,
 ) -> Sweep:
   """Measures every (drafter, verifier, gamma, temperature) against the baseline (the module
   docstring).
@@ -713,6 +730,8 @@ def sweep(
     vocabulary: the models' output vocabulary (its eos_id ends the decodes).
     task: the rows' task label.
     progress: show a progress bar over the examples.
+    draft_stops: label -> a `draft_length` rule (None: static gamma), each measured with every
+      drafter and verifier at every gamma (as its most drafts); default static gamma alone.
     verifiers: label -> speculative.Verifier, each measured with every drafter (default:
       Algorithm 1 alone); all settings of an example are timed side by side.
   Returns:
@@ -733,7 +752,9 @@ def sweep(
   geometry = benchmark.DecodeGeometry.for_decoding(
       encoder_length, decode_length, max(gammas) + 1, steps_per_call
   )
-  decoders = build_settings(target_config, target_params, drafters, gammas, vocabulary, verifiers)
+  decoders = build_settings(
+      target_config, target_params, drafters, gammas, vocabulary, verifiers, draft_stops
+  )
   steps = benchmark.cost_steps(target_config, target_params, drafters, gammas)
   batches = [
       {
@@ -771,7 +792,7 @@ def sweep(
       SpeedupRow.from_results(
           task, label, t, gamma, costs[t][name], results[t][BASELINE], results[t][label, gamma]
       )
-      for label, (name, _) in setting_labels(drafters, verifiers).items()
+      for label, (name, _, _) in setting_labels(drafters, verifiers, draft_stops).items()
       for gamma in gammas
       for t in temperatures
   ]

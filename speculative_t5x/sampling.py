@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import validation
+
 # T5X's decoding.MIN_TEMPERATURE: at or below it, sampling is greedy (a one-hot argmax).
 MIN_TEMPERATURE = 1e-4
 # `sample` finds the block of this many tokens first, then the token inside it.
@@ -26,19 +28,10 @@ SAMPLE_BLOCK = 128
 
 
 def validate(temperature=None, topk: int = 0, topp: float = 0.0) -> None:
-  """Raises ValueError for settings that have no meaning, before anything is traced."""
-  if topk and topp:
-    raise ValueError(
-        f"topk={topk} and topp={topp} were both set: at most one of top-k and top-p "
-        "may be non-zero (set the other to 0)."
-    )
-  if int(topk) != topk or topk < 0:
-    raise ValueError(f"topk must be a non-negative integer (0 = no cutoff), got {topk}.")
-  if not 0.0 <= topp <= 1.0:
-    raise ValueError(f"topp must be in [0, 1] (0 = no cutoff), got {topp}.")
-  if temperature is not None and not isinstance(temperature, jax.core.Tracer):
-    if np.any(np.asarray(temperature) < 0) or np.any(np.isnan(np.asarray(temperature))):
-      raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature}.")
+  """Raises ValueError for settings that have no meaning, before anything is traced: a
+  temperature (None: not checked) finite and >= 0, topk an integer >= 0, topp in [0, 1], not both
+  (`validation.check_sampling`)."""
+  validation.check_sampling(temperature, topk, topp)
 
 
 def is_greedy(temperature) -> bool:

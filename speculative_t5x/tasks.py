@@ -36,6 +36,8 @@ import sacrebleu
 import seqio
 import tensorflow as tf
 
+from speculative_t5x import validation
+
 # T5X's VOCABULARY in t5_1_1/base.gin: 32000 pieces that already include the 100 sentinel ids.
 DEFAULT_VOCABULARY_PATH = "gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model"
 
@@ -265,6 +267,7 @@ def register_demo_task(
 
 def get_task(name: str) -> seqio.Task:
   """The registered task (or mixture) `name`; an unknown name raises with the closest names."""
+  validation.check_text(name, "the task or mixture name")
   registered = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
   if name not in registered:
     close = difflib.get_close_matches(name, registered, n=3, cutoff=0.5)
@@ -300,6 +303,9 @@ def count_truncated(
   Reads the tokenized examples untrimmed (EOS included) and compares their lengths with
   `feature_lengths`; `max_examples` limits the count to the first examples of the split.
   """
+  feature_lengths = validation.check_feature_lengths(feature_lengths, "feature_lengths")
+  if max_examples is not None:
+    validation.check_integer(max_examples, "max_examples", 1)
   task = get_task(task) if isinstance(task, str) else task
   unknown = set(feature_lengths) - set(task.output_features)
   if unknown:
@@ -335,15 +341,23 @@ def feature_arrays(
   """The tokenized `feature` of a split's first `limit` examples (all if None), in order, through
   the task's pipeline at `feature_lengths` (so truncated as in T5X, see the module docstring),
   zero-padded -> [N, feature_lengths[feature]] int32."""
+  feature_lengths = validation.check_feature_lengths(feature_lengths, "feature_lengths", [feature])
+  if limit is not None:
+    validation.check_integer(limit, "limit (examples to read)", 1)
   task = get_task(task) if isinstance(task, str) else task
-  length = int(feature_lengths[feature])
+  if feature not in task.output_features:
+    raise validation.InvalidInputError(
+        f"task {task.name!r} has no feature {feature!r}: use one of "
+        f"{sorted(task.output_features)}."
+    )
+  length = feature_lengths[feature]
   ds = task.get_dataset(
       dict(feature_lengths), split=split, shuffle=False, use_cached=False, try_in_mem_cache=False
   )
   rows = []
   for example in ds.as_numpy_iterator():
     rows.append(np.pad(example[feature], (0, length - len(example[feature]))))
-    if limit and len(rows) >= limit:
+    if limit is not None and len(rows) >= limit:
       break
   if not rows:
     raise ValueError(f"split {split!r} of task {task.name!r} has no examples.")

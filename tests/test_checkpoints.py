@@ -46,11 +46,12 @@ def small_params():
 
 
 def _write_t5x_checkpoint(
-    model_dir, step, target, *, zarray=True, driver="file", top_level_path=False
+    model_dir, step, target, *, zarray=True, driver="file", top_level_path=False, compressor="gzip"
 ):
-  """Writes a checkpoint in T5X's legacy layout: target arrays in bfloat16 zarr with relative
-  paths (in `kvstore`, or at the top level as tensorstore < 0.1.14 wrote them), an inline int32
-  step and inline float32 optimizer state, the msgpack written by flax."""
+  """Writes a checkpoint in T5X's legacy layout: target arrays in bfloat16 zarr (`compressor`
+  'gzip' as T5X, or 'zstd') with relative paths (in `kvstore`, or at the top level as
+  tensorstore < 0.1.14 wrote them), an inline int32 step and inline float32 optimizer state, the
+  msgpack written by flax."""
   ckpt_dir = os.path.join(model_dir, f"checkpoint_{step}")
   os.makedirs(ckpt_dir)
   specs = {}
@@ -63,7 +64,7 @@ def _write_t5x_checkpoint(
         "kvstore": {"driver": driver, "path": relative + "/"},
         "metadata": {
             "chunks": chunks,
-            "compressor": {"id": "gzip", "level": 1},
+            "compressor": {"id": compressor, "level": 1},
             "shape": list(value.shape),
         },
     }
@@ -391,3 +392,169 @@ def test_gs_paths_map_to_the_gcs_kvstore():
       "bucket": "my-bucket",
       "path": "",
   }
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged weights: NaN or inf refused by default, naming the parameter; unreadable chunks named.
+# ----------------------------------------------------------------------------------------------
+def _nan_bits(data: bytes, values: np.ndarray, index: int) -> bytes:
+  """`data` with the bits of element `index` of `values` (stored verbatim in `data`) that are 0
+  in a quiet NaN flipped to 1: the flipped bits a damaged copy could hold."""
+  start = data.find(values.tobytes())
+  assert start >= 0, "the array is not stored verbatim"
+  bits = np.frombuffer(values.tobytes(), np.dtype(f"u{values.itemsize}")).copy()
+  bits[index] |= 0x7FC0 if values.itemsize == 2 else 0x7FC00000
+  return data[:start] + bits.tobytes() + data[start + values.nbytes :]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_orbax_model_holding_nan_or_inf_is_refused(tmp_path, small_params, bad):
+  params = jax.tree.map(np.copy, small_params)
+  params["decoder"]["layers_1"]["mlp"]["wo"]["kernel"][3, 5] = bad
+  checkpoints.save_model(tmp_path / "m", params, SMALL)
+  kind = "1 NaN and 0 inf" if np.isnan(bad) else "0 NaN and 1 inf"
+  with pytest.raises(
+      checkpoints.NonFiniteWeightsError,
+      match=rf"checkpoint .*m holds NaN or inf in 1 parameter\(s\):\n"
+      rf"  target/decoder/layers_1/mlp/wo/kernel \(12, 8\): {kind} of 96 values, the first at "
+      r"index \(3, 5\)\n.*check_finite=False",
+  ):
+    checkpoints.restore_model(tmp_path / "m")
+  restored, _ = checkpoints.restore_model(tmp_path / "m", check_finite=False)
+  _assert_trees_equal(restored, params)
+
+
+def test_pair_with_a_nan_drafter_is_refused(tmp_path, small_params):
+  drafter = jax.tree.map(np.copy, small_params)
+  drafter["token_embedder"]["embedding"][:] = np.nan
+  checkpoints.save_pair(tmp_path, small_params, SMALL, drafter, SMALL)
+  with pytest.raises(
+      checkpoints.NonFiniteWeightsError,
+      match=r"drafter holds NaN .*\n  target/token_embedder/embedding \(40, 8\): 320 NaN",
+  ):
+    checkpoints.restore_pair(tmp_path)
+  (_, _), (restored, _) = checkpoints.restore_pair(tmp_path, check_finite=False)
+  assert np.isnan(restored["token_embedder"]["embedding"]).all()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_restore_dtype_overflowing_to_inf_is_refused(tmp_path, small_params):
+  params = jax.tree.map(np.copy, small_params)
+  params["encoder"]["encoder_norm"]["scale"][0] = 1e6  # float16's largest value is 65504.
+  checkpoints.save_model(tmp_path / "m", params, SMALL)
+  checkpoints.restore_model(tmp_path / "m")
+  with pytest.raises(
+      checkpoints.NonFiniteWeightsError, match=r"target/encoder/encoder_norm/scale \(8,\): 0 NaN"
+  ):
+    checkpoints.restore_params(SMALL, tmp_path / "m", dtype="float16")
+
+
+def test_msgpack_inline_array_with_flipped_bits_is_refused(tmp_path, small_params):
+  data = flax.serialization.msgpack_serialize(
+      {"version": 3, "optimizer": {"target": small_params, "state": {"step": np.int32(1)}}}
+  )
+  embedding = small_params["token_embedder"]["embedding"]
+  (tmp_path / "checkpoint").write_bytes(_nan_bits(data, embedding, 8 * 7 + 2))
+  with pytest.raises(
+      checkpoints.NonFiniteWeightsError,
+      match=r"target/token_embedder/embedding \(40, 8\): 1 NaN and 0 inf of 320 values, the "
+      r"first at index \(7, 2\)",
+  ):
+    checkpoints.restore_params(SMALL, tmp_path)
+  with pytest.raises(checkpoints.NonFiniteWeightsError, match="target/token_embedder/embedding"):
+    checkpoints.load_t5x_checkpoint(tmp_path / "checkpoint")
+  loaded = checkpoints.load_t5x_checkpoint(tmp_path, check_finite=False)
+  assert np.isnan(loaded["target"]["token_embedder"]["embedding"][7, 2])
+
+
+def test_nan_in_the_optimizer_state_is_refused(tmp_path, small_params):
+  state = {"step": np.int32(4), "param_states": {"encoder_norm": {"v": np.ones(8, np.float32)}}}
+  state["param_states"]["encoder_norm"]["v"][1] = np.nan
+  ocp.PyTreeCheckpointer().save(
+      tmp_path / "checkpoint_4" / "state", {"target": small_params, "state": state}
+  )
+  with pytest.raises(
+      checkpoints.NonFiniteWeightsError, match=r"state/param_states/encoder_norm/v \(8,\)"
+  ):
+    checkpoints.load_t5x_checkpoint(tmp_path)
+  restored = checkpoints.restore_params(SMALL, tmp_path)  # Only the target is read.
+  _assert_trees_equal(restored, small_params)
+
+
+def test_zstd_chunk_with_flipped_bits_is_refused(tmp_path, small_params):
+  # zstd stores incompressible data (random bfloat16 values) verbatim and without a checksum:
+  # only the values can tell a flipped bit.
+  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, compressor="zstd")
+  chunk = os.path.join(ckpt_dir, "target.token_embedder.embedding", "0.1")
+  values = small_params["token_embedder"]["embedding"][:20, 4:].astype(ml_dtypes.bfloat16)
+  with open(chunk, "rb") as f:
+    data = f.read()
+  with open(chunk, "wb") as f:
+    f.write(_nan_bits(data, values, 5))  # Row 1, column 5 of the array.
+  with pytest.raises(
+      checkpoints.NonFiniteWeightsError,
+      match=r"target/token_embedder/embedding \(40, 8\): 1 NaN .* index \(1, 5\)",
+  ):
+    checkpoints.restore_params(SMALL, tmp_path, dtype="float32")
+
+
+@pytest.mark.parametrize("compressor", ["gzip", "zstd"])
+def test_chunk_failing_its_compressor_checks_names_the_array_and_the_file(
+    tmp_path, small_params, compressor
+):
+  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, compressor=compressor)
+  chunk = os.path.join(ckpt_dir, "target.decoder.logits_dense.kernel", "0.1")
+  with open(chunk, "rb") as f:
+    data = bytearray(f.read())
+  # gzip: a byte of the deflate stream (its CRC-32 fails); zstd: the frame header descriptor.
+  data[len(data) // 2 if compressor == "gzip" else 4] ^= 0x08
+  with open(chunk, "wb") as f:
+    f.write(data)
+  with pytest.raises(
+      ValueError,
+      match=r"cannot read array 'target/decoder/logits_dense/kernel' from "
+      r".*target.decoder.logits_dense.kernel: .*target.decoder.logits_dense.kernel/0.1.*"
+      r"copy the checkpoint again",
+  ):
+    checkpoints.load_t5x_checkpoint(tmp_path)
+
+
+def test_t5x_msgpack_file_with_flipped_bits_is_refused(tmp_path):
+  fixture = fixture_path("test_t5_tiny.checkpoint_0")
+  target = checkpoints.load_t5x_checkpoint(fixture)["target"]
+  wo = target["decoder"]["layers_1"]["mlp"]["wo"]["kernel"]
+  (tmp_path / "checkpoint").write_bytes(_nan_bits(fixture.read_bytes(), wo, 17))
+  with pytest.raises(
+      checkpoints.NonFiniteWeightsError,
+      match=r"target/decoder/layers_1/mlp/wo/kernel \(16, 8\): 1 NaN .* index \(2, 1\)",
+  ):
+    checkpoints.restore_params(FIXTURE_CONFIG, tmp_path / "checkpoint")
+
+
+def test_t5x_gzip_chunk_with_a_flipped_byte_is_named(tmp_path):
+  shutil.copytree(fixture_path("tiny_t5"), tmp_path / "tiny_t5")
+  chunk = tmp_path / "tiny_t5" / "checkpoint_1" / "state.param_states.kernel" / "0.0"
+  data = bytearray(chunk.read_bytes())
+  data[len(data) // 2] ^= 0x01
+  chunk.write_bytes(bytes(data))
+  with pytest.raises(
+      ValueError,
+      match=r"cannot read array 'state/param_states/kernel' from .*state.param_states.kernel: "
+      r".*state.param_states.kernel/0.0",
+  ):
+    checkpoints.load_t5x_checkpoint(tmp_path / "tiny_t5")
+
+
+def test_orbax_chunk_failing_its_decompression_is_named(tmp_path, small_params):
+  checkpoints.save_model(tmp_path / "m", small_params, SMALL)
+  data_files = sorted((tmp_path / "m" / "params").rglob("d/*"), key=lambda p: p.stat().st_size)
+  data = bytearray(data_files[-1].read_bytes())
+  frame = data.find(b"\x28\xb5\x2f\xfd")  # The first zstd frame: one chunk of one array.
+  data[frame + 4] ^= 0x08
+  data_files[-1].write_bytes(bytes(data))
+  with pytest.raises(
+      ValueError,
+      match=r"cannot restore the orbax checkpoint at .*m/params: .*Error reading "
+      r"\"(encoder|decoder|token_embedder)\.[\w.]+/[\d.]+\".*copy the checkpoint again",
+  ):
+    checkpoints.restore_model(tmp_path / "m")

@@ -133,7 +133,10 @@ BENCHMARK_GIN = "configs/runs/benchmark.gin"
 # The paper's files, each after benchmark.gin: scripts/benchmark.py times a Table 2 row this way.
 PAPER_WITH_BENCHMARK = [[BENCHMARK_GIN, f"configs/paper/{row[0]}.gin"] for row in TABLE_2]
 # Files that add to a run file rather than stand alone: each is checked after its run file.
-OVERLAYS = {"configs/runs/benchmark_verifiers.gin": BENCHMARK_GIN}
+OVERLAYS = {
+    "configs/runs/benchmark_verifiers.gin": BENCHMARK_GIN,
+    "configs/runs/benchmark_draft_length.gin": BENCHMARK_GIN,
+}
 
 
 def _files(path: str) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 import seqio
 
 from conftest import FIXTURE_CONFIG, chisquare_pvalue, fixture_path, tiny_config
-from speculative_t5x import decoding, drafters, models, network, sampling, speculative
+from speculative_t5x import decoding, draft_length, drafters, models, network, sampling, speculative
 from speculative_t5x.decoding import STAT_NAMES
 
 SIGNIFICANCE = 1e-3
@@ -659,14 +659,18 @@ def test_the_models_verifier_reaches_the_loop():
 
 
 # --- block verification and broken drafters, whole sequences ------------------------------------
-def _block_model(drafter, gamma):
+BLOCK = speculative.BlockVerifier()
+
+
+def _block_model(drafter, gamma, verifier=BLOCK, draft_stop=None):
   return models.SpeculativeEncoderDecoderModel(
       network.Transformer(SMALL_TARGET),
       drafter,
       _vocab(SMALL_V),
       _vocab(SMALL_V),
       gamma=gamma,
-      verifier=speculative.BlockVerifier(),
+      verifier=verifier,
+      draft_stop=draft_stop,
   )
 
 
@@ -695,6 +699,14 @@ class _OutOfVocabularyDrafter(drafters.UnigramDrafter):
     return jnp.where(jnp.arange(gamma)[None] % 2 == 1, drafts, broken[None]), q, state
 
 
+def _out_of_vocabulary_lookup():
+  """Prompt lookup whose fallback is outside the vocabulary: its constructor refuses that, so the
+  field is set past the check, as a buggy subclass could."""
+  drafter = drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3)
+  object.__setattr__(drafter, "fallback_token", SMALL_V + 2)
+  return drafter
+
+
 def _broken_drafters():
   """name -> (drafter, params) of drafters that are broken but must not change the output."""
   _, t5_params = _small_params()
@@ -705,10 +717,7 @@ def _broken_drafters():
           _OutOfVocabularyDrafter(vocab_size=SMALL_V),
           _fitted_tables()["unigram"],
       ),
-      "lookup_fallback_out_of_vocabulary": (
-          drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3, fallback_token=SMALL_V + 2),
-          {},
-      ),
+      "lookup_fallback_out_of_vocabulary": (_out_of_vocabulary_lookup(), {}),
   }
 
 
@@ -778,3 +787,154 @@ def test_block_verifier_greedy_equals_baseline(gamma):
         0.0,
     )
     np.testing.assert_array_equal(spec, base, err_msg=f"inputs {i}..{i + 2}")
+
+
+# --- adaptive draft length --------------------------------------------------------------------
+# Thresholds near the median confidence of each drafter here, so rows stop at varied slots.
+@pytest.mark.parametrize(
+    "kind, verifier, temperature, topk",
+    [
+        ("t5", speculative.TokenVerifier(), 1.0, 0),
+        ("t5", speculative.BlockVerifier(), 0.7, 3),
+        ("bigram", speculative.TokenVerifier(), 0.7, 3),
+        ("bigram", speculative.BlockVerifier(), 1.0, 0),
+    ],
+)
+def test_adaptive_draft_length_samples_the_exact_target_distribution(
+    kind, verifier, temperature, topk
+):
+  _, t5_params = _small_params()
+  drafter, params, threshold = {
+      "t5": (network.Transformer(SMALL_DRAFTER), t5_params, 0.46),
+      "bigram": (drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"], 0.36),
+  }[kind]
+  model = _block_model(drafter, 3, verifier, draft_length.ConfidenceStop(threshold))
+  decodes, aux = _sample_small(model, params, temperature, topk, seed=13)
+  _assert_matches_target(decodes, _exact_law(temperature, topk))
+  totals = decoding.SpeculativeStats.from_dict(aux["speculative_stats"]).totals()
+  # The rule both stopped rows early and let them draft on.
+  assert totals["target_calls"] < totals["drafted_tokens"] < 3 * totals["target_calls"]
+
+
+def test_adaptive_draft_length_greedy_equals_baseline():
+  target, drafter = _tiny_params()
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY),
+      network.Transformer(TINY_DRAFTER),
+      _vocab(61),
+      _vocab(61),
+      gamma=4,
+      draft_stop=draft_length.ConfidenceStop(0.1),
+  )
+  fn = model.jit_predict()
+  inputs = _random_inputs(60, seed=70)
+  drafted = calls = 0
+  for i in range(0, len(inputs), 3):
+    rng = jax.random.PRNGKey(0)
+    base, _ = _baseline()(target, _batch(inputs[i : i + 3]), rng, 0.0)
+    spec, aux = fn({"target": target, "drafter": drafter}, _batch(inputs[i : i + 3]), rng, 0.0)
+    np.testing.assert_array_equal(spec, base, err_msg=f"inputs {i}..{i + 2}")
+    drafted += int(np.sum(aux["speculative_stats"]["drafted_tokens"]))
+    calls += int(np.sum(aux["speculative_stats"]["target_calls"]))
+  assert calls < drafted < 4 * calls
+
+
+class _StepCountingBigram(drafters.BigramDrafter):
+  """A bigram table standing in for a model drafter: each draft counts as one drafter step."""
+
+  @property
+  def steps_per_draft(self) -> int:
+    return 1
+
+
+def _chain_table(successor, confident):
+  """Bigram params whose q(. | t) puts its mass on successor[t]: 0.95 if confident[t], else
+  e^1.5 / (e^1.5 + V - 1) (about 0.07 at V = 61); the rest uniform."""
+  vocab = len(successor)
+  peak = np.where(confident, np.log(0.95 * (vocab - 1) / 0.05), 1.5).astype(np.float32)
+  return {
+      "unigram": np.zeros(vocab, np.float32),
+      "next_ids": np.asarray(successor, np.int32)[:, None],
+      "next_logp": peak[:, None],
+      "backoff": np.zeros(vocab, np.float32),
+  }
+
+
+def _replay_adaptive_greedy(decodes, successor, confident, gamma, eos=EOS):
+  """The stats the rule implies, replayed in Python from the greedy decodes [B, L]: per row,
+  iterations, drafts, accepted drafts and the batch's drafter steps while the row was active."""
+  rows, length = decodes.shape
+  ends = [int(np.argmax(row == eos)) + 1 if np.any(row == eos) else length for row in decodes]
+  position = [0] * rows
+  stats = {name: np.zeros(rows, int) for name in ("calls", "drafted", "accepted", "steps")}
+  while any(position[r] < ends[r] for r in range(rows)):
+    plans = []
+    for r in range(rows):
+      if position[r] >= ends[r]:
+        continue
+      token = 0 if position[r] == 0 else int(decodes[r, position[r] - 1])
+      drafts = []
+      while len(drafts) < gamma:
+        nxt = int(successor[token])
+        drafts.append(nxt)
+        if not confident[token]:  # the draft just made was unsure: stop after it
+          break
+        token = nxt
+      matched = 0
+      while (
+          matched < len(drafts)
+          and position[r] + matched < ends[r]
+          and drafts[matched] == decodes[r, position[r] + matched]
+      ):
+        matched += 1
+      plans.append((r, len(drafts), matched))
+    steps = max(k for _, k, _ in plans)
+    for r, k, matched in plans:
+      stats["calls"][r] += 1
+      stats["drafted"][r] += k
+      stats["accepted"][r] += matched
+      stats["steps"][r] += steps
+      position[r] += min(matched + 1, ends[r] - position[r])
+  return stats
+
+
+def test_adaptive_draft_length_stats_count_the_steps_the_rule_implies():
+  """A table drafter whose greedy chain and confidence are known: the loop's stats equal a replay
+  of the rule over its (baseline-equal) output."""
+  target, _ = _tiny_params()
+  inputs = _random_inputs(12, seed=80)
+  base = np.concatenate(
+      [
+          np.asarray(_baseline()(target, _batch(inputs[i : i + 3]), jax.random.PRNGKey(0), 0.0)[0])
+          for i in range(0, 12, 3)
+      ]
+  )
+  # Successors learnt from the target's own decodes, so drafts are often accepted.
+  successor = np.arange(61) * 7 % 61
+  for row in base:
+    for previous, nxt in zip(np.concatenate([[0], row[:-1]]), row):
+      successor[previous] = nxt
+  confident = np.arange(61) % 3 != 0
+  params = _chain_table(successor, confident)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY),
+      _StepCountingBigram(vocab_size=61, top=1),
+      _vocab(61),
+      _vocab(61),
+      gamma=4,
+      draft_stop=draft_length.ConfidenceStop(0.5),
+  )
+  fn = model.jit_predict()
+  for i in range(0, 12, 3):
+    spec, aux = fn(
+        {"target": target, "drafter": params}, _batch(inputs[i : i + 3]), jax.random.PRNGKey(0), 0.0
+    )
+    np.testing.assert_array_equal(spec, base[i : i + 3])
+    expected = _replay_adaptive_greedy(base[i : i + 3], successor, confident, 4)
+    stats = {name: np.asarray(value) for name, value in aux["speculative_stats"].items()}
+    np.testing.assert_array_equal(stats["target_calls"], expected["calls"])
+    np.testing.assert_array_equal(stats["drafted_tokens"], expected["drafted"])
+    np.testing.assert_array_equal(stats["accepted_tokens"], expected["accepted"])
+    np.testing.assert_array_equal(stats["drafter_calls"], expected["steps"])
+    assert np.sum(expected["accepted"]) > 0
+    assert np.sum(expected["drafted"]) < 4 * np.sum(expected["calls"])

@@ -70,6 +70,89 @@ def test_t5_drafter_q_equals_teacher_forcing_after_any_acceptance():
       length[row] += n + 1
 
 
+def _stop_after_multiples_of_three(logits, drafts):
+  """A draft-length rule that reads only the drafter's output: stop after a draft 0 mod 3."""
+  del logits
+  return drafts % 3 == 0
+
+
+def test_t5_drafter_under_a_stop_rule_drafts_its_chain_and_leaves_the_rest_empty():
+  """Rows stop at different slots, and every later proposal (after roll-backs past or into the
+  steps the batch took for other rows) still gives q equal to teacher forcing."""
+  params = _t5_params()
+  drafter = drafters.T5Drafter(CONFIG)
+  rng = np.random.default_rng(1)
+  encoder = rng.integers(2, CONFIG.vocab_size, (2, 7)).astype(np.int32)
+  gamma = 4
+  state = drafter.init_state(params, encoder, LENGTH + gamma + 1)
+  propose = jax.jit(
+      lambda state, sequences, length, u: drafter.propose(
+          params,
+          state,
+          sequences,
+          length,
+          gamma,
+          u,
+          sampling.Standardizer(1.0),
+          stop=_stop_after_multiples_of_three,
+      )
+  )
+  forced = jax.jit(
+      lambda enc, seq: drafter.teacher_forced_logits(params, enc, alpha.shift_right(seq))
+  )
+  sequences = np.zeros((2, LENGTH + gamma + 1), np.int32)
+  length = np.zeros(2, np.int32)
+  lengths_seen = set()
+  for iteration in range(6):
+    u = jax.random.uniform(jax.random.PRNGKey(10 + iteration), (2, gamma))
+    drafts, q, state = propose(state, sequences, length, u)
+    drafts, q = np.asarray(drafts), np.asarray(q)
+    for row in range(2):
+      # The rule by hand: drafts up to and including the first multiple of 3, the rest empty.
+      stops = np.flatnonzero(drafts[row] % 3 == 0)
+      drafted = stops[0] + 1 if len(stops) else gamma
+      if drafted < gamma:
+        assert np.all(drafts[row, drafted:] == drafters.EMPTY), (iteration, row, drafts[row])
+        assert np.all(q[row, drafted:] == 0.0)
+      assert np.all(drafts[row, :drafted] >= 0)
+      lengths_seen.add(int(drafted))
+      prefix = np.concatenate([sequences[row, : length[row]], drafts[row, :drafted]])
+      logits = forced(
+          encoder[row : row + 1], np.pad(prefix, (0, LENGTH + gamma - len(prefix)))[None]
+      )
+      expected = jax.nn.softmax(logits[0, length[row] : length[row] + drafted], axis=-1)
+      np.testing.assert_allclose(
+          q[row, :drafted], expected, atol=2e-5, err_msg=f"iteration {iteration}, row {row}"
+      )
+      n = min(drafted, (iteration + row) % 3 + 1)  # accept 1..3 of the drafted, in turn
+      new = np.append(drafts[row, :n], rng.integers(2, CONFIG.vocab_size))
+      sequences[row, length[row] : length[row] + n + 1] = new
+      length[row] += n + 1
+  assert len(lengths_seen) >= 2  # the rule stopped rows at different slots
+
+
+def test_draft_chain_runs_only_while_some_row_drafts():
+  """Drafter steps: the longest row's drafts; a rule that never stops takes gamma steps."""
+  logits = jnp.log(jnp.array([[0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7]]))[:, None]  # [2, 1, 4]
+
+  def step(carry, tokens, i):
+    # The next draft is the previous one + 1 (mod 4), with probability 0.7.
+    return jnp.log(jax.nn.one_hot((tokens + 1) % 4, 4) * 0.6 + 0.1)[:, None], carry + 1
+
+  u = jnp.zeros((2, 5))
+  for stop, expected_drafts, expected_steps in [
+      (None, [[0, 1, 2, 3, 0], [3, 0, 1, 2, 3]], 5),
+      (lambda lg, d: d == 2, [[0, 1, 2, -1, -1], [3, 0, 1, 2, -1]], 4),
+      (lambda lg, d: d >= 0, [[0, -1, -1, -1, -1], [3, -1, -1, -1, -1]], 1),
+  ]:
+    drafts, q, carry, steps = drafters.draft_chain(
+        logits, step, 0, 5, u, sampling.Standardizer(0.0), stop
+    )
+    np.testing.assert_array_equal(drafts, expected_drafts)
+    assert q is None  # greedy
+    assert int(steps) == expected_steps and int(carry) == expected_steps - 1
+
+
 def test_t5_drafter_teacher_forced_logits_are_the_networks():
   """Full-attention teacher forcing equals the network's, and the cached decode of the block."""
   drafter = drafters.T5Drafter(CONFIG)
@@ -436,3 +519,38 @@ def test_a_drafter_missing_an_abstract_method_cannot_be_made():
 
   with pytest.raises(TypeError, match="propose"):
     _NoPropose()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: drafters.PromptLookupDrafter(ngram=0), "ngram must be an integer >= 1"),
+        (lambda: drafters.PromptLookupDrafter(ngram=2.5), "ngram must be an integer >= 1"),
+        (lambda: drafters.PromptLookupDrafter(fallback_token=-1), "fallback_token must be"),
+        (
+            lambda: drafters.PromptLookupDrafter(vocab_size=10, fallback_token=10),
+            r"fallback_token 10 is outside the vocabulary \[0, 10\)",
+        ),
+        (
+            lambda: drafters.PromptLookupDrafter(fallback_token=12).for_target(10, 1),
+            "fallback_token 12 is outside",
+        ),
+        (lambda: drafters.UnigramDrafter(vocab_size=-3), "vocab_size must be an integer >= 0"),
+        (lambda: drafters.UnigramDrafter(smoothing=-1.0), "smoothing must be a finite number"),
+        (lambda: drafters.BigramDrafter(top=0), "top must be an integer >= 1"),
+        (lambda: drafters.BigramDrafter(backoff=1.0), r"backoff must be in \(0, 1\)"),
+        (
+            lambda: drafters.BigramDrafter.fit([np.array([3, 12])], 10),
+            r"token id 12 outside \[0, 10\)",
+        ),
+        (
+            lambda: drafters.UnigramDrafter.fit([np.array([3, 12])], 10),
+            r"token id 12 outside \[0, 10\)",
+        ),
+        (lambda: drafters.UnigramDrafter.fit([np.array([3, -2])], 10), "token id -2 outside"),
+        (lambda: drafters.BigramDrafter.fit([np.array([1.5, 2.0])], 10), "integer token ids"),
+    ],
+)
+def test_bad_drafter_settings_and_fitting_data_are_refused(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()

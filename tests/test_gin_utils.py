@@ -163,3 +163,212 @@ def test_run_ends_configuration_errors_with_their_message(tmp_path):
     else:
       assert stderr.strip().splitlines()[-1] == last_line
       assert "Traceback" not in stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# Unknown macros and unused bindings: errors that list close matches, never silently ignored.
+# ----------------------------------------------------------------------------------------------
+TINY_GIN = "configs/models/t5_1_1_tiny.gin"
+
+
+@pytest.mark.parametrize(
+    "files, bindings, message",
+    [
+        (
+            # infer.gin leaves macros %gin.REQUIRED: the misspelling is named before them.
+            ["configs/runs/infer.gin"],
+            ["TEMPRATURE = 1.0"],
+            r"TEMPRATURE is bound on the command line but nothing in this run reads it \(did "
+            r"you mean TEMPERATURE\?\)",
+        ),
+        (
+            # A macro the shipped configs know, which this run does not read.
+            [TINY_GIN],
+            ["GAMMA = 3"],
+            r"GAMMA is bound on the command line but nothing in this run reads it\n",
+        ),
+        (
+            [TINY_GIN],
+            ["t5_1_1_tiny/network.T5Config.emb_dim = %EMB_DIMM", "EMB_DIM = 4"],
+            r"EMB_DIM is bound on the command line but nothing in this run reads it "
+            r"\(did you mean EMB_DIMM\?\)\n  %EMB_DIMM is read but never bound \(did you mean "
+            r"EMB_DIM\?\)",
+        ),
+    ],
+    ids=["misspelt", "unread_here", "read_but_unbound"],
+)
+def test_unknown_macros_are_named_with_close_matches(files, bindings, message):
+  with pytest.raises(gin_utils.ConfigError, match=rf"^unknown gin macro\(s\):\n  {message}"):
+    gin_utils.parse_gin_flags(files, bindings)
+  assert not gin.config_is_locked()
+
+
+def test_a_misspelt_macro_in_a_gin_file_is_named(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "mine.gin").write_text(f"include '{TINY_GIN}'\nVOCAB_SIZ = 40\n")
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=r"VOCAB_SIZ is bound in a gin file but no config knows it \(did you mean VOCAB_SIZE or",
+  ):
+    gin_utils.parse_gin_flags(["mine.gin"])
+
+
+# Shipped files alone, as overlays and with the command lines their comments and the scripts'
+# docstrings document: no macro is reported. (Command lines that bind macros only the scripts'
+# configurables read run in tests/test_scripts.py and tests/test_infer.py.)
+DOCUMENTED = [
+    ([path], [])
+    for path in sorted(str(p.relative_to(REPO_ROOT)) for p in REPO_ROOT.glob("configs/**/*.gin"))
+] + [
+    (
+        ["configs/paper/ende_small_t0.gin"],
+        ["CHECKPOINT_PATH = 'gs://b/t'", "DRAFTER_CHECKPOINT_PATH = 'gs://b/d'"],
+    ),
+    (["configs/paper/ende_small_t0.gin", "configs/drafters/bigram.gin"], ["CHECKPOINT_PATH = 'a'"]),
+    (["configs/paper/cnndm_base_t0.gin", "configs/runs/baseline.gin"], ["CHECKPOINT_PATH = 'a'"]),
+    (
+        ["configs/runs/benchmark.gin", "configs/paper/cnndm_base_t0.gin"],
+        ["CHECKPOINT_PATH = 'a'", "DRAFTER_CHECKPOINT_PATH = 'b'", "INFER_OUTPUT_DIR = None"],
+    ),
+    (["configs/demo/benchmark.gin", "configs/runs/benchmark_verifiers.gin"], []),
+    (["configs/runs/aot_xxl.gin", "configs/drafters/bigram.gin"], ["NUM_PARTITIONS = 8"]),
+    (
+        [
+            "configs/runs/infer.gin",
+            "configs/drafters/t5.gin",
+            TINY_GIN,
+            "configs/tasks/demo_ende.gin",
+        ],
+        [
+            "TARGET_CONFIG = %T5_1_1_TINY",
+            "DRAFTER_CONFIG = %T5_1_1_TINY",
+            "CHECKPOINT_PATH = None",
+            "DRAFTER_CHECKPOINT_PATH = None",
+            "RANDOM_INIT_SEED = 0",
+        ],
+    ),
+]
+
+
+def test_shipped_configs_and_documented_commands_have_no_unknown_macro():
+  for search_path in gin_utils.search_paths():
+    gin.add_config_file_search_path(search_path)
+  for files, bindings in DOCUMENTED:
+    gin.clear_config()
+    # The scripts' own configurables (benchmark_script, ...) are not imported here: skipping
+    # their bindings leaves only macros the shipped configs know unread, which is allowed.
+    gin.parse_config_files_and_bindings(files, bindings, finalize_config=False, skip_unknown=True)
+    gin_utils.check_macros(command_line=[b.split(" =")[0] for b in bindings])
+
+
+def _tiny_run(bindings, call=lambda: network.T5Config(), files=(TINY_GIN,)):
+  """Parses `files` and command-line `bindings`, calls `call` in the tiny model's scope."""
+  gin_utils.parse_gin_flags(list(files), bindings)
+  with gin.config_scope("t5_1_1_tiny"):
+    call()
+
+
+@pytest.mark.parametrize(
+    "bindings, call, message",
+    [
+        (
+            ["t5_1_1_tny/network.T5Config.emb_dim = 4"],  # A scope no call enters.
+            lambda: network.T5Config(),
+            r"t5_1_1_tny/T5Config.emb_dim \(given on the command line\) \(did you mean "
+            r"t5_1_1_tiny/T5Config.emb_dim or",
+        ),
+        (
+            ["network.T5Config.dropout_rate = 0.5"],  # t5_1_1_tiny/ binds it more specifically.
+            lambda: network.T5Config(),
+            r"T5Config.dropout_rate \(given on the command line\) \(did you mean "
+            r"t5_1_1_tiny/T5Config.dropout_rate\?\)",
+        ),
+        (
+            ["t5_1_1_tiny/network.T5Config.head_dim = 2"],  # The caller always sets it.
+            lambda: network.T5Config(head_dim=3),
+            r"t5_1_1_tiny/T5Config.head_dim \(given on the command line\)",
+        ),
+    ],
+    ids=["scope_typo", "overridden_by_a_scope", "overridden_by_the_caller"],
+)
+def test_unused_command_line_bindings_are_named_with_close_matches(bindings, call, message):
+  _tiny_run(bindings, call)
+  with pytest.raises(
+      gin_utils.ConfigError, match=rf"^gin binding\(s\) this run never used:\n  {message}"
+  ):
+    gin_utils.check_unused_bindings()
+
+
+def test_gin_file_bindings_must_be_used_only_where_their_configurable_is_called(
+    tmp_path, monkeypatch
+):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "mine.gin").write_text(
+      f"include '{TINY_GIN}'\n"
+      "other/network.T5Config.emb_dim = 4  # never called in scope other/: allowed\n"
+      "network.T5Config.mlp_dim = 7  # t5_1_1_tiny/ binds it for the one call: unused\n"
+  )
+  _tiny_run([], files=["mine.gin"])
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=r"never used:\n  T5Config.mlp_dim \(bound in a gin file\) \(did you mean "
+      r"t5_1_1_tiny/T5Config.mlp_dim or [^\n]*\)\nBind a parameter",
+  ):
+    gin_utils.check_unused_bindings()
+  gin.clear_config()
+  _tiny_run(["t5_1_1_tiny/network.T5Config.emb_dim = 12"])  # Used: no error.
+  gin_utils.check_unused_bindings()
+
+
+_GIN_SCRIPT = """
+import importlib.util
+import gin
+from absl import flags
+spec = importlib.util.spec_from_file_location("gin_utils", {path!r})
+gin_utils = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gin_utils)
+flags.DEFINE_multi_string("gin_bindings", [], "")
+
+@gin.configurable
+def step(size=1):
+  print("size", size)
+
+def main(argv):
+  gin_utils.parse_gin_flags([{gin_file!r}], flags.FLAGS.gin_bindings)
+  step()
+gin_utils.run(main)
+"""
+
+
+def test_run_exits_1_on_an_unknown_macro_or_an_unused_binding(tmp_path):
+  (tmp_path / "run.gin").write_text("SIZE = 2\nstep.size = %SIZE\n")
+  script = tmp_path / "run.py"
+  script.write_text(_GIN_SCRIPT.format(path=gin_utils.__file__, gin_file=str(tmp_path / "run.gin")))
+  cases = {
+      "--gin.SIZE=3": (0, "size 3"),
+      "--gin.SIZ=3": (
+          1,
+          "  SIZ is bound on the command line but nothing in this run reads it (did "
+          "you mean SIZE?)",
+      ),
+      "--gin.big/step.size=3": (
+          1,
+          "  big/step.size (given on the command line) (did you mean " "step.size?)",
+      ),
+  }
+  runs = {
+      flag: subprocess.Popen(
+          [sys.executable, str(script), flag],
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+          env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      )
+      for flag in cases
+  }
+  for flag, (code, line) in cases.items():
+    stdout, stderr = runs[flag].communicate(timeout=120)
+    assert runs[flag].returncode == code, stderr
+    assert line in (stdout if code == 0 else stderr).splitlines(), stderr
+    if code:
+      assert "run.py: configuration error: " in stderr and "Traceback" not in stderr

@@ -195,3 +195,95 @@ def test_transformers_reproduces_t5x_on_the_tiny_checkpoint():
       ref["decoder_input_tokens"],
   )
   np.testing.assert_allclose(logits[..., :2048], ref["logits_first_2048"], atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged files: refused with the file named; NaN or inf refused by default with the key named.
+# ----------------------------------------------------------------------------------------------
+_WO = "decoder.block.1.layer.2.DenseReluDense.wo.weight"  # [emb_dim 16, mlp_dim 24]
+
+
+def _with_nan_bits(data: bytes, values: np.ndarray, index: int) -> bytes:
+  """`data` with bits of float32 element `index` of `values` (stored verbatim in `data`) flipped
+  to make it a NaN, as a damaged copy could."""
+  start = data.find(values.tobytes())
+  assert start >= 0, "the tensor is not stored verbatim"
+  bits = np.frombuffer(values.tobytes(), np.uint32).copy()
+  bits[index] |= 0x7FC00000
+  return data[:start] + bits.tobytes() + data[start + values.nbytes :]
+
+
+def test_safetensors_file_with_flipped_bits_is_refused(tmp_path):
+  params = _params(T5_1_1)
+  hf_weights.save_hf(tmp_path, params, T5_1_1)
+  wo = hf_weights.params_to_hf_state_dict(params, T5_1_1)[_WO]
+  weights = tmp_path / "model.safetensors"
+  weights.write_bytes(_with_nan_bits(weights.read_bytes(), wo, 24 * 2 + 7))
+  with pytest.raises(
+      checkpoints.NonFiniteWeightsError,
+      match=rf"HF checkpoint {tmp_path} holds NaN or inf in 1 parameter\(s\):\n  {_WO} \(16, 24\): "
+      r"1 NaN and 0 inf of 384 values, the first at index \(2, 7\)",
+  ):
+    hf_weights.load_hf(tmp_path)
+  restored, _ = hf_weights.load_hf(tmp_path, check_finite=False)
+  assert np.isnan(restored["decoder"]["layers_1"]["mlp"]["wo"]["kernel"][7, 2])
+
+
+def test_state_dict_with_inf_and_tied_nan_embeddings_is_refused():
+  state = hf_weights.params_to_hf_state_dict(_params(T5_1_1), T5_1_1)
+  state["shared.weight"][3, 0] = np.nan
+  state["encoder.embed_tokens.weight"] = state["shared.weight"]  # A tied copy: NaN where it is.
+  state["lm_head.weight"] = torch.from_numpy(state["lm_head.weight"]).to(torch.bfloat16)
+  state["lm_head.weight"][0, 1] = -float("inf")
+  with pytest.raises(checkpoints.NonFiniteWeightsError) as info:
+    hf_weights.params_from_hf_state_dict(state, T5_1_1)
+  message = str(info.value)
+  assert message.startswith("HF state dict holds NaN or inf in 2 parameter(s)")
+  assert "  shared.weight (48, 16): 1 NaN and 0 inf" in message
+  assert "  lm_head.weight (48, 16): 0 NaN and 1 inf" in message
+  assert "differs" not in message
+  params = hf_weights.params_from_hf_state_dict(state, T5_1_1, check_finite=False)
+  assert np.isnan(params["token_embedder"]["embedding"][3, 0])
+
+
+def test_pytorch_bin_with_a_flipped_byte_fails_its_crc(tmp_path):
+  params = _params(T5_1_1)
+  state = hf_weights.params_to_hf_state_dict(params, T5_1_1)
+  (tmp_path / "config.json").write_text(json.dumps(hf_weights.hf_config_dict(T5_1_1)))
+  weights = tmp_path / "pytorch_model.bin"
+  torch.save({k: torch.from_numpy(v) for k, v in state.items()}, weights)
+  data = bytearray(weights.read_bytes())
+  data[data.find(state[_WO].tobytes()) + 5] ^= 0x01  # Finite, but no longer the weight saved.
+  weights.write_bytes(bytes(data))
+  with pytest.raises(
+      ValueError, match=r"pytorch_model.bin is damaged: its record '[\w/]+/data/\d+' fails its CRC"
+  ):
+    hf_weights.load_hf(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["safetensors_header", "safetensors_truncated", "bin_truncated", "bin_not_a_torch_file"],
+)
+def test_unreadable_hf_files_are_named(tmp_path, damage):
+  params = _params(T5_1_1)
+  state = hf_weights.params_to_hf_state_dict(params, T5_1_1)
+  if damage.startswith("safetensors"):
+    path = tmp_path / "model.safetensors"
+    safetensors.numpy.save_file(state, path)
+  else:
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, path)
+  data = path.read_bytes()
+  if damage == "safetensors_header":
+    data = data[:8] + b"[" + data[9:]  # The header's JSON no longer parses.
+  elif damage == "bin_not_a_torch_file":
+    data = b"not a zip archive" + data
+  else:
+    data = data[: len(data) - 100]
+  path.write_bytes(data)
+  kind = "safetensors" if damage.startswith("safetensors") else "(torch|zip)"
+  with pytest.raises(
+      ValueError, match=rf"HF checkpoint file {path} (is not a readable {kind}|is a damaged {kind})"
+  ):
+    hf_weights.load_hf_state_dict(tmp_path)

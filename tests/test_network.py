@@ -184,17 +184,76 @@ def test_relative_position_buckets_match_t5_definition():
   )
 
 
+# (field, bad value, what the message must say): each names the field and the value.
+BAD_CONFIGS = [
+    ("vocab_size", 32.5, r"vocab_size must be an int, got 32\.5 \(float\)"),
+    ("vocab_size", "32128", r"vocab_size must be an int, got '32128' \(str\)"),
+    ("vocab_size", True, r"vocab_size must be an int, got True \(bool\)"),
+    ("vocab_size", 0, r"vocab_size must be >= 1, got 0"),
+    ("emb_dim", -8, r"emb_dim must be >= 1, got -8"),
+    ("num_heads", 0, r"num_heads must be >= 1, got 0"),
+    ("head_dim", 0, r"head_dim must be >= 1, got 0"),
+    ("mlp_dim", np.float32(32), r"mlp_dim must be an int, got .*32.* \(float32\)"),
+    ("num_encoder_layers", 0, r"num_encoder_layers must be >= 1, got 0"),
+    ("num_decoder_layers", None, r"num_decoder_layers must be an int, got None"),
+    ("relative_attention_num_buckets", 0, r"relative_attention_num_buckets must be >= 4, got 0"),
+    ("relative_attention_num_buckets", 2, r"relative_attention_num_buckets must be >= 4, got 2"),
+    ("relative_attention_max_distance", 0, r"relative_attention_max_distance must be >= 1, got 0"),
+    (
+        "relative_attention_max_distance",
+        16,
+        r"relative_attention_max_distance must be > relative_attention_num_buckets // 2 = 16, "
+        r"got 16",
+    ),
+    ("dropout_rate", 1.0, r"dropout_rate must be in \[0, 1\), got 1\.0"),
+    ("dropout_rate", -0.1, r"dropout_rate must be in \[0, 1\), got -0\.1"),
+    ("dropout_rate", float("nan"), r"dropout_rate must be in \[0, 1\), got nan"),
+    ("dropout_rate", "0.1", r"dropout_rate must be a number in \[0, 1\), got '0\.1'"),
+    ("logits_via_embedding", 1, r"logits_via_embedding must be True or False, got 1 \(int\)"),
+    ("float32_attention_logits", "no", r"float32_attention_logits must be True or False, got 'no'"),
+    ("dtype", "int8", r"dtype 'int8' is not supported: use one of"),
+    ("dtype", 3, r"dtype 3 is not a dtype: use one of"),
+    (
+        "mlp_activations",
+        ("gelu", "swiglu"),
+        r"mlp_activations \('gelu', 'swiglu'\) has unknown activation\(s\) \['swiglu'\]",
+    ),
+    ("mlp_activations", "gelu", r"mlp_activations must be a non-empty tuple .*, got 'gelu'"),
+    ("mlp_activations", (), r"mlp_activations must be a non-empty tuple .*, got \(\)"),
+]
+
+
 @pytest.mark.parametrize(
-    "bad, message",
-    [
-        (dict(mlp_activations=("gelu", "swiglu")), "unknown activation"),
-        (dict(dtype="int8"), "dtype"),
-        (dict(num_heads=0), "num_heads"),
-    ],
+    "field, value, message", BAD_CONFIGS, ids=[f"{f}={v!r}" for f, v, _ in BAD_CONFIGS]
 )
-def test_bad_config(bad, message):
-  with pytest.raises(ValueError, match=message):
-    TINY.replace(**bad)
+def test_bad_config_names_the_field_and_the_value(field, value, message):
+  with pytest.raises(ValueError, match=rf"^T5Config\.{message}"):
+    TINY.replace(**{field: value})
+
+
+def test_config_fields_are_normalized():
+  config = TINY.replace(
+      vocab_size=np.int64(61),
+      emb_dim=np.int32(16),
+      dropout_rate=np.float32(0.25),
+      logits_via_embedding=np.bool_(True),
+      mlp_activations=["gelu", "linear"],
+      dtype=jnp.bfloat16,
+      relative_attention_num_buckets=4,
+      relative_attention_max_distance=3,
+  )
+  assert type(config.vocab_size) is int and type(config.emb_dim) is int  # noqa: E721
+  assert type(config.dropout_rate) is float and config.dropout_rate == 0.25  # noqa: E721
+  assert config.logits_via_embedding is True
+  assert (config.mlp_activations, config.dtype) == (("gelu", "linear"), "bfloat16")
+  assert config == TINY.replace(
+      dropout_rate=0.25,
+      logits_via_embedding=True,
+      dtype="bfloat16",
+      relative_attention_num_buckets=4,
+      relative_attention_max_distance=3,
+  )
+  network.relative_position_bucket(np.arange(-9, 10), True, 4, 3)  # The smallest buckets work.
 
 
 def test_bad_tokens_and_blocks():

@@ -214,6 +214,31 @@ def test_load_errors_name_the_macro(saved, tmp_path):
     pairs.load_pair(missing, EOS)
 
 
+def test_weights_holding_nan_or_inf_are_refused_naming_the_macro(tmp_path):
+  target = jax.tree.map(np.array, network.init_params(TARGET, jax.random.PRNGKey(1)))
+  drafter = jax.tree.map(np.array, network.init_params(DRAFTER, jax.random.PRNGKey(2)))
+  drafter["decoder"]["logits_dense"]["kernel"][2, 4] = np.nan
+  checkpoints.save_pair(tmp_path / "nan_drafter", target, TARGET, drafter, DRAFTER)
+  target["encoder"]["relpos_bias"]["rel_embedding"][1, 0] = np.inf
+  checkpoints.save_pair(tmp_path / "inf_target", target, TARGET, drafter, DRAFTER)
+  for name, macro, parameter in (
+      ("nan_drafter", "DRAFTER_CHECKPOINT_PATH", r"decoder/logits_dense/kernel \(8, 13\): 1 NaN"),
+      (
+          "inf_target",
+          "CHECKPOINT_PATH",
+          r"encoder/relpos_bias/rel_embedding \(2, 32\): 0 NaN and 1",
+      ),
+  ):
+    member = "drafter" if macro.startswith("DRAFTER") else "target"
+    with pytest.raises(
+        gin_utils.ConfigError,
+        match=rf"^{macro} '{tmp_path / name / member}': checkpoint .* holds NaN or inf in 1 "
+        rf"parameter\(s\):\n  target/{parameter}",
+    ) as info:
+      pairs.load_pair(pairs.PairConfig.from_pair_dir(tmp_path / name), EOS)
+    assert isinstance(info.value.__cause__, checkpoints.NonFiniteWeightsError)
+
+
 def test_cast_changes_only_floating_leaves():
   tree = {"w": np.ones((2,), np.float32), "ids": np.arange(3, dtype=np.int32)}
   cast = pairs.cast(tree, "bfloat16")

@@ -42,6 +42,35 @@ def test_demo_translates_and_checks_greedy_equality():
   assert "identical to the baseline on all 2 examples: True" in out
 
 
+def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
+  """No random pair in place of a missing one (that is --random_pair), and every bad flag an
+  error with exit status 1 before anything loads; all cases run at once."""
+  (tmp_path / "incomplete" / "target").mkdir(parents=True)
+  cases = {
+      f"--pair_dir={tmp_path / 'nowhere'}": f"--pair_dir={tmp_path / 'nowhere'} does not exist: "
+      "give a directory written by checkpoints.save_pair with its sentencepiece.model (the "
+      "shipped demo_models/ is the default), or --random_pair for a tiny random pair",
+      f"--pair_dir={tmp_path / 'incomplete'}": f"--pair_dir={tmp_path / 'incomplete'} has no "
+      "drafter, sentencepiece.model: give a directory",
+      "--temperatures=0,-1": "--temperatures=0,-1 (0.0, -1.0): temperature must be >= 0 and finite",
+  }
+  runs = {
+      flags: subprocess.Popen(
+          [sys.executable, str(REPO / "scripts" / "demo.py"), *flags.split()],
+          env=ENV,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for flags in cases
+  }
+  for flags, message in cases.items():
+    stdout, stderr = runs[flags].communicate(timeout=300)
+    assert runs[flags].returncode == 1, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith(f"demo.py: configuration error: {message}")
+    assert "Traceback" not in stderr and "[demo]" not in stdout  # Nothing loaded or decoded.
+
+
 def test_measure_alpha_writes_table_3(tmp_path):
   _run(
       "measure_alpha.py",
@@ -57,6 +86,27 @@ def test_measure_alpha_writes_table_3(tmp_path):
     assert value["tokens"] >= 100
     assert 0.0 <= value["alpha"] <= 1.0 if name == "prompt lookup" else 0.0 < value["alpha"] < 1.0
   assert "| unigram |" in (tmp_path / "alpha.md").read_text()
+
+
+def test_calibrate_draft_length_writes_its_choice(tmp_path):
+  out = _run(
+      "calibrate_draft_length.py",
+      f"--gin.CALIBRATION_OUTPUT_DIR='{tmp_path}'",
+      "--gin.NUM_TOKENS=50",
+      "--gin.TEMPERATURES=(1.0,)",
+      "--gin.GAMMAS=(1, 3)",
+      "--gin_bindings=calibrate_draft_length.CalibrationSetup.batch_size=4",
+      "--gin_bindings=calibrate_draft_length.CalibrationSetup.cost_repeats=3",
+  )
+  result = json.loads((tmp_path / "calibration.json").read_text())["t=1"]
+  assert result["positions"] >= 50 and result["c"] > 0
+  assert set(result["verify_cost"]) == {"1", "3"}
+  assert result["best"]["speedup"] == max(p["speedup"] for p in result["grid"])
+  assert result["best_static"]["threshold"] == 0.0
+  assert abs(sum(b["share"] for b in result["buckets"]) - 1.0) < 1e-9
+  chosen = (tmp_path / "draft_length_t1.gin").read_text()
+  assert f"draft_length.ConfidenceStop.threshold = {result['best']['threshold']:.4f}" in chosen
+  assert "| adaptive (chosen) |" in out
 
 
 def test_bench_network_times_k_token_decodes(tmp_path):

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 from conftest import chisquare_pvalue
+from speculative_t5x import draft_length
+from speculative_t5x import drafters
 from speculative_t5x import sampling
 from speculative_t5x import speculative
 from speculative_t5x import theory
@@ -326,13 +328,27 @@ def _prefix_tables(rng, gamma, vocab, kind):
   return p, q
 
 
-def _block_arrays(p, q, gamma, vocab):
+def _block_arrays(p, q, gamma, vocab, stop=None, drop=False):
   """Every draft block x [V^gamma, gamma], its p and q rows [V^gamma, gamma(+1), V], and its
-  probability under the drafter [V^gamma]."""
+  probability under the drafter [V^gamma].
+
+  stop: None, or (prefix, x_i) -> bool, a draft-length rule: the drafter stops after x_i, and
+  the slots after it are EMPTY with zero q rows, as the drafting loop leaves them (the target
+  reads token 0 there, as the decoding loop feeds it). A block's probability is that of its
+  drafted prefix (summed over the undrafted continuations). drop: the wrong variant, the slot of
+  the flagged draft x_i is emptied too."""
   drafts = np.array(list(itertools.product(range(vocab), repeat=gamma)), np.int32)
-  p_rows = np.stack([np.stack([p[tuple(x[:i])] for i in range(gamma + 1)]) for x in drafts])
-  q_rows = np.stack([np.stack([q[tuple(x[:i])] for i in range(gamma)]) for x in drafts])
-  q_drafts = np.prod(np.take_along_axis(q_rows, drafts[..., None], -1)[..., 0], axis=1)
+  q_drafts = np.array([np.prod([q[tuple(x[:i])][x[i]] for i in range(gamma)]) for x in drafts])
+  if stop is not None:
+    for x in drafts:
+      stops = [i for i in range(gamma) if stop(tuple(int(t) for t in x[:i]), int(x[i]))]
+      if stops:
+        x[stops[0] + (0 if drop else 1) :] = drafters.EMPTY
+  fed = np.maximum(drafts, 0)
+  p_rows = np.stack([np.stack([p[tuple(x[:i])] for i in range(gamma + 1)]) for x in fed])
+  q_rows = np.stack(
+      [np.stack([q[tuple(x[:i])] * (d[i] >= 0) for i in range(gamma)]) for x, d in zip(fed, drafts)]
+  )
   return (drafts, jnp.asarray(p_rows, jnp.float32), jnp.asarray(q_rows, jnp.float32), q_drafts)
 
 
@@ -364,17 +380,22 @@ def _accepted_length_law(p_rows, q_rows, drafts, rule):
   )
 
 
-def _block_output_law(p, q, gamma, vocab, rule="block"):
+def _block_output_law(p, q, gamma, vocab, rule="block", stop=None, drop=False):
   """Exact law of y_1..y_{gamma+1}: the block verifier's n accepted drafts and its token from the
   weighted residual, continued by sampling p. rule='token' keeps that residual but accepts token
-  by token: the mistake one port of block verification shipped."""
-  drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, gamma, vocab)
-  length_law = _accepted_length_law(p_rows, q_rows, drafts, rule)
+  by token: the mistake one port of block verification shipped; rule='algorithm_1' is Algorithm
+  1 (token acceptance, residual weight 1). stop, drop: a draft-length rule (`_block_arrays`)."""
+  drafts, p_rows, q_rows, q_drafts = _block_arrays(p, q, gamma, vocab, stop, drop)
+  length_law = _accepted_length_law(
+      p_rows, q_rows, drafts, "token" if rule == "algorithm_1" else rule
+  )
   weights = np.pad(
       np.asarray(speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))),
       ((0, 0), (1, 0)),
       constant_values=1.0,
   )
+  if rule == "algorithm_1":
+    weights = np.ones_like(weights)
   law = collections.defaultdict(float)
   for d, x in enumerate(drafts):
     for n in range(gamma + 1):
@@ -540,3 +561,51 @@ def test_block_verifier_realizes_the_theorys_expected_tokens():
   expected = theory.block_expected_tokens(p1, q1, gamma) - 1
   assert abs(n.mean() - expected) < 4 * n.std() / np.sqrt(samples), (n.mean(), expected)
   assert expected > theory.expected_tokens(np.minimum(p1, q1).sum(), gamma) - 1
+
+
+# --- adaptive draft length: blocks with empty slots ---------------------------------------------
+def _confidence_rule(q, threshold, measure):
+  """The shipped `draft_length.ConfidenceStop` on the drafter's q (as logits log q)."""
+  rule = draft_length.ConfidenceStop(threshold, measure)
+
+  def stop(prefix, x):
+    logits = jnp.log(jnp.asarray(q[prefix], jnp.float32))[None]
+    return bool(rule(logits, jnp.array([x]))[0])
+
+  return stop
+
+
+@pytest.mark.parametrize("rule", ["algorithm_1", "block"])
+@pytest.mark.parametrize(
+    "case, measure", [("random", "max"), ("random", "draft"), ("q_zero_where_p_positive", "draft")]
+)
+def test_a_stopped_block_is_emitted_exactly_as_the_target(rule, case, measure):
+  """A rule reading only the drafter's q decides how many of gamma = 3 slots are drafted; the
+  verifier rejects the empty ones, and the emitted law is still exactly the target's. The
+  threshold is the root's top probability ('max': the first draft never stops, later ones do
+  where q is flatter) or the median of q over the table ('draft')."""
+  gamma = 3
+  p, q = _prefix_tables(np.random.default_rng(30), gamma, 3, case)
+  confidences = [row[x] for row in q.values() for x in range(3)]
+  threshold = q[()].max() if measure == "max" else np.median(confidences)
+  stop = _confidence_rule(q, float(threshold), measure)
+  drafts, *_ = _block_arrays(p, q, gamma, 3, stop)
+  drafted = np.sum(np.cumprod(drafts != drafters.EMPTY, axis=1), axis=1)
+  assert len(set(drafted)) >= 2 and min(drafted) < 3  # blocks of several lengths
+  law = _block_output_law(p, q, gamma, 3, rule, stop)
+  target = _target_law(p, gamma, 3)
+  assert max(abs(law[y] - target[y]) for y in target) < 2e-6
+
+
+@pytest.mark.parametrize("rule", ["algorithm_1", "block"])
+def test_dropping_the_unsure_draft_itself_is_not_exact(rule):
+  """The deliberately wrong variant: emptying the slot of the draft the rule flags (instead of
+  keeping it and stopping after it) decides that slot from its own draw, so the kept drafts no
+  longer follow the q the verifier is given."""
+  gamma = 3
+  p, q = _prefix_tables(np.random.default_rng(30), gamma, 3, "random")
+  confidences = [row[x] for row in q.values() for x in range(3)]
+  unsure = _confidence_rule(q, float(np.median(confidences)), "draft")
+  law = _block_output_law(p, q, gamma, 3, rule, unsure, drop=True)
+  target = _target_law(p, gamma, 3)
+  assert max(abs(law[y] - target[y]) for y in target) > 1e-3  # exact ones are within 2e-6

@@ -1,0 +1,247 @@
+r"""Chooses adaptive draft length's settings (most drafts gamma, confidence threshold) for a pair.
+
+For each temperature: the target generates outputs for the inputs of a task split; the target and
+the pair's drafter are teacher-forced on them, giving per position the drafter's confidence and
+beta (`speculative_t5x.calibration`); the drafter's and the target's decode steps are timed on this
+machine at batch 1 (`benchmark.measure_costs`: c and verify_cost(gamma)). The hardware-aware model
+then predicts tokens per target call and speedup for every (gamma, threshold) of a grid, and the
+best is written as a gin file to include after the run file, beside the best static gamma:
+
+  python scripts/calibrate_draft_length.py          # the demo pair on the demo task
+  python scripts/benchmark.py --gin_file=configs/runs/benchmark_draft_length.gin ...
+
+Writes calibration.json, calibration.md, config.gin and draft_length_t<T>.gin (one per
+temperature) into CALIBRATION_OUTPUT_DIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Mapping, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from speculative_t5x import alpha
+from speculative_t5x import benchmark
+from speculative_t5x import calibration
+from speculative_t5x import gin_utils
+from speculative_t5x import pairs
+from speculative_t5x import tasks
+from speculative_t5x import validation
+
+DEFAULT_GIN_FILE = "configs/runs/calibrate_draft_length.gin"
+BUCKET_EDGES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", None, f"Gin files (default {DEFAULT_GIN_FILE}).")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
+
+
+@gin.configurable(module="calibrate_draft_length")
+@dataclasses.dataclass(frozen=True)
+class CalibrationSetup:
+  """What is calibrated (configs/runs/calibrate_draft_length.gin binds every field).
+
+  pair: the target, its drafter and their weights (a drafter that learns from targets is fitted
+    on the first ngram_fit_examples targets of ngram_fit_split).
+  mixture_or_task_name, task_feature_lengths, split: the inputs the target continues, and the
+    decode length (task_feature_lengths['targets']).
+  temperatures: one calibration each (0: argmax). gammas: the candidate most-drafts settings.
+  num_tokens: target-generated positions measured per temperature (at least; whole batches).
+  batch_size: examples per generation batch. cost_repeats: timing rounds of the decode steps.
+  output_dir: where the results and the gin files go.
+  """
+
+  pair: pairs.PairConfig
+  mixture_or_task_name: str
+  task_feature_lengths: Mapping[str, int]
+  output_dir: str
+  split: str = "validation"
+  ngram_fit_split: str = "train"
+  ngram_fit_examples: int = 50000
+  temperatures: Sequence[float] = (0.0, 1.0)
+  gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)
+  num_tokens: int = 5000
+  batch_size: int = 32
+  cost_repeats: int = benchmark.DEFAULT_REPEATS
+
+  def __post_init__(self):
+    if not isinstance(self.pair, pairs.PairConfig) or self.pair.drafter is None:
+      raise gin_utils.ConfigError(
+          "calibrate_draft_length.CalibrationSetup.pair must be a pairs.PairConfig with a "
+          f"DRAFTER (include a configs/drafters/ file), got {self.pair!r}"
+      )
+    try:
+      for name, value in (
+          ("MIXTURE_OR_TASK_NAME", self.mixture_or_task_name),
+          ("CALIBRATION_OUTPUT_DIR", self.output_dir),
+          ("SPLIT", self.split),
+      ):
+        validation.check_text(value, name)
+      validation.check_feature_lengths(
+          self.task_feature_lengths, "TASK_FEATURE_LENGTHS", ("inputs", "targets")
+      )
+      validation.check_temperatures(self.temperatures, "TEMPERATURES")
+      if not self.gammas:
+        raise validation.InvalidInputError("GAMMAS is empty: give candidate gammas, e.g. (2, 4).")
+      for gamma in self.gammas:
+        validation.check_integer(gamma, "GAMMAS", 1)
+      for name, value in (
+          ("NUM_TOKENS", self.num_tokens),
+          ("BATCH_SIZE", self.batch_size),
+          ("COST_REPEATS", self.cost_repeats),
+          ("NGRAM_FIT_EXAMPLES", self.ngram_fit_examples),
+      ):
+        validation.check_integer(value, name, 1)
+    except validation.InvalidInputError as e:
+      raise gin_utils.ConfigError(str(e)) from e
+
+
+def measure_positions(setup, pair, task, eos_id, temperature) -> calibration.Positions:
+  """Confidence and beta at about num_tokens target-generated positions."""
+  lengths = dict(setup.task_feature_lengths)
+  generate = alpha.target_sampler(
+      pair.target_config, lengths["targets"], eos_id, float(temperature)
+  )
+  score = jax.jit(
+      lambda tp, dp, enc, seq: calibration.score_positions(
+          pair.target_config, tp, pair.drafter, dp, enc, seq, float(temperature)
+      )
+  )
+  inputs = tasks.feature_arrays(task, setup.split, "inputs", lengths)
+  rng = jax.random.PRNGKey(0)
+  parts = []
+  for start in tqdm.tqdm(range(0, len(inputs), setup.batch_size), desc=f"t={temperature:g}"):
+    encoder = jnp.asarray(inputs[start : start + setup.batch_size], jnp.int32)
+    rng, step_rng = jax.random.split(rng)
+    sequences = generate(pair.target_params, encoder, step_rng)
+    confidence, beta = score(pair.target_params, pair.drafter_params, encoder, sequences)
+    parts.append(
+        calibration.positions_from_scores(
+            np.asarray(confidence), np.asarray(beta), np.asarray(sequences), eos_id
+        )
+    )
+    if sum(part.count for part in parts) >= setup.num_tokens:
+      break
+  return calibration.Positions.concatenate(parts)
+
+
+def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float]]:
+  """(c, gamma -> verify_cost): the drafter's and the target's decode steps timed side by side at
+  batch 1, over the target's single-token step; c = 0 for a drafter without a network."""
+  gammas = sorted(set(setup.gammas))
+  steps = {
+      k: [benchmark.Stage(pair.target_config, pair.target_params, k)]
+      for k in [1] + [g + 1 for g in gammas]
+  }
+  config = pair.drafter.network_config
+  if config is not None:
+    steps["drafter"] = [benchmark.Stage(config, pair.drafter_params, 1)]
+  lengths = setup.task_feature_lengths
+  timings = benchmark.time_decode_steps(
+      steps,
+      benchmark.DecodeGeometry.for_decoding(lengths["inputs"], lengths["targets"], max(gammas) + 1),
+      temperature=float(temperature),
+      repeats=setup.cost_repeats,
+  )
+  target = timings[1].median_ms
+  c = 0.0 if config is None else timings["drafter"].median_ms / target
+  return c, {g: timings[g + 1].median_ms / target for g in gammas}
+
+
+def calibrate(setup: CalibrationSetup) -> dict:
+  """-> {'t=<T>': {'best', 'best_static', 'grid', 'buckets', 'c', 'verify_cost', 'positions'}}."""
+  task = tasks.get_task(setup.mixture_or_task_name)
+  eos_id = task.output_features["targets"].vocabulary.eos_id
+  lengths = dict(setup.task_feature_lengths)
+  pair = pairs.load_pair(
+      setup.pair,
+      eos_id,
+      lambda: tasks.feature_arrays(
+          task, setup.ngram_fit_split, "targets", lengths, setup.ngram_fit_examples
+      ),
+  )
+  logging.info("pair: %s", pair.sources)
+  results = {}
+  for temperature in setup.temperatures:
+    positions = measure_positions(setup, pair, task, eos_id, temperature)
+    c, verify_cost = measure_costs(setup, pair, temperature)
+    result = calibration.calibrate(positions, setup.gammas, c, verify_cost)
+    results[f"t={temperature:g}"] = {
+        **result.as_dict(),
+        "buckets": calibration.confidence_buckets(positions, BUCKET_EDGES),
+        "c": c,
+        "verify_cost": {str(g): v for g, v in verify_cost.items()},
+        "positions": positions.count,
+        "sources": pair.sources,
+    }
+  return results
+
+
+def gin_file(key: str, result: dict) -> str:
+  """The chosen settings as gin bindings to include after the run file."""
+  best, static = result["best"], result["best_static"]
+  return (
+      f"# Adaptive draft length at {key}, from scripts/calibrate_draft_length.py: predicted "
+      f"{best['tokens_per_call']:.2f} tokens per target call and {best['speedup']:.2f}x\n"
+      f"# (best static gamma {static['gamma']}: {static['tokens_per_call']:.2f} tokens per call, "
+      f"{static['speedup']:.2f}x), c = {result['c']:.3f}.\n"
+      f"# Most drafts: gamma = {best['gamma']} (infer: --gin.GAMMA={best['gamma']}; benchmark: "
+      f"--gammas including {best['gamma']}).\n"
+      "from speculative_t5x import draft_length\n"
+      f"draft_length.ConfidenceStop.threshold = {best['threshold']:.4f}\n"
+  )
+
+
+def markdown(results: dict) -> str:
+  lines = []
+  for key, result in results.items():
+    best, static = result["best"], result["best_static"]
+    lines += [
+        f"## {key}: {result['positions']} positions, c = {result['c']:.3f}",
+        "",
+        "| setting | gamma | threshold | drafts/call | tokens/call | predicted speedup |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, p in (("adaptive (chosen)", best), ("best static gamma", static)):
+      lines.append(
+          f"| {label} | {p['gamma']} | {p['threshold']:.3f} | {p['drafts_per_call']:.2f} | "
+          f"{p['tokens_per_call']:.2f} | {p['speedup']:.3f} |"
+      )
+    lines += ["", "| confidence | share of positions | alpha |", "|---|---|---|"]
+    for b in result["buckets"]:
+      value = "-" if b["alpha"] is None else f"{b['alpha']:.3f}"
+      lines.append(f"| [{b['low']:.1f}, {b['high']:.1f}) | {b['share']:.3f} | {value} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
+  logging.set_verbosity(logging.WARNING)
+  gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
+  setup = CalibrationSetup()
+  results = calibrate(setup)
+  out = pathlib.Path(setup.output_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "config.gin").write_text(gin.config_str())
+  (out / "calibration.json").write_text(json.dumps(results, indent=2))
+  for key, result in results.items():
+    (out / f"draft_length_{key.replace('=', '')}.gin").write_text(gin_file(key, result))
+  table = markdown(results)
+  (out / "calibration.md").write_text(table)
+  print(table, end="")
+
+
+if __name__ == "__main__":
+  gin_utils.run(main)

@@ -1,0 +1,240 @@
+"""Choosing adaptive draft length's settings from measurements (`scripts/calibrate_draft_length.py`).
+
+Along target-generated sequences (as for Table 3's alpha, `alpha`), every generated position t
+gives the drafter's confidence c_t (`draft_length.ConfidenceStop.confidence`, measure 'max') and
+beta_t = sum_x min(p_t(x), q_t(x)), the probability that a draft at t is accepted. Grouping beta by
+confidence bucket shows how much the confidence tells (`confidence_buckets`).
+
+The model of one iteration that starts at position j, with threshold tau and at most gamma drafts:
+the drafter drafts at j, j+1, ... and stops after the first position whose confidence is below tau,
+
+  k_j = min(gamma, 1 + #{leading i >= j with c_i >= tau})   drafts (drafter steps),
+  E[n_j] = sum_{i=1..k_j} prod_{l=0..i-1} beta_{j+l}         accepted drafts (beta = 0 past EOS),
+
+treating acceptances as independent with the measured beta (Section 3.1's assumption, position by
+position) and the accepted drafts as the target's tokens. With the hardware-aware cost model
+(`theory.speedup_hardware_aware`: a drafter step costs c target steps, verifying gamma + 1 tokens
+costs verify_cost(gamma)) and iterations starting at every position alike:
+
+  tokens per call = mean_j (E[n_j] + 1),  cost per call = c mean_j k_j + verify_cost(gamma),
+  speedup = tokens per call / cost per call.
+
+tau = 0 is static gamma. `calibrate` searches the (gamma, tau) grid and reports the best static
+gamma beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import alpha
+from speculative_t5x import draft_length
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import network
+
+
+@dataclasses.dataclass(frozen=True)
+class Positions:
+  """Per generated position of each sequence: confidence [n_s] and beta [n_s] (lists of arrays,
+  one per sequence, positions up to and including EOS)."""
+
+  confidence: list[np.ndarray]
+  beta: list[np.ndarray]
+
+  def __post_init__(self):
+    if len(self.confidence) != len(self.beta) or not self.confidence:
+      raise ValueError(
+          f"need one confidence and one beta array per sequence, got {len(self.confidence)} "
+          f"and {len(self.beta)} (and at least one)."
+      )
+    for c, b in zip(self.confidence, self.beta):
+      if np.shape(c) != np.shape(b) or np.ndim(c) != 1:
+        raise ValueError(
+            f"confidence and beta of a sequence must be 1-D of one length, got "
+            f"{np.shape(c)} and {np.shape(b)}."
+        )
+
+  @property
+  def count(self) -> int:
+    return int(sum(len(c) for c in self.confidence))
+
+  @classmethod
+  def concatenate(cls, parts: Sequence["Positions"]) -> "Positions":
+    return cls(
+        [c for part in parts for c in part.confidence], [b for part in parts for b in part.beta]
+    )
+
+
+def score_positions(
+    target_config: network.T5Config,
+    target_params,
+    drafter: drafters_lib.Drafter,
+    drafter_params,
+    encoder_input_tokens: jax.Array,
+    sequences: jax.Array,
+    temperature,
+    topk: int = 0,
+    topp: float = 0.0,
+) -> tuple[jax.Array, jax.Array]:
+  """Teacher-forced on target-generated `sequences` [B, L]: (confidence [B, L], beta [B, L]).
+
+  confidence: max_x softmax(drafter logits)(x) at temperature 1 (what `ConfidenceStop` reads);
+  beta: sum_x min(p, q) with p and q standardized as decoding does (`alpha.teacher_forced_betas`;
+  at temperature 0 an indicator of argmax agreement)."""
+  beta, drafter_logits = alpha.teacher_forced_betas(
+      target_config,
+      target_params,
+      drafter,
+      drafter_params,
+      encoder_input_tokens,
+      sequences,
+      temperature,
+      topk,
+      topp,
+  )
+  rule = draft_length.ConfidenceStop(0.0)
+  confidence = jax.vmap(rule.confidence, in_axes=1, out_axes=1)(drafter_logits, sequences)
+  return confidence, beta
+
+
+def positions_from_scores(
+    confidence: np.ndarray, beta: np.ndarray, sequences: np.ndarray, eos_id: int
+) -> Positions:
+  """[B, L] scores -> Positions, each sequence cut after its first EOS (`alpha`'s positions)."""
+  lengths = np.asarray(alpha.generated_positions(jnp.asarray(sequences), eos_id)).sum(axis=1)
+  confidence, beta = np.asarray(confidence, np.float64), np.asarray(beta, np.float64)
+  return Positions(
+      [confidence[i, :n] for i, n in enumerate(lengths)],
+      [beta[i, :n] for i, n in enumerate(lengths)],
+  )
+
+
+def _blocks(confidence: np.ndarray, beta: np.ndarray, threshold: float, gamma: int):
+  """One sequence: (drafts k_j [n], expected accepted drafts E[n_j] [n]) for every start j."""
+  n = len(confidence)
+  padded_c = np.concatenate([confidence, np.zeros(gamma)])  # past the end: stop
+  padded_b = np.concatenate([beta, np.zeros(gamma)])  # past EOS nothing is accepted
+  starts = np.arange(n)[:, None] + np.arange(gamma)[None]  # [n, gamma]
+  confident = padded_c[starts] >= threshold
+  # Slot i (0-based) is drafted iff the drafts before it were all confident.
+  drafted = np.concatenate(
+      [np.ones((n, 1), bool), np.cumprod(confident[:, :-1], axis=1).astype(bool)], axis=1
+  )
+  accept_all = np.cumprod(padded_b[starts], axis=1)  # P(drafts 1..i+1 accepted)
+  return drafted.sum(axis=1), np.sum(np.where(drafted, accept_all, 0.0), axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  """The model's outcome of one setting: gamma (the most drafts), threshold, and per target
+  call the drafts (drafter steps), the tokens and the predicted speedup."""
+
+  gamma: int
+  threshold: float
+  drafts_per_call: float
+  tokens_per_call: float
+  speedup: float
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def predict(
+    positions: Positions, gamma: int, threshold: float, c: float, verify_cost: float
+) -> Prediction:
+  """The module docstring's model at one (gamma, threshold), c and verify_cost(gamma)."""
+  if c < 0 or verify_cost <= 0:
+    raise ValueError(f"need c >= 0 and verify_cost > 0 (time ratios), got {c} and {verify_cost}.")
+  drafts, accepted = zip(
+      *(
+          _blocks(c_s, b_s, threshold, gamma)
+          for c_s, b_s in zip(positions.confidence, positions.beta)
+      )
+  )
+  drafts_per_call = float(np.mean(np.concatenate(drafts)))
+  tokens_per_call = float(np.mean(np.concatenate(accepted))) + 1.0
+  return Prediction(
+      gamma,
+      float(threshold),
+      drafts_per_call,
+      tokens_per_call,
+      tokens_per_call / (c * drafts_per_call + verify_cost),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+  """Every prediction of the grid, the best adaptive setting and the best static gamma."""
+
+  predictions: list[Prediction]
+  best: Prediction
+  best_static: Prediction
+
+  def as_dict(self) -> dict:
+    return {
+        "best": self.best.as_dict(),
+        "best_static": self.best_static.as_dict(),
+        "grid": [p.as_dict() for p in self.predictions],
+    }
+
+
+def calibrate(
+    positions: Positions,
+    gammas: Sequence[int],
+    c: float,
+    verify_cost: Callable[[int], float] | Mapping[int, float],
+    thresholds: Sequence[float] | None = None,
+) -> Calibration:
+  """Searches gamma in `gammas` and tau in `thresholds` (default: 0 and the measured confidences'
+  percentiles 5, 10, ..., 95) for the highest predicted speedup.
+
+  Args:
+    positions: the measured confidences and betas.
+    gammas: candidate most-drafts settings (integers >= 1).
+    c: drafter step time over target step time.
+    verify_cost: gamma -> the target's time on gamma + 1 tokens over its time on 1.
+  """
+  if not gammas or any(isinstance(g, bool) or int(g) != g or g < 1 for g in gammas):
+    raise ValueError(f"gammas must be integers >= 1, got {list(gammas)}.")
+  cost = verify_cost.__getitem__ if isinstance(verify_cost, Mapping) else verify_cost
+  if thresholds is None:
+    measured = np.concatenate(positions.confidence)
+    thresholds = [0.0] + sorted({float(x) for x in np.percentile(measured, range(5, 100, 5))})
+  predictions = [
+      predict(positions, int(g), float(t), c, cost(int(g))) for g in gammas for t in thresholds
+  ]
+  static = [p for p in predictions if p.threshold == 0.0] or [
+      predict(positions, int(g), 0.0, c, cost(int(g))) for g in gammas
+  ]
+  return Calibration(
+      predictions,
+      max(predictions, key=lambda p: p.speedup),
+      max(static, key=lambda p: p.speedup),
+  )
+
+
+def confidence_buckets(positions: Positions, edges: Sequence[float]) -> list[dict]:
+  """alpha per confidence bucket [edges[i], edges[i+1]): rows {'low', 'high', 'positions',
+  'share', 'alpha'} (alpha None for an empty bucket); the last bucket includes its high edge."""
+  confidence = np.concatenate(positions.confidence)
+  beta = np.concatenate(positions.beta)
+  rows = []
+  for i, (low, high) in enumerate(zip(edges[:-1], edges[1:])):
+    last = i == len(edges) - 2
+    inside = (confidence >= low) & ((confidence <= high) if last else (confidence < high))
+    count = int(inside.sum())
+    rows.append(
+        {
+            "low": float(low),
+            "high": float(high),
+            "positions": count,
+            "share": count / len(confidence),
+            "alpha": float(beta[inside].mean()) if count else None,
+        }
+    )
+  return rows

@@ -1,0 +1,1149 @@
+"""Bad inputs at every entry point get a clear error before anything is traced or compiled.
+
+Each case asserts the error's type and that its message names the problem. In this process: the
+model API (the baseline and the speculative model: `predict_batch_with_aux`, `predict_batch`,
+`jit_predict` and the function it returns, `score_batch`, `loss_fn`, the constructor), the
+decoding functions and the input pipeline (`inference`, `tasks`), on tiny models built once. Each
+such call is watched: no jax tracing or compilation event may happen during it, and no jax frame
+may lie between the call and the raise (tracebacks unfiltered), so the error came from the checks
+at the edge, not from inside a trace. The scripts run in subprocesses (importing them here would
+register their absl flags beside other scripts'), started together when this module starts, one
+bad flag each; each must exit 1 before writing anything.
+"""
+
+import contextlib
+import functools
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import traceback
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import seqio
+
+from conftest import tiny_config
+from speculative_t5x import decoding
+from speculative_t5x import drafters
+from speculative_t5x import gin_utils
+from speculative_t5x import inference
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import pairs
+from speculative_t5x import tasks
+from speculative_t5x.validation import InvalidInputError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+JAX_DIR = os.path.dirname(jax.__file__)
+# What tracing and compiling record (jax/_src/dispatch.py).
+WATCHED_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+V, L = 32, 4  # vocab_size and decode length of the tiny models
+CONFIG = tiny_config(V, emb_dim=8, head_dim=4, mlp_dim=16, num_decoder_layers=1)
+VOCAB = seqio.PassThroughVocabulary(V, eos_id=1)
+ENC = np.array([[5, 6, 7, 1], [8, 9, 1, 0]], np.int32)  # [B, Le]
+DEC = np.zeros((2, L), np.int32)  # [B, L]
+TARGETS = np.array([[3, 4, 1, 0], [5, 1, 0, 0]], np.int32)  # [B, L]
+
+
+# ----------------------------------------------------------------------------- the tiny world
+
+
+@functools.cache
+def _world() -> types.SimpleNamespace:
+  """The models, their parameters and an rng, made once, outside the watched calls."""
+  module = network.Transformer(CONFIG)
+  spec = models.SpeculativeEncoderDecoderModel(
+      module, drafters.BigramDrafter(), VOCAB, VOCAB, gamma=2
+  )
+  # Zero weights: the checks never read them, and the one decode run needs only their shapes.
+  shapes = jax.eval_shape(functools.partial(network.init_params, CONFIG), jax.random.PRNGKey(0))
+  target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)
+  drafter = jax.tree.map(jnp.asarray, spec.drafter.init_params(jax.random.PRNGKey(1), {}))
+  return types.SimpleNamespace(
+      base=models.EncoderDecoderModel(module, VOCAB, VOCAB),
+      spec=spec,
+      params={"base": target, "spec": {"target": target, "drafter": drafter}},
+      rng=jax.random.PRNGKey(0),
+      device_tokens=jnp.asarray(ENC - 10),  # negative ids, on the device
+      device_temperature=jnp.float32(-1),
+  )
+
+
+def _batch(**changes) -> dict:
+  """A good batch ([2, 4] each) with `changes`; a change to None removes the feature."""
+  batch = {
+      "encoder_input_tokens": ENC,
+      "decoder_input_tokens": DEC,
+      "decoder_target_tokens": TARGETS,
+  }
+  batch.update(changes)
+  return {k: v for k, v in batch.items() if v is not None}
+
+
+def _predict(kind="base", batch=None, **kwargs):
+  world = _world()
+  model = getattr(world, kind)
+  return model.predict_batch_with_aux(
+      world.params[kind], _batch() if batch is None else batch, **kwargs
+  )
+
+
+def _decode(kind="base", **decoder_params):
+  return _predict(kind, decoder_params=decoder_params)
+
+
+def _jit(kind="base", batch=None, temperature=0.0, **jit_kwargs):
+  world = _world()
+  predict = getattr(world, kind).jit_predict(**jit_kwargs)
+  return predict(world.params[kind], _batch() if batch is None else batch, world.rng, temperature)
+
+
+def _score(batch, kind="base"):
+  world = _world()
+  return getattr(world, kind).score_batch(world.params[kind], batch)
+
+
+def _loss(batch):
+  return _world().base.loss_fn(_world().params["base"], batch, None)
+
+
+def _vocabulary_model(kind="base", size=V, eos_id=1):
+  """A model over a vocabulary of `size` ids with `eos_id`, decoding (baseline) or built."""
+  vocabulary = seqio.PassThroughVocabulary(size, eos_id=eos_id)
+  if kind == "base":
+    model = models.EncoderDecoderModel(network.Transformer(CONFIG), vocabulary, vocabulary)
+    return model.predict_batch_with_aux(_world().params["base"], _batch())
+  return models.SpeculativeEncoderDecoderModel(
+      network.Transformer(CONFIG), drafters.BigramDrafter(), vocabulary, vocabulary
+  )
+
+
+def _speculative_model(**changes):
+  kwargs = dict(
+      module=network.Transformer(CONFIG),
+      drafter=drafters.BigramDrafter(),
+      input_vocabulary=VOCAB,
+      output_vocabulary=VOCAB,
+  )
+  return models.SpeculativeEncoderDecoderModel(**{**kwargs, **changes})
+
+
+def _temperature_sample(**changes):
+  """The loop alone; its arguments are checked before the cache or the logits function is used."""
+  kwargs = dict(inputs=DEC, cache=None, tokens_to_logits=None, eos_id=1)
+  return decoding.temperature_sample(**{**kwargs, **changes})
+
+
+def _speculative_sample(**changes):
+  kwargs = dict(
+      inputs=DEC,
+      target_cache=None,
+      target_logits_fn=None,
+      drafter=_world().spec.drafter,
+      drafter_params=None,
+      drafter_state=None,
+      eos_id=1,
+      gamma=2,
+  )
+  return decoding.speculative_sample(**{**kwargs, **changes})
+
+
+def _infer_config(**changes):
+  pair = pairs.PairConfig(
+      target_config=CONFIG,
+      drafter=drafters.T5Drafter(CONFIG),
+      checkpoint_path=None,
+      random_init_seed=0,
+      restore_dtype="float32",
+  )
+  kwargs = dict(
+      mixture_or_task_name="demo_ende",
+      task_feature_lengths={"inputs": 16, "targets": 8},
+      output_dir="/tmp/unused",
+      pair=pair,
+      batch_size=2,
+  )
+  return inference.InferConfig(**{**kwargs, **changes})
+
+
+def _model_batch(examples, batch_size=2):
+  return inference.model_batch(examples, batch_size, {"inputs": 4, "targets": L}, V)
+
+
+LENGTHS = {"inputs": 4, "targets": 4}
+ID = r"at \[\d+, \d+\], outside \[0, 32\) \(the model's vocab_size is 32\)"
+TEMPERATURE = r"temperature must be >= 0 and finite \(0 means greedy\)"
+STEPS = r"max_decode_steps must be None \(decode up to the decode length\) or an integer >= 1"
+RANK = r"must be a rank-2 \[batch, length\] array of token ids"
+DTYPE = r"must hold integer token ids, got dtype"
+EMPTY = r"is empty \(shape"
+TOPK = r"topk must be a non-negative integer \(0 = no cutoff\), at most the vocab_size 32"
+TOPP = r"topp must be in \[0, 1\] \(0 = no cutoff\)"
+NUM_DECODES = r"num_decodes must be an integer >= 1 \(samples per batch item\)"
+GAMMA = r"gamma must be an integer >= 1 \(the number of drafted tokens per target call\)"
+EOS = r"eos_id is 0, but it must be an integer >= 1 \(0 is the padding id"
+SIZES = "the token arrays disagree on the batch size"
+BAD = InvalidInputError
+
+# (name, the call, the error, a regex its message matches)
+CASES = [
+    # ---- token arrays, baseline predict_batch_with_aux / predict_batch
+    (
+        "base: no encoder_input_tokens",
+        lambda: _predict(batch=_batch(encoder_input_tokens=None)),
+        BAD,
+        r"batch lacks \['encoder_input_tokens'\]",
+    ),
+    (
+        "base: no decoder_input_tokens",
+        lambda: _predict(batch=_batch(decoder_input_tokens=None)),
+        BAD,
+        r"batch lacks \['decoder_input_tokens'\]",
+    ),
+    (
+        "base: batch is an array",
+        lambda: _predict(batch=ENC),
+        BAD,
+        "batch must be a mapping of feature name",
+    ),
+    (
+        "base: float encoder tokens",
+        lambda: _predict(batch=_batch(encoder_input_tokens=ENC * 1.0)),
+        BAD,
+        "encoder_input_tokens " + DTYPE + " float64",
+    ),
+    (
+        "base: float decoder tokens",
+        lambda: _predict(batch=_batch(decoder_input_tokens=DEC * 1.0)),
+        BAD,
+        "decoder_input_tokens " + DTYPE + " float64",
+    ),
+    (
+        "base: bool encoder tokens",
+        lambda: _predict(batch=_batch(encoder_input_tokens=ENC > 0)),
+        BAD,
+        "encoder_input_tokens " + DTYPE + " bool",
+    ),
+    (
+        "base: string tokens",
+        lambda: _predict(batch=_batch(encoder_input_tokens=[["a", "b"]])),
+        BAD,
+        "encoder_input_tokens " + DTYPE + " <U1",
+    ),
+    (
+        "base: ragged token lists",
+        lambda: _predict(batch=_batch(encoder_input_tokens=[[1, 2], [3]])),
+        BAD,
+        r"encoder_input_tokens must be a \[batch, length\] array",
+    ),
+    (
+        "base: rank-1 encoder tokens",
+        lambda: _predict(batch=_batch(encoder_input_tokens=ENC[0])),
+        BAD,
+        "encoder_input_tokens " + RANK + r", got shape \(4,\)",
+    ),
+    (
+        "base: rank-1 decoder tokens",
+        lambda: _predict(batch=_batch(decoder_input_tokens=DEC[0])),
+        BAD,
+        "decoder_input_tokens " + RANK,
+    ),
+    (
+        "base: rank-3 encoder tokens",
+        lambda: _predict(batch=_batch(encoder_input_tokens=ENC[None])),
+        BAD,
+        "encoder_input_tokens " + RANK + r", got shape \(1, 2, 4\)",
+    ),
+    (
+        "base: empty batch",
+        lambda: _predict(
+            batch=_batch(
+                encoder_input_tokens=ENC[:0],
+                decoder_input_tokens=DEC[:0],
+                decoder_target_tokens=None,
+            )
+        ),
+        BAD,
+        "encoder_input_tokens " + EMPTY + r" \(0, 4\)\)",
+    ),
+    (
+        "base: encoder length 0",
+        lambda: _predict(batch=_batch(encoder_input_tokens=ENC[:, :0])),
+        BAD,
+        "encoder_input_tokens " + EMPTY + r" \(2, 0\)\)",
+    ),
+    (
+        "base: decode length 0",
+        lambda: _predict(batch=_batch(decoder_input_tokens=DEC[:, :0], decoder_target_tokens=None)),
+        BAD,
+        "decoder_input_tokens " + EMPTY + r" \(2, 0\)\)",
+    ),
+    (
+        "base: batch sizes disagree",
+        lambda: _predict(batch=_batch(decoder_input_tokens=DEC[:1], decoder_target_tokens=None)),
+        BAD,
+        SIZES + r": \{'encoder_input_tokens': 2, 'decoder_input_tokens': 1\}",
+    ),
+    (
+        "base: encoder id = vocab_size",
+        lambda: _predict(batch=_batch(encoder_input_tokens=ENC + V)),
+        BAD,
+        "encoder_input_tokens holds id 37 " + ID,
+    ),
+    (
+        "base: negative encoder id",
+        lambda: _predict(batch=_batch(encoder_input_tokens=ENC - 10)),
+        BAD,
+        "encoder_input_tokens holds id -5 " + ID,
+    ),
+    (
+        "base: prompt id out of range",
+        lambda: _predict(batch=_batch(decoder_input_tokens=DEC + V), prompt_with_targets=True),
+        BAD,
+        "decoder_input_tokens holds id 32 " + ID,
+    ),
+    (
+        "base predict_batch: negative id",
+        lambda: _world().base.predict_batch(
+            _world().params["base"], _batch(encoder_input_tokens=ENC - 10)
+        ),
+        BAD,
+        "encoder_input_tokens holds id -5 " + ID,
+    ),
+    # ---- score_batch and loss_fn
+    (
+        "score: no decoder_target_tokens",
+        lambda: _score(_batch(decoder_target_tokens=None)),
+        BAD,
+        r"batch lacks \['decoder_target_tokens'\]",
+    ),
+    (
+        "score: target id = vocab_size",
+        lambda: _score(_batch(decoder_target_tokens=TARGETS + V)),
+        BAD,
+        "decoder_target_tokens holds id 35 " + ID,
+    ),
+    (
+        "score: targets shaped unlike inputs",
+        lambda: _score(_batch(decoder_target_tokens=TARGETS[:, :3])),
+        BAD,
+        r"decoder_input_tokens has shape \(2, 4\) and decoder_target_tokens \(2, 3\): give them one shape",
+    ),
+    (
+        "score: loss weights shape",
+        lambda: _score(_batch(decoder_loss_weights=np.ones((2, 3)))),
+        BAD,
+        r"decoder_loss_weights has shape \(2, 3\) but decoder_input_tokens has \(2, 4\)",
+    ),
+    (
+        "score: float encoder tokens",
+        lambda: _score(_batch(encoder_input_tokens=ENC * 1.0)),
+        BAD,
+        "encoder_input_tokens " + DTYPE,
+    ),
+    (
+        "score: speculative, rank-1 decoder tokens",
+        lambda: _score(_batch(decoder_input_tokens=DEC[0]), "spec"),
+        BAD,
+        "decoder_input_tokens " + RANK,
+    ),
+    (
+        "loss_fn: negative target id",
+        lambda: _loss(_batch(decoder_target_tokens=-TARGETS - 1)),
+        BAD,
+        "decoder_target_tokens holds id -4 " + ID,
+    ),
+    (
+        "loss_fn: encoder_segment_ids shape",
+        lambda: _loss(_batch(encoder_segment_ids=np.ones((2, 3), np.int32))),
+        BAD,
+        r"encoder_segment_ids has shape \(2, 3\) but encoder_input_tokens has \(2, 4\)",
+    ),
+    (
+        "loss_fn: batch sizes disagree",
+        lambda: _loss(_batch(decoder_target_tokens=TARGETS[:1], decoder_input_tokens=DEC[:1])),
+        BAD,
+        SIZES,
+    ),
+    # ---- decode settings, baseline
+    ("base: num_decodes 0", lambda: _predict(num_decodes=0), BAD, NUM_DECODES + ", got 0"),
+    ("base: num_decodes -1", lambda: _predict(num_decodes=-1), BAD, NUM_DECODES + ", got -1"),
+    (
+        "base: num_decodes 1.5",
+        lambda: _predict(num_decodes=1.5),
+        BAD,
+        NUM_DECODES + r", got 1.5 \(float\)",
+    ),
+    (
+        "base: max_decode_steps 0",
+        lambda: _decode(max_decode_steps=0),
+        BAD,
+        STEPS + " and <= the decode length 4, got 0",
+    ),
+    ("base: max_decode_steps -2", lambda: _decode(max_decode_steps=-2), BAD, STEPS + ".*got -2"),
+    ("base: max_decode_steps 2.5", lambda: _decode(max_decode_steps=2.5), BAD, STEPS + ".*got 2.5"),
+    ("base: max_decode_steps '3'", lambda: _decode(max_decode_steps="3"), BAD, STEPS + ".*got '3'"),
+    (
+        "base: max_decode_steps 9 > length",
+        lambda: _decode(max_decode_steps=9),
+        BAD,
+        STEPS + " and <= the decode length 4, got 9",
+    ),
+    (
+        "base: max_decode_steps np.int64(9)",
+        lambda: _decode(max_decode_steps=np.int64(9)),
+        BAD,
+        STEPS + " and <= the decode length 4, got 9",
+    ),
+    (
+        "base: temperature inf",
+        lambda: _decode(temperature=math.inf),
+        BAD,
+        TEMPERATURE + ".*got inf",
+    ),
+    (
+        "base: temperature nan",
+        lambda: _decode(temperature=math.nan),
+        BAD,
+        TEMPERATURE + ".*got nan",
+    ),
+    ("base: temperature -1", lambda: _decode(temperature=-1.0), BAD, TEMPERATURE + r".*got -1\.0"),
+    (
+        "base: temperature 'hot'",
+        lambda: _decode(temperature="hot"),
+        BAD,
+        TEMPERATURE + ".*got 'hot'",
+    ),
+    ("base: temperature None", lambda: _decode(temperature=None), BAD, TEMPERATURE + ".*got None"),
+    (
+        "base: temperature per row, 3 for 2 rows",
+        lambda: _decode(temperature=np.ones(3)),
+        BAD,
+        TEMPERATURE + r", one number or one per row of the batch \(\[2\]\); got shape \(3,\)",
+    ),
+    (
+        "base: temperature [2, 1]",
+        lambda: _decode(temperature=np.ones((2, 1))),
+        BAD,
+        TEMPERATURE + r".*got shape \(2, 1\)",
+    ),
+    (
+        "base: a negative per-row temperature",
+        lambda: _decode(temperature=np.array([1.0, -0.5])),
+        BAD,
+        TEMPERATURE + r".*got \[1\.0, -0\.5\]",
+    ),
+    ("base: topk -1", lambda: _decode(topk=-1), BAD, TOPK + ", got -1"),
+    ("base: topk 2.5", lambda: _decode(topk=2.5, temperature=1.0), BAD, TOPK + ", got 2.5"),
+    (
+        "base: topk > vocab_size",
+        lambda: _decode(topk=V + 1, temperature=1.0),
+        BAD,
+        TOPK + ", got 33",
+    ),
+    ("base: topk '5'", lambda: _decode(topk="5"), BAD, TOPK + ", got '5'"),
+    ("base: topk True", lambda: _decode(topk=True, temperature=1.0), BAD, TOPK + ", got True"),
+    ("base: topp 1.5", lambda: _decode(topp=1.5), BAD, TOPP + ", got 1.5"),
+    ("base: topp -0.1", lambda: _decode(topp=-0.1), BAD, TOPP + ", got -0.1"),
+    ("base: topp nan", lambda: _decode(topp=math.nan), BAD, TOPP + ", got nan"),
+    ("base: topp '0.9'", lambda: _decode(topp="0.9"), BAD, TOPP + ", got '0.9'"),
+    (
+        "base: topk and topp",
+        lambda: _decode(topk=3, topp=0.9),
+        BAD,
+        "topk=3 and topp=0.9 were both set: at most one of top-k and top-p",
+    ),
+    (
+        "base: misspelt decoder param",
+        lambda: _decode(temprature=1.0),
+        BAD,
+        r"unknown decoder_params \['temprature'\]: did you mean \['temperature'\]\? the decode function takes \[.*'topp'\]",
+    ),
+    (
+        "base: decoder_params a list",
+        lambda: _predict(decoder_params=[("temperature", 1.0)]),
+        BAD,
+        "decoder_params must be a mapping",
+    ),
+    (
+        "base: rng and decode_rng",
+        lambda: _predict(rng=_world().rng, decoder_params={"decode_rng": _world().rng}),
+        ValueError,
+        r"Got both `rng` and `decoder_params\['decode_rng'\]`",
+    ),
+    (
+        "base: rng an int",
+        lambda: _predict(rng=0, decoder_params={"temperature": 1.0}),
+        BAD,
+        "decode_rng must be one PRNG key, jax.random.PRNGKey.*got 0",
+    ),
+    (
+        "base: rescale_log_probs 'no'",
+        lambda: _decode(rescale_log_probs="no"),
+        BAD,
+        r"decoder_params\['rescale_log_probs'\] must be True or False",
+    ),
+    (
+        "base: vocabulary eos_id 0",
+        lambda: _vocabulary_model(eos_id=0),
+        BAD,
+        EOS + r".*PassThroughVocabulary\(size, eos_id=1\)",
+    ),
+    (
+        "base: vocabulary without eos_id",
+        lambda: _vocabulary_model(eos_id=None),
+        BAD,
+        r"the output vocabulary has no EOS id \(eos_id None\)",
+    ),
+    (
+        "base: eos_id = vocab_size",
+        lambda: _vocabulary_model(eos_id=V),
+        BAD,
+        r"eos_id 32 is not an id of the model \(vocab_size 32\)",
+    ),
+    (
+        "base: vocabulary larger than the model",
+        lambda: _vocabulary_model(size=V + 8),
+        BAD,
+        "output_vocabulary has 40 ids but the model's vocab_size is 32",
+    ),
+    # ---- jit_predict and the function it returns
+    ("jit_predict: num_decodes 0", lambda: _jit(num_decodes=0), BAD, NUM_DECODES + ", got 0"),
+    ("jit_predict: max_decode_steps 0", lambda: _jit(max_decode_steps=0), BAD, STEPS + ", got 0"),
+    (
+        "jit_predict: max_decode_steps np.int32(9)",
+        lambda: _jit(max_decode_steps=np.int32(9)),
+        BAD,
+        STEPS + " and <= the decode length 4, got 9",
+    ),
+    ("jit_predict: topk -1", lambda: _jit(topk=-1), BAD, TOPK + ", got -1"),
+    ("jit_predict: topp 2", lambda: _jit(topp=2.0), BAD, TOPP + ", got 2.0"),
+    (
+        "jit_predict: temperature inf",
+        lambda: _jit(temperature=math.inf),
+        BAD,
+        TEMPERATURE + ".*got inf",
+    ),
+    (
+        "jit_predict: jnp temperature -1",
+        lambda: _jit(temperature=_world().device_temperature),
+        BAD,
+        TEMPERATURE + r".*got -1\.0",
+    ),
+    (
+        "jit_predict: 3 temperatures for 2 rows",
+        lambda: _jit(temperature=np.ones(3, np.float32)),
+        BAD,
+        TEMPERATURE + r".*got shape \(3,\)",
+    ),
+    (
+        "jit_predict: encoder id = vocab_size",
+        lambda: _jit(batch=_batch(encoder_input_tokens=ENC + V)),
+        BAD,
+        "encoder_input_tokens holds id 37 " + ID,
+    ),
+    (
+        "jit_predict: negative id on the device",
+        lambda: _jit(batch=_batch(encoder_input_tokens=_world().device_tokens)),
+        BAD,
+        "encoder_input_tokens holds id -5 " + ID,
+    ),
+    (
+        "jit_predict: batch sizes disagree",
+        lambda: _jit(batch=_batch(decoder_input_tokens=DEC[:1], decoder_target_tokens=None)),
+        BAD,
+        SIZES,
+    ),
+    (
+        "jit_predict: rank-1 decoder tokens",
+        lambda: _jit(batch=_batch(decoder_input_tokens=DEC[0], decoder_target_tokens=None)),
+        BAD,
+        "decoder_input_tokens " + RANK,
+    ),
+    (
+        "jit_predict: rng a seed",
+        lambda: _world().base.jit_predict()(_world().params["base"], _batch(), 3, 1.0),
+        BAD,
+        "decode_rng must be one PRNG key",
+    ),
+    (
+        "jit_predict speculative: id = vocab_size",
+        lambda: _jit("spec", batch=_batch(encoder_input_tokens=ENC + V)),
+        BAD,
+        "encoder_input_tokens holds id 37 " + ID,
+    ),
+    (
+        "jit_predict speculative: decode length 0",
+        lambda: _jit(
+            "spec", batch=_batch(decoder_input_tokens=DEC[:, :0], decoder_target_tokens=None)
+        ),
+        BAD,
+        "decoder_input_tokens " + EMPTY,
+    ),
+    (
+        "jit_predict speculative: num_decodes -1",
+        lambda: _jit("spec", num_decodes=-1),
+        BAD,
+        NUM_DECODES + ", got -1",
+    ),
+    (
+        "jit_predict speculative: temperature nan",
+        lambda: _jit("spec", temperature=math.nan),
+        BAD,
+        TEMPERATURE + ".*got nan",
+    ),
+    # ---- the speculative model
+    (
+        "spec: encoder id = vocab_size",
+        lambda: _predict("spec", _batch(encoder_input_tokens=ENC + V)),
+        BAD,
+        "encoder_input_tokens holds id 37 " + ID,
+    ),
+    (
+        "spec: empty batch",
+        lambda: _predict(
+            "spec",
+            _batch(
+                encoder_input_tokens=ENC[:0],
+                decoder_input_tokens=DEC[:0],
+                decoder_target_tokens=None,
+            ),
+        ),
+        BAD,
+        "encoder_input_tokens " + EMPTY,
+    ),
+    (
+        "spec: rank-1 decoder tokens",
+        lambda: _predict("spec", _batch(decoder_input_tokens=DEC[0], decoder_target_tokens=None)),
+        BAD,
+        "decoder_input_tokens " + RANK,
+    ),
+    (
+        "spec: batch sizes disagree",
+        lambda: _predict("spec", _batch(decoder_input_tokens=DEC[:1], decoder_target_tokens=None)),
+        BAD,
+        SIZES,
+    ),
+    ("spec: num_decodes 0", lambda: _predict("spec", num_decodes=0), BAD, NUM_DECODES + ", got 0"),
+    (
+        "spec: max_decode_steps 0",
+        lambda: _decode("spec", max_decode_steps=0),
+        BAD,
+        STEPS + ".*got 0",
+    ),
+    (
+        "spec: max_decode_steps 2.5",
+        lambda: _decode("spec", max_decode_steps=2.5),
+        BAD,
+        STEPS + ".*got 2.5",
+    ),
+    (
+        "spec: max_decode_steps np.int64(9)",
+        lambda: _decode("spec", max_decode_steps=np.int64(9)),
+        BAD,
+        STEPS + " and <= the decode length 4, got 9",
+    ),
+    (
+        "spec: temperature inf",
+        lambda: _decode("spec", temperature=math.inf),
+        BAD,
+        TEMPERATURE + ".*got inf",
+    ),
+    (
+        "spec: topk > vocab_size",
+        lambda: _decode("spec", topk=V + 1, temperature=1.0),
+        BAD,
+        TOPK + ", got 33",
+    ),
+    (
+        "spec: misspelt decoder param",
+        lambda: _decode("spec", top_k=3),
+        BAD,
+        r"unknown decoder_params \['top_k'\]: did you mean \['topk'\]\?",
+    ),
+    (
+        "spec: a baseline-only decoder param",
+        lambda: _decode("spec", cache_offset=1),
+        BAD,
+        r"unknown decoder_params \['cache_offset'\]",
+    ),
+    (
+        "spec: return_trace 'yes'",
+        lambda: _decode("spec", return_trace="yes"),
+        BAD,
+        r"decoder_params\['return_trace'\] must be True or False, got 'yes'",
+    ),
+    (
+        "spec: prompt_with_targets",
+        lambda: _predict("spec", prompt_with_targets=True),
+        ValueError,
+        "prompt_with_targets=True is not supported by speculative decoding",
+    ),
+    ("spec init: gamma 0", lambda: _speculative_model(gamma=0), BAD, GAMMA + ", got 0"),
+    (
+        "spec init: gamma 2.5",
+        lambda: _speculative_model(gamma=2.5),
+        BAD,
+        GAMMA + r", got 2.5 \(float\)",
+    ),
+    (
+        "spec init: gamma '4'",
+        lambda: _speculative_model(gamma="4"),
+        BAD,
+        GAMMA + r", got '4' \(str\)",
+    ),
+    (
+        "spec init: gamma True",
+        lambda: _speculative_model(gamma=True),
+        BAD,
+        GAMMA + r", got True \(bool\)",
+    ),
+    (
+        "spec init: drafter a string",
+        lambda: _speculative_model(drafter="bigram"),
+        ValueError,
+        "a drafter must be a drafters.Drafter or a network.Transformer, got str",
+    ),
+    (
+        "spec init: drafter of another vocab_size",
+        lambda: _speculative_model(drafter=drafters.BigramDrafter(vocab_size=64)),
+        ValueError,
+        "drafter vocab_size 64 != target vocab_size 32",
+    ),
+    (
+        "spec init: drafter of another eos_id",
+        lambda: _speculative_model(drafter=drafters.BigramDrafter(eos_id=2)),
+        ValueError,
+        "drafter eos_id 2 != the output vocabulary's eos_id 1",
+    ),
+    (
+        "spec init: verifier a string",
+        lambda: _speculative_model(verifier="token"),
+        ValueError,
+        "verifier must be a speculative.Verifier",
+    ),
+    ("spec init: vocabulary eos_id 0", lambda: _vocabulary_model("spec", eos_id=0), BAD, EOS),
+    (
+        "spec init: vocabulary larger than the model",
+        lambda: _vocabulary_model("spec", size=V + 8),
+        BAD,
+        "input_vocabulary has 40 ids but the model's vocab_size is 32",
+    ),
+    # ---- the decoding functions
+    (
+        "temperature_sample: num_decodes 0",
+        lambda: _temperature_sample(num_decodes=0),
+        BAD,
+        NUM_DECODES,
+    ),
+    (
+        "temperature_sample: rank-1 inputs",
+        lambda: _temperature_sample(inputs=DEC[0]),
+        BAD,
+        "inputs " + RANK,
+    ),
+    (
+        "temperature_sample: float inputs",
+        lambda: _temperature_sample(inputs=DEC * 1.0),
+        BAD,
+        "inputs " + DTYPE,
+    ),
+    (
+        "temperature_sample: length 0",
+        lambda: _temperature_sample(inputs=DEC[:, :0]),
+        BAD,
+        "inputs " + EMPTY,
+    ),
+    (
+        "temperature_sample: max_decode_steps 0",
+        lambda: _temperature_sample(max_decode_steps=0),
+        BAD,
+        STEPS + ".*got 0",
+    ),
+    (
+        "temperature_sample: max_decode_steps np.int64(9)",
+        lambda: _temperature_sample(max_decode_steps=np.int64(9)),
+        BAD,
+        STEPS + " and <= the decode length 4, got 9",
+    ),
+    (
+        "temperature_sample: temperature inf",
+        lambda: _temperature_sample(temperature=math.inf),
+        BAD,
+        TEMPERATURE + ".*got inf",
+    ),
+    ("temperature_sample: eos_id 0", lambda: _temperature_sample(eos_id=0), BAD, EOS),
+    (
+        "temperature_sample: topk 2.5",
+        lambda: _temperature_sample(topk=2.5),
+        BAD,
+        r"topk must be a non-negative integer \(0 = no cutoff\), got 2.5",
+    ),
+    (
+        "temperature_sample: decode_rng an int",
+        lambda: _temperature_sample(decode_rng=7),
+        BAD,
+        "decode_rng must be one PRNG key",
+    ),
+    (
+        "speculative_sample: num_decodes 0",
+        lambda: _speculative_sample(num_decodes=0),
+        BAD,
+        NUM_DECODES,
+    ),
+    (
+        "speculative_sample: max_decode_steps -1",
+        lambda: _speculative_sample(max_decode_steps=-1),
+        BAD,
+        STEPS + ".*got -1",
+    ),
+    (
+        "speculative_sample: max_decode_steps 2.5",
+        lambda: _speculative_sample(max_decode_steps=2.5),
+        BAD,
+        STEPS + ".*got 2.5",
+    ),
+    ("speculative_sample: gamma 0", lambda: _speculative_sample(gamma=0), BAD, GAMMA),
+    (
+        "speculative_sample: temperature inf",
+        lambda: _speculative_sample(temperature=math.inf),
+        BAD,
+        TEMPERATURE + ".*got inf",
+    ),
+    ("speculative_sample: eos_id 0", lambda: _speculative_sample(eos_id=0), BAD, EOS),
+    (
+        "speculative_sample: rank-1 inputs",
+        lambda: _speculative_sample(inputs=DEC[0]),
+        BAD,
+        "inputs " + RANK,
+    ),
+    # ---- the input pipeline
+    (
+        "model_batch: no examples",
+        lambda: _model_batch([]),
+        BAD,
+        "model_batch got 0 examples for batch_size 2: give 1 to 2",
+    ),
+    (
+        "model_batch: more examples than batch_size",
+        lambda: _model_batch([{"inputs": np.array([5, 1])}] * 3),
+        BAD,
+        "model_batch got 3 examples for batch_size 2",
+    ),
+    (
+        "model_batch: inputs longer than the length",
+        lambda: _model_batch([{"inputs": np.arange(2, 8)}]),
+        BAD,
+        r"example 0 of the batch has inputs .*needs 1 to lengths\['inputs'\] = 4 tokens",
+    ),
+    (
+        "model_batch: empty inputs",
+        lambda: _model_batch([{"inputs": np.array([5, 1])}, {"inputs": np.zeros(0, np.int32)}]),
+        BAD,
+        r"example 1 of the batch has inputs array\(\[\], dtype=int32\), but each needs 1",
+    ),
+    (
+        "model_batch: no inputs",
+        lambda: _model_batch([{"targets": np.array([3, 1])}]),
+        BAD,
+        "example 0 of the batch has inputs None",
+    ),
+    (
+        "model_batch: id >= vocab_size (vocabulary mismatch)",
+        lambda: _model_batch([{"inputs": np.array([40, 1])}]),
+        BAD,
+        r"example 0 of the batch has input ids \[40\], negative or >= the model's vocab_size 32: the task's vocabulary is not the model's",
+    ),
+    (
+        "model_batch: negative id",
+        lambda: _model_batch([{"inputs": np.array([-3, 1])}]),
+        BAD,
+        r"input ids \[-3\], negative or >= the model's vocab_size 32",
+    ),
+    (
+        "infer config: TEMPERATURE -1",
+        lambda: _infer_config(temperature=-1.0),
+        gin_utils.ConfigError,
+        TEMPERATURE + r".*got -1\.0\. \(TEMPERATURE, inference.InferConfig.topk and .topp",
+    ),
+    (
+        "infer config: TEMPERATURE inf",
+        lambda: _infer_config(temperature=math.inf),
+        gin_utils.ConfigError,
+        TEMPERATURE + ".*got inf.*TEMPERATURE",
+    ),
+    (
+        "infer config: TEMPERATURE nan",
+        lambda: _infer_config(temperature=math.nan),
+        gin_utils.ConfigError,
+        TEMPERATURE + ".*got nan",
+    ),
+    (
+        "infer config: TEMPERATURE '0'",
+        lambda: _infer_config(temperature="0"),
+        gin_utils.ConfigError,
+        TEMPERATURE + ".*got '0'",
+    ),
+    (
+        "infer config: topk -1",
+        lambda: _infer_config(topk=-1),
+        gin_utils.ConfigError,
+        TOPK + ", got -1.*InferConfig.topk",
+    ),
+    (
+        "infer config: topk > vocab_size",
+        lambda: _infer_config(topk=V + 1),
+        gin_utils.ConfigError,
+        TOPK + ", got 33",
+    ),
+    (
+        "infer config: topp 2",
+        lambda: _infer_config(topp=2.0),
+        gin_utils.ConfigError,
+        TOPP + ", got 2.0",
+    ),
+    (
+        "infer config: topk and topp",
+        lambda: _infer_config(topk=2, topp=0.5),
+        gin_utils.ConfigError,
+        "topk=2 and topp=0.5 were both set",
+    ),
+    (
+        "infer config: BATCH_SIZE True",
+        lambda: _infer_config(batch_size=True),
+        gin_utils.ConfigError,
+        "BATCH_SIZE must be an integer >= 1, got True",
+    ),
+    (
+        "infer config: a feature length True",
+        lambda: _infer_config(task_feature_lengths={"inputs": True, "targets": 8}),
+        gin_utils.ConfigError,
+        "TASK_FEATURE_LENGTHS .* must give positive integer lengths for exactly 'inputs' and 'targets'",
+    ),
+    (
+        "infer config: decode_seed 1.5",
+        lambda: _infer_config(decode_seed=1.5),
+        gin_utils.ConfigError,
+        "decode_seed must be an integer >= 0, got 1.5",
+    ),
+    (
+        "infer config: SPLIT 3",
+        lambda: _infer_config(split=3),
+        gin_utils.ConfigError,
+        "SPLIT must be a non-empty string, got 3",
+    ),
+    (
+        "infer config: INFER_OUTPUT_DIR ''",
+        lambda: _infer_config(output_dir=""),
+        gin_utils.ConfigError,
+        "INFER_OUTPUT_DIR must be a non-empty string, got ''",
+    ),
+    (
+        "infer config: MIXTURE_OR_TASK_NAME None",
+        lambda: _infer_config(mixture_or_task_name=None),
+        gin_utils.ConfigError,
+        "MIXTURE_OR_TASK_NAME must be a non-empty string, got None",
+    ),
+    (
+        "feature_arrays: a feature without a length",
+        lambda: tasks.feature_arrays("demo_ende", "test", "labels", LENGTHS),
+        BAD,
+        r"feature_lengths .* must give an integer length >= 1 for \['labels'\] \(missing: \['labels'\]",
+    ),
+    (
+        "feature_arrays: limit 0",
+        lambda: tasks.feature_arrays("demo_ende", "test", "inputs", LENGTHS, 0),
+        BAD,
+        r"limit \(examples to read\) must be an integer >= 1, got 0",
+    ),
+    (
+        "feature_arrays: length 0",
+        lambda: tasks.feature_arrays("demo_ende", "test", "inputs", {"inputs": 0}),
+        BAD,
+        r"not an integer >= 1: \{'inputs': 0\}",
+    ),
+    (
+        "count_truncated: length -1",
+        lambda: tasks.count_truncated("demo_ende", "test", {"inputs": -1}),
+        BAD,
+        r"not an integer >= 1: \{'inputs': -1\}",
+    ),
+    (
+        "count_truncated: max_examples 0",
+        lambda: tasks.count_truncated("demo_ende", "test", LENGTHS, 0),
+        BAD,
+        "max_examples must be an integer >= 1, got 0",
+    ),
+    (
+        "get_task: a number for a name",
+        lambda: tasks.get_task(3),
+        BAD,
+        "the task or mixture name must be a non-empty string, got 3",
+    ),
+]
+
+
+@contextlib.contextmanager
+def _watch_jax():
+  """-> the tracing and compilation events recorded inside the block."""
+  events = []
+
+  def listen(event, duration, **kwargs):
+    del duration, kwargs
+    if event in WATCHED_EVENTS:
+      events.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield events
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@pytest.fixture(scope="module")
+def unfiltered_tracebacks():
+  """jax's internal frames kept in tracebacks, so an error raised while tracing shows them."""
+  before = jax.config.jax_traceback_filtering
+  jax.config.update("jax_traceback_filtering", "off")
+  yield
+  jax.config.update("jax_traceback_filtering", before)
+
+
+def _raise_before_tracing(make, error, message):
+  """Calls `make`, which must raise `error` matching `message` with no tracing or compilation on
+  the way and no jax frame in the traceback."""
+  _world()
+  with _watch_jax() as events, pytest.raises(error, match=message) as raised:
+    make()
+  assert not events, f"traced or compiled before the error: {events}"
+  frames = [f.filename for f in traceback.extract_tb(raised.value.__traceback__)]
+  assert not [f for f in frames if f.startswith(JAX_DIR)], "raised from inside jax: " + str(frames)
+
+
+def test_the_cases_are_distinct():
+  assert len({name for name, *_ in CASES}) == len(CASES) >= 60
+
+
+@pytest.mark.parametrize("make, error, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gets_a_clear_error_before_tracing(make, error, message, unfiltered_tracebacks):
+  del unfiltered_tracebacks
+  _raise_before_tracing(make, error, message)
+
+
+def test_the_watch_sees_tracing_and_errors_raised_while_tracing(unfiltered_tracebacks):
+  """The two signs `_raise_before_tracing` looks for do show when a check sits inside a trace."""
+  del unfiltered_tracebacks
+
+  def check_inside(x):
+    if x.shape[0] != 3:
+      raise ValueError("checked while tracing")
+    return x
+
+  with _watch_jax() as events:
+    jax.jit(lambda x: x + 1)(np.arange(2))
+  assert "/jax/core/compile/backend_compile_duration" in events
+  with pytest.raises(ValueError, match="checked while tracing") as raised:
+    jax.jit(check_inside)(np.arange(2))
+  frames = [f.filename for f in traceback.extract_tb(raised.value.__traceback__)]
+  assert [f for f in frames if f.startswith(JAX_DIR)]
+
+
+def test_jit_predict_checks_every_call_before_its_compiled_function(unfiltered_tracebacks):
+  """After a good call has compiled the decode, the same function refuses ids out of range at
+  the next call (the compiled function, run on them, would not fail: ids are not checked inside
+  the loop) and nothing is traced or compiled again."""
+  del unfiltered_tracebacks
+  world = _world()
+  predict = world.base.jit_predict(max_decode_steps=2)
+  with _watch_jax() as events:
+    decodes, _ = predict(world.params["base"], _batch(), world.rng, 0.0)
+  assert decodes.shape == (2, L) and "/jax/core/compile/backend_compile_duration" in events
+  _raise_before_tracing(
+      lambda: predict(world.params["base"], _batch(encoder_input_tokens=ENC + V), world.rng, 0.0),
+      InvalidInputError,
+      "encoder_input_tokens holds id 37 " + ID,
+  )
+
+
+# ----------------------------------------------------------------------------- the scripts
+
+
+SCRIPT_CASES = {
+    # script: (flags, {out} being where its output would go, the start of its error line)
+    "infer.py": (
+        [
+            "--gin_file=configs/runs/infer.gin",
+            "--gin_file=configs/drafters/unigram.gin",
+            "--gin_file=configs/models/t5_1_1_tiny.gin",
+            "--gin_file=configs/tasks/demo_ende.gin",
+            "--gin.TARGET_CONFIG=%T5_1_1_TINY",
+            "--gin.CHECKPOINT_PATH=None",
+            "--gin.RANDOM_INIT_SEED=0",
+            "--gin.TEMPERATURE=-1.0",
+            "--gin.INFER_OUTPUT_DIR='{out}'",
+        ],
+        "infer.py: configuration error: temperature must be >= 0 and finite",
+    ),
+    "measure_alpha.py": (
+        ["--gin.TEMPERATURES=(0.0, -1.0)", "--gin.ALPHA_OUTPUT_DIR='{out}'"],
+        "measure_alpha.py: configuration error: TEMPERATURES (0.0, -1.0): temperature must be >= 0",
+    ),
+    "train.py": (
+        [
+            "--gin_file=configs/runs/train.gin",
+            "--model_dir={out}",
+            "--distill_from=demo_models/target",
+            "--distill_temperature=nan",
+        ],
+        "train.py: configuration error: --distill_temperature=nan: temperature must be >= 0 and "
+        "finite",
+    ),
+    "evaluate_demo.py": (
+        ["--gammas=2,0", "--output_dir={out}"],
+        "evaluate_demo.py: configuration error: --gammas=2,0: give integers >= 1",
+    ),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def script_runs(tmp_path_factory):
+  """Every script of SCRIPT_CASES started at once when the module starts (most of each run is
+  importing jax, TensorFlow and seqio) -> script -> (process, its output directory)."""
+  runs = {}
+  for script, (flags, _) in SCRIPT_CASES.items():
+    out = tmp_path_factory.mktemp(script.replace(".py", "")) / "out"
+    runs[script] = (
+        subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / script), *(f.format(out=out) for f in flags)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3"),
+        ),
+        out,
+    )
+  yield runs
+  for process, _ in runs.values():
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+
+
+@pytest.mark.parametrize("script", list(SCRIPT_CASES))
+def test_a_bad_flag_stops_the_script_before_anything_is_built(script, script_runs):
+  process, out = script_runs[script]
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 1, stderr[-3000:]
+  assert any(line.startswith(SCRIPT_CASES[script][1]) for line in stderr.splitlines()), stderr
+  assert not out.exists()

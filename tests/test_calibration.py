@@ -1,0 +1,113 @@
+"""The draft-length calibration model on values worked out by hand, and the teacher-forced scores
+it reads."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from speculative_t5x import alpha, calibration, drafters, network
+
+# One sequence of 4 generated positions.
+CONFIDENCE = np.array([0.9, 0.2, 0.9, 0.9])
+BETA = np.array([0.5, 0.8, 1.0, 0.4])
+POSITIONS = calibration.Positions([CONFIDENCE], [BETA])
+
+
+def test_blocks_by_hand():
+  """gamma 2, threshold 0.5. Start 0: confident, so 2 drafts, E[n] = 0.5 + 0.5 * 0.8 = 0.9.
+  Start 1: unsure, 1 draft, E[n] = 0.8. Start 2: 2 drafts, 1.0 + 1.0 * 0.4 = 1.4. Start 3: 2
+  drafts, the second past the end (beta 0): 0.4."""
+  prediction = calibration.predict(POSITIONS, 2, 0.5, c=0.1, verify_cost=1.2)
+  assert prediction.drafts_per_call == pytest.approx(7 / 4)
+  assert prediction.tokens_per_call == pytest.approx((0.9 + 0.8 + 1.4 + 0.4) / 4 + 1)
+  assert prediction.speedup == pytest.approx(1.875 / (0.1 * 1.75 + 1.2))
+
+
+def test_threshold_zero_is_static_gamma():
+  """Start 1 now drafts twice: E[n] = 0.8 + 0.8 * 1.0 = 1.6."""
+  prediction = calibration.predict(POSITIONS, 2, 0.0, c=0.1, verify_cost=1.2)
+  assert prediction.drafts_per_call == 2.0
+  assert prediction.tokens_per_call == pytest.approx((0.9 + 1.6 + 1.4 + 0.4) / 4 + 1)
+
+
+def test_static_gamma_matches_the_papers_expected_tokens_at_constant_beta():
+  """With one beta everywhere (and no end in reach), static gamma gives Eq. (1)."""
+  long = calibration.Positions([np.full(2000, 0.5)], [np.full(2000, 0.7)])
+  prediction = calibration.predict(long, 4, 0.0, c=0.0, verify_cost=1.0)
+  expected = (1 - 0.7**5) / (1 - 0.7)
+  assert prediction.tokens_per_call == pytest.approx(expected, rel=2e-3)  # edge: last 4 starts
+
+
+def test_calibrate_searches_the_grid_and_reports_the_best_static_gamma():
+  """c = 1, verify cost 1: static gamma 1 gives 1.675 / 2 = 0.8375; static gamma 2,
+  2.075 / 3; threshold 0.5 at gamma 2, 1.875 / 2.75."""
+  result = calibration.calibrate(POSITIONS, [1, 2], 1.0, {1: 1.0, 2: 1.0}, thresholds=[0.0, 0.5])
+  assert (result.best_static.gamma, result.best_static.threshold) == (1, 0.0)
+  assert result.best_static.speedup == pytest.approx(1.675 / 2)
+  assert len(result.predictions) == 4
+  assert result.best.speedup == max(p.speedup for p in result.predictions)
+  # A cheap drafter: drafting on is worth it, the static gamma 2 wins.
+  cheap = calibration.calibrate(POSITIONS, [1, 2], 0.01, lambda g: 1.0, thresholds=[0.0, 0.5])
+  assert (cheap.best.gamma, cheap.best.threshold) == (2, 0.0)
+
+
+def test_default_thresholds_are_zero_and_the_measured_percentiles():
+  result = calibration.calibrate(POSITIONS, [2], 0.1, {2: 1.2})
+  thresholds = sorted({p.threshold for p in result.predictions})
+  assert thresholds[0] == 0.0 and thresholds[-1] <= 0.9 and len(thresholds) >= 3
+
+
+def test_confidence_buckets():
+  rows = calibration.confidence_buckets(POSITIONS, [0.0, 0.5, 1.0])
+  assert rows[0] == {"low": 0.0, "high": 0.5, "positions": 1, "share": 0.25, "alpha": 0.8}
+  assert rows[1]["positions"] == 3 and rows[1]["alpha"] == pytest.approx((0.5 + 1.0 + 0.4) / 3)
+  empty = calibration.confidence_buckets(POSITIONS, [0.0, 0.1, 1.0])[0]
+  assert empty["positions"] == 0 and empty["alpha"] is None
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: calibration.Positions([CONFIDENCE], []), "one confidence and one beta"),
+        (lambda: calibration.Positions([CONFIDENCE], [BETA[:2]]), "of one length"),
+        (lambda: calibration.predict(POSITIONS, 2, 0.5, -1.0, 1.0), "c >= 0"),
+        (lambda: calibration.predict(POSITIONS, 2, 0.5, 0.1, 0.0), "verify_cost > 0"),
+        (lambda: calibration.calibrate(POSITIONS, [], 0.1, {}), "gammas must be integers"),
+        (lambda: calibration.calibrate(POSITIONS, [0], 0.1, {0: 1.0}), "gammas must be integers"),
+    ],
+)
+def test_bad_input_is_refused(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
+def test_positions_are_cut_after_eos():
+  sequences = np.array([[5, 1, 0, 0], [5, 6, 7, 8]])
+  scores = np.arange(8, dtype=np.float64).reshape(2, 4) / 10
+  positions = calibration.positions_from_scores(scores, 1 - scores, sequences, eos_id=1)
+  np.testing.assert_allclose(positions.confidence[0], [0.0, 0.1])
+  np.testing.assert_allclose(positions.beta[1], 1 - scores[1])
+  assert positions.count == 6
+
+
+def test_scores_are_the_drafters_top_probability_and_alphas_beta():
+  target_config = tiny_config(13)
+  drafter_config = target_config.replace(emb_dim=8, num_decoder_layers=1, num_encoder_layers=1)
+  target = network.init_params(target_config, jax.random.PRNGKey(0))
+  params = network.init_params(drafter_config, jax.random.PRNGKey(1))
+  drafter = drafters.T5Drafter(drafter_config)
+  encoder = jnp.array([[3, 4, 5, 0], [6, 7, 0, 0]], jnp.int32)
+  sequences = jnp.array([[4, 5, 1, 0, 0], [8, 9, 10, 11, 12]], jnp.int32)
+  confidence, beta = calibration.score_positions(
+      target_config, target, drafter, params, encoder, sequences, 1.0
+  )
+  logits = drafter.teacher_forced_logits(params, encoder, alpha.shift_right(sequences))
+  np.testing.assert_allclose(confidence, jnp.max(jax.nn.softmax(logits), axis=-1), rtol=1e-6)
+  beta_sum, count = alpha.beta_totals(
+      target_config, target, drafter, params, encoder, sequences, 1, 1.0
+  )
+  positions = calibration.positions_from_scores(confidence, beta, sequences, 1)
+  np.testing.assert_allclose([b.sum() for b in positions.beta], beta_sum, rtol=1e-5)
+  assert [len(b) for b in positions.beta] == list(np.asarray(count))
