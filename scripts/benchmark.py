@@ -49,6 +49,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import pairs
 from speculative_t5x import report
 from speculative_t5x import speculative
+from speculative_t5x import validation
 
 DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
 EOS_ID = 1
@@ -125,16 +126,37 @@ class BenchmarkSetup:
   draft_stops: Mapping[str, draft_length.DraftStop | None] | None = None
 
 
+def _flag_numbers(values: Sequence[str], flag: str, kind: type) -> list:
+  """--flag=a,b,c -> numbers of `kind`, each named where it does not parse."""
+  numbers = []
+  for value in values:
+    try:
+      numbers.append(kind(value))
+    except ValueError:
+      raise validation.InvalidInputError(
+          f"{flag}={','.join(values)}: {value!r} is not a{'n integer' if kind is int else ' number'}"
+      ) from None
+  return numbers
+
+
 def load_setup() -> BenchmarkSetup:
   """The gin configuration, with --gammas and --temperatures applied and checked."""
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   setup = BenchmarkSetup()
   overrides = {}
-  if FLAGS.gammas:
-    overrides["gammas"] = tuple(int(g) for g in FLAGS.gammas)
-  if FLAGS.temperatures:
-    overrides["temperatures"] = tuple(float(t) for t in FLAGS.temperatures)
-  setup = dataclasses.replace(setup, **overrides)
+  try:
+    if FLAGS.gammas:
+      overrides["gammas"] = tuple(_flag_numbers(FLAGS.gammas, "--gammas", int))
+    if FLAGS.temperatures:
+      overrides["temperatures"] = tuple(_flag_numbers(FLAGS.temperatures, "--temperatures", float))
+    setup = dataclasses.replace(setup, **overrides)
+    if not setup.gammas:
+      raise validation.InvalidInputError("gammas is empty: give at least one, e.g. --gammas=2,4.")
+    for gamma in setup.gammas:
+      validation.check_integer(gamma, "gammas", 1)
+    validation.check_temperatures(setup.temperatures, "temperatures")
+  except validation.InvalidInputError as e:
+    raise gin_utils.ConfigError(str(e)) from e
   for name in ("inputs", "targets"):
     if int(setup.task_feature_lengths.get(name, 0)) < 1:
       raise gin_utils.ConfigError(

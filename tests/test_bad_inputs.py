@@ -1108,6 +1108,11 @@ SCRIPT_CASES = {
         "train.py: configuration error: --distill_temperature=nan: temperature must be >= 0 and "
         "finite",
     ),
+    "benchmark.py": (
+        ["--costs_only", "--temperatures=0,nan", "--output_dir={out}"],
+        "benchmark.py: configuration error: temperatures (0.0, nan): temperature must be >= 0 and "
+        "finite",
+    ),
     "evaluate_demo.py": (
         ["--gammas=2,0", "--output_dir={out}"],
         "evaluate_demo.py: configuration error: --gammas=2,0: give integers >= 1",

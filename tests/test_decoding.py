@@ -702,7 +702,7 @@ class _OutOfVocabularyDrafter(drafters.UnigramDrafter):
 def _out_of_vocabulary_lookup():
   """Prompt lookup whose fallback is outside the vocabulary: its constructor refuses that, so the
   field is set past the check, as a buggy subclass could."""
-  drafter = drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3)
+  drafter = drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3, eos_id=EOS)
   object.__setattr__(drafter, "fallback_token", SMALL_V + 2)
   return drafter
 
