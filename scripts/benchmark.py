@@ -49,6 +49,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import pairs
 from speculative_t5x import report
 from speculative_t5x import speculative
+from speculative_t5x import trees
 from speculative_t5x import validation
 
 DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
@@ -114,6 +115,9 @@ class BenchmarkSetup:
   draft_stops: label -> a `draft_length` rule or None (static gamma), each measured with every
     drafter and verifier, side by side, at every gamma as its most drafts (None: static gamma
     alone), e.g. configs/runs/benchmark_draft_length.gin.
+  draft_trees: label -> a draft tree's branching (k_1, ..., k_D) or `trees.DraftTree`, each
+    measured with every drafter at its depth, beside the chains (None: chains alone), e.g.
+    configs/runs/benchmark_trees.gin.
   """
 
   pair: pairs.PairConfig
@@ -124,6 +128,7 @@ class BenchmarkSetup:
   seed: int = 0
   verifiers: Mapping[str, speculative.Verifier] | None = None
   draft_stops: Mapping[str, draft_length.DraftStop | None] | None = None
+  draft_trees: Mapping[str, trees.DraftTree | tuple[int, ...]] | None = None
 
 
 def _flag_numbers(values: Sequence[str], flag: str, kind: type) -> list:
@@ -155,7 +160,12 @@ def load_setup() -> BenchmarkSetup:
     for gamma in setup.gammas:
       validation.check_integer(gamma, "gammas", 1)
     validation.check_temperatures(setup.temperatures, "temperatures")
-  except validation.InvalidInputError as e:
+    if setup.draft_trees:
+      overrides["draft_trees"] = {
+          label: trees.as_tree(tree) for label, tree in setup.draft_trees.items()
+      }
+      setup = dataclasses.replace(setup, **overrides)
+  except ValueError as e:  # InvalidInputError, and a bad tree (trees.DraftTree)
     raise gin_utils.ConfigError(str(e)) from e
   for name in ("inputs", "targets"):
     if int(setup.task_feature_lengths.get(name, 0)) < 1:
@@ -275,6 +285,7 @@ def main(argv):
       progress=True,
       verifiers=setup.verifiers,
       draft_stops=setup.draft_stops,
+      draft_trees=setup.draft_trees,
   )
 
   header = (

@@ -21,6 +21,7 @@ from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import sampling
 from speculative_t5x import speculative
 from speculative_t5x import theory
+from speculative_t5x import trees
 from speculative_t5x import validation
 
 STAT_NAMES = (
@@ -424,6 +425,49 @@ def validate_speculative(
     )
 
 
+def validate_tree(
+    tree: Any,
+    gamma: int,
+    verifier: speculative.Verifier,
+    drafter: drafters_lib.Drafter,
+    draft_stop: Any = None,
+    move_target_cache: Any = None,
+    needs_cache_move: bool = True,
+) -> None:
+  """Raises `validation.InvalidInputError` for a draft tree that `speculative_sample` cannot
+  decode with these settings, before tracing."""
+  if not isinstance(tree, trees.DraftTree):
+    raise validation.InvalidInputError(
+        f"draft_tree must be a trees.DraftTree, got {tree!r}: use "
+        "trees.DraftTree.from_branching((k_1, ..., k_D))."
+    )
+  if gamma != tree.depth:
+    raise validation.InvalidInputError(
+        f"gamma {gamma} != the draft tree's depth {tree.depth}: with a tree, gamma is its depth "
+        "(the most tokens one call accepts)."
+    )
+  if draft_stop is not None:
+    raise validation.InvalidInputError(
+        "draft_stop (adaptive draft length) works on chains only: give draft_tree or "
+        "draft_stop, not both."
+    )
+  if type(verifier).verify_tree is speculative.Verifier.verify_tree:
+    raise validation.InvalidInputError(
+        f"{type(verifier).__name__} verifies chains only: use speculative.TreeVerifier() "
+        "with a draft tree."
+    )
+  if type(drafter).propose_tree is drafters_lib.Drafter.propose_tree:
+    raise validation.InvalidInputError(
+        f"{type(drafter).__name__} proposes chains only, not a draft tree: use draft_tree=None, "
+        "or a T5, unigram or bigram drafter for trees."
+    )
+  if needs_cache_move and not callable(move_target_cache):
+    raise validation.InvalidInputError(
+        "a draft tree needs move_target_cache (network.move_cache_slots), which makes the "
+        "accepted path's cache slots contiguous."
+    )
+
+
 def speculative_sample(
     inputs: jax.Array,
     target_cache: Any,
@@ -436,6 +480,8 @@ def speculative_sample(
     gamma: int,
     verifier: speculative.Verifier = speculative.ALGORITHM_1,
     draft_stop: draft_length.DraftStop | None = None,
+    draft_tree: trees.DraftTree | None = None,
+    move_target_cache: Callable[[Any, jax.Array, jax.Array], Any] | None = None,
     decode_rng: jax.Array | None = None,
     num_decodes: int = 1,
     temperature: float | jax.Array = 1.0,
@@ -466,13 +512,22 @@ def speculative_sample(
     draft_stop: a `draft_length` rule that ends a row's drafting early (adaptive draft length),
       or None: gamma drafts per call. The verification width stays gamma + 1; empty slots are
       rejected, and the drafter steps run only while some active row still drafts.
+    draft_tree: a static `trees.DraftTree` of M drafts (depth D = gamma), or None: a chain. The
+      drafter proposes the tree (`drafter.propose_tree`), the target scores the root and every
+      node in one call under the tree's attention mask (`target_logits_fn(..., tree=tree)`), the
+      verifier walks it (`verifier.verify_tree`, e.g. `speculative.TreeVerifier`), and
+      `move_target_cache` (`network.move_cache_slots`) makes the accepted path's cache slots
+      contiguous. The target cache then needs L + M + 1 slots.
+    move_target_cache: (cache, destination [rows], sources [rows, D]) -> cache, needed with a
+      tree: slots destination + j take the contents of slots sources[:, j].
     decode_rng, num_decodes, temperature, topk, topp, max_decode_steps: as in temperature_sample
       (topk defaults to 0 here: no cutoff). Iteration i uses the uniforms [B*N, 2 gamma + 1] at
       row i of `sampling.uniforms(decode_rng, (L, B*N, 2 gamma + 1))`: gamma for the drafts, gamma
       + 1 for the verifier.
     rescale_log_probs: log-probs from the standardized target distribution (True) or from the
       target's raw softmax (False).
-    return_trace: also record what happened at each iteration (for inspection; costs memory).
+    return_trace: also record what happened at each iteration (for inspection; costs memory);
+      with a tree, `trace.drafts` holds all M nodes.
 
   Returns:
     A `SpeculativeOutput`: decodes [B, N, L], log_probs [B, N], stats (`SpeculativeStats`, fields
@@ -491,6 +546,8 @@ def speculative_sample(
   )
   if drafter.vocab_size <= 0:
     raise ValueError(f"the drafter's vocab_size is {drafter.vocab_size}: give it the target's.")
+  if draft_tree is not None:
+    validate_tree(draft_tree, gamma, verifier, drafter, draft_stop, move_target_cache)
   batch, length = inputs.shape
   rows = batch * num_decodes
   rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
@@ -503,12 +560,53 @@ def speculative_sample(
 
   max_len = _max_lengths(max_decode_steps, jnp.zeros((rows,), jnp.int32), length)
   block = jnp.arange(gamma + 1)[None]  # [1, gamma+1]
+  drafts_per_call = gamma if draft_tree is None else draft_tree.num_nodes
 
   # Every active row emits at least one token per iteration: at most L iterations.
-  uniforms = sampling.uniforms(rng, (length, rows, 2 * gamma + 1))
+  uniforms = sampling.uniforms(rng, (length, rows, 2 * drafts_per_call + 1))
 
-  def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
-    u = uniforms[jnp.minimum(state.iteration, length - 1)]
+  def verify_tree(state: SpeculativeLoopState, u: jax.Array):
+    """The tree's iteration up to the accepted path -> (path drafts [rows, D], n, token, beta
+    [rows, D], logits and p along the path [rows, D+1, V] (p None when greedy), target cache,
+    drafter state, drafts [rows, M])."""
+    m = draft_tree.num_nodes
+    drafts, q, drafter_state = drafter.propose_tree(
+        drafter_params,
+        state.drafter_state,
+        state.sequences,
+        state.length,
+        draft_tree,
+        u[:, :m],
+        standardize,
+    )
+    pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
+    in_vocabulary = jnp.where((drafts >= 0) & (drafts < drafter.vocab_size), drafts, 0)
+    tokens = jnp.concatenate([pending, in_vocabulary], axis=1)  # [rows, M+1]
+    logits, target_cache = target_logits_fn(
+        tokens, state.target_cache, state.length, tree=draft_tree
+    )
+    if standardize.greedy:
+      p = None
+      path, n, token, beta = verifier.verify_tree_greedy(
+          sampling.argmax(logits), drafts, draft_tree
+      )
+    else:
+      p = standardize(logits)
+      path, n, token, beta = verifier.verify_tree(
+          p, q, drafts, u[:, m:], standardize.draw, draft_tree
+      )
+    target_cache = move_target_cache(target_cache, state.length + 1, state.length[:, None] + path)
+    # The distributions of the emitted tokens: at the root, then at the path's slots.
+    along = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)[..., None]
+    logits = jnp.take_along_axis(logits, along, axis=1)
+    p = None if p is None else jnp.take_along_axis(p, along, axis=1)
+    path_drafts = jnp.take_along_axis(tokens, path, axis=1)
+    return path_drafts, n, token, beta, logits, p, target_cache, drafter_state, drafts
+
+  def verify_chain(state: SpeculativeLoopState, u: jax.Array):
+    """The chain's iteration up to the verifier -> (drafts [rows, gamma], n, token, beta,
+    logits [rows, gamma+1, V], p (None when greedy), target cache, drafter state, drafter steps,
+    drafts per row)."""
     # A rule reaches the drafter only when given, so a drafter written without `stop` still
     # decodes at a static gamma. Rows that ended stop after their first draft.
     stop = {}
@@ -527,6 +625,7 @@ def speculative_sample(
     # Drafts before the first EMPTY slot; the batch's drafter steps are the longest row's.
     drafted = jnp.sum(jnp.cumprod((drafts != drafters_lib.EMPTY).astype(jnp.int32), axis=1), axis=1)
     steps = gamma if draft_stop is None else jnp.max(drafted)
+    drafted = gamma if draft_stop is None else drafted
     pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
     # An out-of-vocabulary draft (a broken drafter) never reaches the target's embedding: it is
     # scored as 0 and rejected by the verifier.
@@ -540,6 +639,18 @@ def speculative_sample(
     else:
       p = standardize(logits)
       n, token, beta = verifier.verify(p, q, drafts, u[:, gamma:], standardize.draw)
+    return drafts, n, token, beta, logits, p, target_cache, drafter_state, steps, drafted
+
+  def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
+    u = uniforms[jnp.minimum(state.iteration, length - 1)]
+    if draft_tree is None:
+      drafts, n, token, beta, logits, p, target_cache, drafter_state, steps, drafted = verify_chain(
+          state, u
+      )
+      traced = drafts
+    else:
+      drafts, n, token, beta, logits, p, target_cache, drafter_state, traced = verify_tree(state, u)
+      steps, drafted = draft_tree.depth, drafts_per_call
 
     # New tokens: the n accepted drafts, then the correction (or bonus) token.
     out = jnp.where(block < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), token[:, None])
@@ -561,7 +672,7 @@ def speculative_sample(
     stats = stats.replace(
         target_calls=stats.target_calls + active,
         drafter_calls=stats.drafter_calls + active * steps * drafter.steps_per_draft,
-        drafted_tokens=stats.drafted_tokens + active * (gamma if draft_stop is None else drafted),
+        drafted_tokens=stats.drafted_tokens + active * drafted,
         accepted_tokens=stats.accepted_tokens + jnp.minimum(n, emitted),
         beta_sum=stats.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), axis=1),
         beta_count=stats.beta_count + jnp.sum(verified, axis=1).astype(jnp.int32),
@@ -569,7 +680,7 @@ def speculative_sample(
 
     trace = state.trace
     if return_trace:
-      trace = trace.record(state.iteration, drafts, n, token, emitted)
+      trace = trace.record(state.iteration, traced, n, token, emitted)
     new_length = state.length + emitted
     ended = state.ended | jnp.any(is_eos & kept, axis=1) | (new_length >= max_len)
     return SpeculativeLoopState(
@@ -593,7 +704,7 @@ def speculative_sample(
       log_prob=jnp.zeros((rows,), jnp.float32),
       stats=SpeculativeStats.zeros(rows),
       iteration=jnp.int32(0),
-      trace=SpeculativeTrace.zeros(rows, length, gamma) if return_trace else None,
+      trace=SpeculativeTrace.zeros(rows, length, drafts_per_call) if return_trace else None,
   )
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.ended), body, init)
   leaves, treedef = jax.tree.flatten((final.stats, final.trace))

@@ -29,6 +29,7 @@ from speculative_t5x import checkpoints
 from speculative_t5x import draft_length
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import trees
 
 # An empty draft slot: the row stopped drafting before it (`draft_length`); verifiers reject it.
 EMPTY = -1
@@ -118,6 +119,82 @@ def draft_chain(
       (jnp.int32(1), drafting, first, drafts, q, carry),
   )
   return drafts, q, carry, steps
+
+
+def draw_children(
+    standardize: sampling.Standardizer, logits: jax.Array, k: int, u: jax.Array
+) -> tuple[jax.Array, jax.Array | None]:
+  """k children per slot, drawn without replacement from the slot's standardized distribution.
+
+  Child j is drawn from q_j, the distribution with children 1..j-1 removed and renormalized: the
+  conditional law a tree verifier needs (`speculative.TreeVerifier`). When nothing is left (a
+  top-k or top-p cutoff kept fewer than j tokens) q_j is 0 and the child EMPTY. Greedy: the top k
+  tokens of the logits, in order (the one-hot q's are implied).
+
+  Args:
+    logits: [B, n, V], one row per slot; u: [B, n, k] U[0, 1) draws.
+  Returns:
+    children [B, n, k] int32, q [B, n, k, V] float32 (None when greedy).
+  """
+  if standardize.greedy:
+    return jax.lax.top_k(logits, k)[1].astype(jnp.int32), None
+  probs = standardize(logits)
+  children, qs = [], []
+  for j in range(k):
+    mass = jnp.sum(probs, axis=-1)
+    left = mass > 0
+    probs = jnp.where(left[..., None], probs / jnp.where(left, mass, 1.0)[..., None], 0.0)
+    child = jnp.where(left, standardize.draw(u[..., j], probs), EMPTY)
+    children.append(child)
+    qs.append(probs)
+    drawn = jax.nn.one_hot(child, probs.shape[-1], dtype=bool)  # all False for EMPTY
+    probs = jnp.where(drawn, 0.0, probs)
+  return jnp.stack(children, axis=-1), jnp.stack(qs, axis=-2)
+
+
+def draft_tree(
+    first_logits: jax.Array,
+    level_logits: Callable[[Any, jax.Array, tuple[int, int]], tuple[jax.Array, Any]],
+    carry: Any,
+    tree: trees.DraftTree,
+    u: jax.Array,
+    standardize: sampling.Standardizer,
+) -> tuple[jax.Array, jax.Array | None, Any]:
+  """Drafts a static tree level by level: the children of every slot at depth d are drawn
+  (`draw_children`) from the drafter's logits at that slot, one drafter call per depth.
+
+  Args:
+    first_logits: [B, 1, V], the drafter's logits at the root (x_length).
+    level_logits: (carry, tokens [B, n], slots (start, stop)) -> (logits [B, n, V], carry): the
+      drafter's logits at block slots start..stop-1 (one depth of the tree), given their drafts.
+    carry: the drafter's state threaded through `level_logits`.
+    tree: the `trees.DraftTree`; u: [B, M] U[0, 1) draws, u[:, i] for node i.
+  Returns:
+    drafts [B, M] int32 (node i at block slot i + 1), q [B, M, V] float32 (q[:, i]: the law node
+    i was drawn from given its earlier siblings; None when greedy), the carry.
+  """
+  batch = first_logits.shape[0]
+  drafts = jnp.full((batch, tree.num_nodes), EMPTY, jnp.int32)
+  q = None
+  logits = first_logits
+  for depth, (start, stop) in enumerate(tree.levels[:-1]):
+    if depth:
+      # An EMPTY or out-of-vocabulary draft is fed as 0: the verifier never reaches its children.
+      tokens = drafts[:, start - 1 : stop - 1]
+      tokens = jnp.where((tokens >= 0) & (tokens < first_logits.shape[-1]), tokens, 0)
+      logits, carry = level_logits(carry, tokens, (start, stop))
+    children = tree.children[start:stop]  # [n, K] block slots, -1 padded
+    k = int(np.max(np.sum(children >= 0, axis=1)))
+    children = children[:, :k]
+    real = children >= 0
+    nodes = children[real] - 1  # node indices, in order: the next level, contiguous
+    tokens, q_level = draw_children(standardize, logits, k, u[:, np.where(real, children - 1, 0)])
+    drafts = drafts.at[:, nodes].set(tokens[:, real])
+    if q_level is not None:
+      if q is None:
+        q = jnp.zeros((batch, tree.num_nodes, q_level.shape[-1]), jnp.float32)
+      q = q.at[:, nodes].set(q_level[:, real])
+  return drafts, q, carry
 
 
 class Drafter(abc.ABC):
@@ -237,9 +314,32 @@ class Drafter(abc.ABC):
     EMPTY (q rows 0), and the steps run only while some row drafts. A drafter whose drafts cost no
     step may ignore it."""
 
+  def propose_tree(
+      self,
+      params: Any,
+      state: Any,
+      sequences: jax.Array,
+      length: jax.Array,
+      tree: trees.DraftTree,
+      u: jax.Array,
+      standardize: sampling.Standardizer,
+  ) -> tuple[jax.Array, jax.Array | None, Any]:
+    """Drafts a static tree (`trees.DraftTree`, M nodes, depth D): u [B, M] U[0, 1) draws, one
+    per node -> drafts [B, M] int32 (node i at block slot i + 1), q [B, M, V] float32 (q[:, i]:
+    the law node i was drawn from given the path to its parent and its earlier siblings, which
+    `speculative.TreeVerifier` needs; None when greedy), new state. One drafter call per depth
+    (`steps_per_draft` per depth in the stats). A drafter that proposes only chains keeps this
+    default, which refuses before tracing."""
+    del params, state, sequences, length, u, standardize
+    raise ValueError(
+        f"{type(self).__name__} proposes chains only, not the draft tree {tree.parents}: use "
+        "draft_tree=None, or a T5, unigram or bigram drafter for trees."
+    )
+
   @property
   def steps_per_draft(self) -> int:
-    """How many drafter calls one proposal of gamma tokens makes, per drafted token (1 or 0)."""
+    """How many drafter calls one proposal of gamma tokens makes, per drafted token (1 or 0);
+    for a tree, per depth."""
     return 1
 
   # ---- measurement
@@ -365,6 +465,28 @@ class T5Drafter(Drafter):
     )
     return drafts, q, T5DrafterState(cache, length + steps)
 
+  def propose_tree(self, params, state, sequences, length, tree, u, standardize):
+    """The root's logits come from one call on x_{length-D..length} (at most D + 1 tokens: what
+    the last tree's accepted path left unfed), each further depth from one call on that depth's
+    drafts under the tree's attention mask (`network.Transformer.decode(tree=, slots=)`).
+    Afterwards only slots up to `length` hold chain inputs: `written` = length + 1."""
+    module = self.module
+    width = tree.depth + 1
+    start = jnp.maximum(length - tree.depth, 0)
+    block = decoder_inputs(sequences, start[:, None] + jnp.arange(width)[None])
+    logits, cache = module.apply(
+        {"params": params}, block, state.cache, start, method=module.decode
+    )
+    first = jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1)
+
+    def level_logits(cache, tokens, slots):
+      return module.apply(
+          {"params": params}, tokens, cache, length, tree=tree, slots=slots, method=module.decode
+      )
+
+    drafts, q, cache = draft_tree(first, level_logits, cache, tree, u, standardize)
+    return drafts, q, T5DrafterState(cache, length + 1)
+
 
 def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
   return np.log(np.asarray(counts, np.float64) + smoothing).astype(np.float32)
@@ -417,6 +539,20 @@ class _TableDrafter(Drafter):
         u,
         standardize,
         stop,
+    )
+    return drafts, q, state
+
+  def propose_tree(self, params, state, sequences, length, tree, u, standardize):
+    previous = decoder_inputs(sequences, length[:, None])[:, 0]
+    vocab = self.vocab_size
+
+    def level_logits(carry, tokens, slots):
+      del slots
+      logits = self.next_logits(params, tokens.reshape(-1))
+      return logits.reshape(tokens.shape + (vocab,)), carry
+
+    drafts, q, _ = draft_tree(
+        self.next_logits(params, previous)[:, None], level_logits, (), tree, u, standardize
     )
     return drafts, q, state
 

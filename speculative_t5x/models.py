@@ -29,9 +29,12 @@ from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import speculative
+from speculative_t5x import trees
 from speculative_t5x import validation
 
 Batch = Mapping[str, jax.Array]
+# Drafts per target call when neither gamma nor a draft tree is given.
+DEFAULT_GAMMA = 4
 _DECODER_PARAM_DEFAULTS = {"temperature": 0.0, "topk": 0, "topp": 0.0}
 # The token features that scoring and the loss read ([B, Le], [B, Ld], [B, Ld]).
 _SCORED_FEATURES = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")
@@ -211,8 +214,10 @@ class EncoderDecoderModel:
         {"params": params}, encoder_tokens, cache_length, method=self.module.prefill
     )
 
-  def _target_decode(self, params, tokens, cache, index):
-    return self.module.apply({"params": params}, tokens, cache, index, method=self.module.decode)
+  def _target_decode(self, params, tokens, cache, index, tree=None):
+    return self.module.apply(
+        {"params": params}, tokens, cache, index, tree=tree, method=self.module.decode
+    )
 
   def prefill(self, params, batch: Batch) -> Any:
     """What prediction does before its decoding loop: the encoder and the decoder cache at the
@@ -321,10 +326,14 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     drafter: a `drafters.Drafter` (a `network.Transformer` is taken as the `drafters.T5Drafter` of
       its config); its vocab_size and eos_id, where unset, are the target's. Its parameters sit
       beside the target's: params = {'target': ..., 'drafter': ...}.
-    gamma: drafts per target call (the most, under `draft_stop`).
+    gamma: drafts per target call (the most, under `draft_stop`); default 4, or the depth of
+      `draft_tree`.
     verifier: a `speculative.Verifier` (default Algorithm 1, `speculative.TokenVerifier`).
     draft_stop: a `draft_length` rule for adaptive draft length (e.g.
       `draft_length.ConfidenceStop(threshold)`), or None: always gamma drafts.
+    draft_tree: a static draft tree, `trees.DraftTree` or its branching (k_1, ..., k_D) (e.g.
+      (4, 1, 1, 1): 4 chains of 4 sharing their root), verified in one target call with
+      `verifier=speculative.TreeVerifier()`; None: a chain of gamma drafts.
     decode_fn: the decoding loop, T5X's extension point: called as `decoding.speculative_sample`
       (its default) is, and returning a `decoding.SpeculativeOutput`.
   """
@@ -340,6 +349,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       "gamma",
       "verifier",
       "draft_stop",
+      "draft_tree",
+      "move_target_cache",
       "num_decodes",
   )
 
@@ -349,9 +360,10 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       drafter: drafters_lib.Drafter | network.Transformer,
       input_vocabulary: seqio.Vocabulary,
       output_vocabulary: seqio.Vocabulary,
-      gamma: int = 4,
+      gamma: int | None = None,
       verifier: speculative.Verifier = speculative.ALGORITHM_1,
       draft_stop: draft_length.DraftStop | None = None,
+      draft_tree: trees.DraftTree | tuple[int, ...] | None = None,
       decode_fn: Callable[..., decoding.SpeculativeOutput] = decoding.speculative_sample,
       optimizer_def: Any = None,
       label_smoothing: float = 0.0,
@@ -368,6 +380,9 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         z_loss=z_loss,
         loss_normalizing_factor=loss_normalizing_factor,
     )
+    draft_tree = trees.as_tree(draft_tree)
+    if gamma is None:
+      gamma = DEFAULT_GAMMA if draft_tree is None else draft_tree.depth
     validation.check_gamma(gamma)
     for name, vocabulary in (("input", input_vocabulary), ("output", output_vocabulary)):
       validation.check_vocabulary(vocabulary, module.config.vocab_size, f"{name}_vocabulary")
@@ -384,9 +399,14 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     self.gamma = int(gamma)
     self.verifier = verifier
     self.draft_stop = draft_stop
+    self.draft_tree = draft_tree
     self.drafter = drafters_lib.as_drafter(drafter).for_target(
         module.config.vocab_size, self.eos_id
     )
+    if draft_tree is not None:
+      decoding.validate_tree(
+          draft_tree, gamma, verifier, self.drafter, draft_stop, needs_cache_move=False
+      )
 
   def get_initial_variables(self, rng, input_shapes, input_types=None) -> dict:
     """{'params': {'target': ..., 'drafter': ...}} (the drafter's from `Drafter.init_params`:
@@ -402,10 +422,11 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
   def prefill(self, params, batch: Batch) -> tuple[Any, Any]:
     """The target's encoder and cache, then the drafter's state (which may read the target's
-    encoder output), at the decode length + gamma + 1 (room for a block)
-    -> (target cache, drafter state)."""
+    encoder output), at the decode length + gamma + 1 (room for a block; M + 1 for a tree of M
+    drafts) -> (target cache, drafter state)."""
     encoder_tokens = batch["encoder_input_tokens"]
-    cache_length = batch["decoder_input_tokens"].shape[1] + self.gamma + 1
+    block = self.gamma + 1 if self.draft_tree is None else self.draft_tree.width
+    cache_length = batch["decoder_input_tokens"].shape[1] + block
     encoded, cache = self._prefill_target(params["target"], encoder_tokens, cache_length)
     return cache, self.drafter.init_state(
         params["drafter"], encoder_tokens, cache_length, target_encoded=encoded
@@ -446,6 +467,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         gamma=self.gamma,
         verifier=self.verifier,
         draft_stop=self.draft_stop,
+        draft_tree=self.draft_tree,
+        move_target_cache=network.move_cache_slots,
         num_decodes=num_decodes,
         **settings,
     )

@@ -10,8 +10,17 @@ relative-position bias is built for the `k x L` block. Rolling back after a reje
 `cache_index` back: slots at or after it are masked and later overwritten. Cross-attention keys and
 values are computed once per sequence, in `init_decode_cache`.
 
+Tree decoding (`Transformer.decode(..., tree=, slots=)`) scores a static `trees.DraftTree` in one
+call: block slot b (0 the root, 1..M the nodes) is written at cache slot `cache_index + b`, sits at
+relative position `cache_index + tree.depths[b]` and attends to the prefix (cache slots below
+`cache_index`) and to its ancestors and itself (`tree.visible[b]`). `slots=(start, stop)` scores
+only block slots start..stop-1, reading the keys of slots below `start` from the cache, so a drafter
+can feed a tree one depth at a time. Once a node's path is accepted,
+`move_cache_slots(cache, length + 1, length + tree.paths[node])` copies the path's keys and values
+to the slots after the root, so the cache again holds a chain and rollback stays "reset the index".
+
 Shapes: B batch, Le encoder length, k new decoder tokens, L cache length, H heads, D head_dim,
-E emb_dim, V vocab_size.
+E emb_dim, V vocab_size, M draft-tree nodes, n moved cache slots.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from speculative_t5x import trees
 
 Array = jax.Array
 
@@ -211,11 +222,11 @@ class RelativePositionBiases(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, query_positions: Array, key_length: int) -> Array:
-    """query_positions [B or 1, q] int32 -> bias [B or 1, H, q, key_length] (keys at 0..key_length-1).
+  def __call__(self, query_positions: Array, key_positions: Array) -> Array:
+    """query_positions [B or 1, q], key_positions [B or 1, Lk] int32 -> bias [B or 1, H, q, Lk].
 
-    The bucket of every relative distance in [-(n-1), n-1] is a numpy constant, n = max(query
-    positions bound, key_length); the per-row distances index into it.
+    The bucket of every relative distance in [-(n-1), n-1] is a numpy constant, n = q + Lk (so
+    positions must lie in [0, n), as cache slots do); the per-row distances index into it.
     """
     rel_embedding = self.param(
         "rel_embedding",
@@ -225,13 +236,13 @@ class RelativePositionBiases(nn.Module):
         (self.num_heads, self.num_buckets),
         jnp.float32,
     )
-    span = key_length + query_positions.shape[-1]
+    span = key_positions.shape[-1] + query_positions.shape[-1]
     distances = np.arange(-span + 1, span)
     buckets = relative_position_bucket(
         distances, self.bidirectional, self.num_buckets, self.max_distance
     )
     bias_by_distance = jnp.asarray(rel_embedding, self.dtype)[:, buckets]  # [H, 2*span-1]
-    relative = jnp.arange(key_length)[None, None, :] - query_positions[:, :, None]  # [B, q, Lk]
+    relative = key_positions[:, None, :] - query_positions[:, :, None]  # [B, q, Lk]
     bias = jnp.take(bias_by_distance, relative + span - 1, axis=1, mode="clip")  # [H, B, q, Lk]
     return jnp.transpose(bias, (1, 0, 2, 3))
 
@@ -440,17 +451,18 @@ class DecoderLayer(nn.Module):
     """encoded [B, Le, E] -> cross-attention keys, values [B, Le, H, D]."""
     return self.encoder_decoder_attention.project_key_value(encoded)
 
-  def decode(self, x, layer_cache, cache_index, self_mask, self_bias, cross_mask):
-    """x [B, k, E] at positions cache_index[b] + (0..k-1) -> ([B, k, E], updated layer cache)."""
+  def decode(self, x, layer_cache, write_index, self_mask, self_bias, cross_mask):
+    """x [B, k, E], written at cache slots write_index[b] + (0..k-1) -> ([B, k, E], updated layer
+    cache); self_mask [B, 1, k, L] and self_bias [B, H, k, L] place the queries."""
     h = self.pre_self_attention_layer_norm(x)
     query = self.self_attention.project_query(h)
     key, value = self.self_attention.project_key_value(h)
     write = jax.vmap(lambda buf, new, i: jax.lax.dynamic_update_slice_in_dim(buf, new, i, axis=0))
     cached_key = write(
-        layer_cache["self_key"], key.astype(layer_cache["self_key"].dtype), cache_index
+        layer_cache["self_key"], key.astype(layer_cache["self_key"].dtype), write_index
     )
     cached_value = write(
-        layer_cache["self_value"], value.astype(layer_cache["self_value"].dtype), cache_index
+        layer_cache["self_value"], value.astype(layer_cache["self_value"].dtype), write_index
     )
     h = self.self_attention.attend(query, cached_key, cached_value, self_mask, self_bias, True)
     x = x + h
@@ -489,8 +501,8 @@ class Encoder(nn.Module):
         dtype=dtype,
         name="relpos_bias",
     )
-    length = tokens.shape[1]
-    bias = relpos(jnp.arange(length)[None], length)
+    positions = jnp.arange(tokens.shape[1])[None]
+    bias = relpos(positions, positions)
     valid = tokens > 0
     mask = _attention_mask(valid, valid) & _segment_mask(segment_ids, segment_ids)
     dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -549,7 +561,8 @@ class Decoder(nn.Module):
     cross_mask = _attention_mask(target_valid, encoder_tokens > 0) & _segment_mask(
         decoder_segment_ids, encoder_segment_ids
     )
-    bias = self.relpos_bias(jnp.arange(length)[None], length)
+    positions = jnp.arange(length)[None]
+    bias = self.relpos_bias(positions, positions)
     x = self.dropout(self.shared_embedding(decoder_input_tokens), deterministic=deterministic)
     x = x.astype(self.config.activation_dtype)
     for layer in self.layers:
@@ -571,18 +584,43 @@ class Decoder(nn.Module):
       }
     return cache
 
-  def decode(self, tokens: Array, cache: dict, cache_index: Array) -> tuple[Array, dict]:
+  def decode(
+      self,
+      tokens: Array,
+      cache: dict,
+      cache_index: Array,
+      tree: trees.DraftTree | None = None,
+      slots: tuple[int, int] | None = None,
+  ) -> tuple[Array, dict]:
+    """tokens [B, k] -> (logits [B, k, V], cache): a chain at cache_index + (0..k-1), or the
+    block slots slots[0]..slots[1]-1 of `tree` (inputs checked by `Transformer.decode`)."""
     cache_length = cache["layers_0"]["self_key"].shape[1]
-    positions = cache_index[:, None] + jnp.arange(tokens.shape[1])[None]  # [B, k]
-    self_mask = (jnp.arange(cache_length)[None, None, :] <= positions[:, :, None])[:, None]
+    cache_slots = jnp.arange(cache_length)
+    if tree is None:
+      positions = cache_index[:, None] + jnp.arange(tokens.shape[1])[None]  # [B, k]
+      self_mask = (cache_slots[None, None, :] <= positions[:, :, None])[:, None]
+      key_positions = cache_slots[None]
+      write_index = cache_index
+    else:
+      start, stop = slots
+      depths = jnp.asarray(tree.depths)
+      positions = cache_index[:, None] + depths[start:stop][None]  # [B, k]
+      block_slot = cache_slots[None] - cache_index[:, None]  # [B, L]: the block slot held there
+      in_block = (block_slot >= 0) & (block_slot < tree.width)
+      block_slot = jnp.clip(block_slot, 0, tree.width - 1)
+      key_positions = jnp.where(in_block, cache_index[:, None] + depths[block_slot], cache_slots)
+      visible = jnp.take(jnp.asarray(tree.visible[start:stop]), block_slot, axis=1)  # [k, B, L]
+      sees_block = in_block[:, None, :] & jnp.transpose(visible, (1, 0, 2))
+      self_mask = ((cache_slots[None, None, :] < cache_index[:, None, None]) | sees_block)[:, None]
+      write_index = cache_index + start
     query_valid = jnp.ones(tokens.shape, bool)
     cross_mask = _attention_mask(query_valid, cache["encoder_valid"])
-    bias = self.relpos_bias(positions, cache_length)
+    bias = self.relpos_bias(positions, key_positions)
     x = self.shared_embedding(tokens).astype(self.config.activation_dtype)
     new_cache = {"encoder_valid": cache["encoder_valid"]}
     for i, layer in enumerate(self.layers):
       x, new_cache[f"layers_{i}"] = layer.decode(
-          x, cache[f"layers_{i}"], cache_index, self_mask, bias, cross_mask
+          x, cache[f"layers_{i}"], write_index, self_mask, bias, cross_mask
       )
     return self._logits(x, True), new_cache
 
@@ -611,7 +649,11 @@ class Transformer(nn.Module):
     encode(encoder_input_tokens) -> encoded [B, Le, E].
     init_decode_cache(encoded, encoder_input_tokens, cache_length) -> cache.
     prefill(encoder_input_tokens, cache_length) -> (encoded, cache): the two above in one call.
-    decode(tokens [B, k], cache, cache_index [B]) -> (logits [B, k, V] float32, cache).
+    decode(tokens [B, k], cache, cache_index [B], tree=None, slots=None) -> (logits [B, k, V]
+      float32, cache): k tokens of a chain, or block slots slots[0]..slots[1]-1 of a draft tree.
+
+  The module-level `move_cache_slots(cache, destination, sources)` (a pure function, no `apply`)
+  makes an accepted tree path's cache slots contiguous after a tree `decode`.
   """
 
   config: T5Config
@@ -680,12 +722,28 @@ class Transformer(nn.Module):
     encoded = self.encode(encoder_input_tokens)
     return encoded, self.init_decode_cache(encoded, encoder_input_tokens, cache_length)
 
-  def decode(self, decoder_tokens: Array, cache: dict, cache_index: Array) -> tuple[Array, dict]:
-    """Scores decoder_tokens [B, k] at positions cache_index[b] + (0..k-1).
+  def decode(
+      self,
+      decoder_tokens: Array,
+      cache: dict,
+      cache_index: Array,
+      tree: trees.DraftTree | None = None,
+      slots: tuple[int, int] | None = None,
+  ) -> tuple[Array, dict]:
+    """Scores decoder_tokens [B, k] at positions cache_index[b] + (0..k-1), or as draft-tree slots.
 
     Writes their keys/values into the cache by overwrite; each query sees cached positions
     0..its own position. Returns logits [B, k, V] (float32) and the updated cache. The caller
     advances (or rolls back) `cache_index`; positions must stay below the cache length.
+
+    With `tree` (a `trees.DraftTree`), decoder_tokens are the tree's block slots start..stop-1,
+    `slots = (start, stop)` static ints (default (0, tree.width): the root and every node), so
+    k = stop - start. Block slot b is written at cache slot cache_index + b, sits at position
+    cache_index + tree.depths[b], and sees the cache below cache_index and the block slots
+    `tree.visible[b]` (its ancestors and itself); those below `start` are read from the cache, as
+    an earlier call at the same cache_index wrote them (feeding a tree one depth at a time, e.g.
+    slots=tree.levels[d], gives the logits of one whole-tree call). The block needs cache slots up
+    to cache_index + stop - 1. After accepting a path, see `move_cache_slots`.
     """
     _check_tokens("decoder_tokens", decoder_tokens)
     cache_length = cache["layers_0"]["self_key"].shape[1]
@@ -695,20 +753,126 @@ class Transformer(nn.Module):
           f"cache_index must have shape [batch] = ({decoder_tokens.shape[0]},), got "
           f"{np.shape(cache_index)}: give one write position per row."
       )
-    if k > cache_length:
+    if tree is None:
+      if slots is not None:
+        raise ValueError(
+            f"slots={slots!r} picks block slots of a draft tree, but tree is None: pass "
+            "tree=trees.DraftTree(...) with it, or drop slots for a chain of k tokens."
+        )
+      stop, block, what, spare = k, f"a block of {k} tokens", f"{k} tokens", "gamma + 1"
+    else:
+      slots = _check_tree_slots(tree, slots, k)
+      stop = slots[1]
+      block = f"a tree block up to slot {stop - 1}"
+      what = f"tree block slots {slots[0]}..{stop - 1}"
+      spare = f"{tree.width} (the tree's width)"
+    if stop > cache_length:
       raise ValueError(
-          f"a block of {k} tokens does not fit a cache of length {cache_length}: "
-          "make the cache at least max_decode_len + gamma + 1 long."
+          f"{block} does not fit a cache of length {cache_length}: "
+          f"make the cache at least max_decode_len + {spare} long."
       )
     if not isinstance(cache_index, jax.core.Tracer):
-      end = int(np.max(np.asarray(cache_index))) + k
+      end = int(np.max(np.asarray(cache_index))) + stop
       if end > cache_length:
         raise ValueError(
-            f"writing {k} tokens at cache_index {int(end - k)} needs {end} cache slots "
+            f"writing {what} at cache_index {int(end - stop)} needs {end} cache slots "
             f"but the cache holds {cache_length}: make the cache longer "
-            "(max_decode_len + gamma + 1) or roll cache_index back."
+            f"(max_decode_len + {spare}) or roll cache_index back."
         )
-    return self.decoder.decode(decoder_tokens, cache, jnp.asarray(cache_index, jnp.int32))
+    return self.decoder.decode(
+        decoder_tokens, cache, jnp.asarray(cache_index, jnp.int32), tree, slots
+    )
+
+
+def _check_tree_slots(tree: Any, slots: Any, k: int) -> tuple[int, int]:
+  """Checks `Transformer.decode`'s tree, slots and block width -> (start, stop) as ints."""
+  if not isinstance(tree, trees.DraftTree):
+    raise ValueError(
+        f"tree must be a trees.DraftTree or None, got {tree!r} ({type(tree).__name__}): build "
+        "one with trees.DraftTree.from_branching((k_1, ..., k_D)) or trees.as_tree(branching)."
+    )
+  if slots is None:
+    slots = (0, tree.width)
+  if (
+      not isinstance(slots, (tuple, list))
+      or len(slots) != 2
+      or any(isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) for s in slots)
+  ):
+    raise ValueError(
+        f"slots must be a (start, stop) pair of static ints, got {slots!r}: e.g. tree.levels[d] "
+        f"for the block slots at depth d, or None for the whole tree (0, {tree.width})."
+    )
+  start, stop = int(slots[0]), int(slots[1])
+  if not 0 <= start < stop <= tree.width:
+    raise ValueError(
+        f"slots ({start}, {stop}) must satisfy 0 <= start < stop <= tree.width = {tree.width}: "
+        f"the tree's block slots are 0 (the root) to {tree.width - 1}; e.g. tree.levels[d] "
+        "for depth d."
+    )
+  if k != stop - start:
+    raise ValueError(
+        f"decoder_tokens holds {k} tokens per row but slots ({start}, {stop}) name "
+        f"{stop - start} block slots: give one token per block slot {start}..{stop - 1}."
+    )
+  return start, stop
+
+
+def move_cache_slots(cache: dict, destination: Array, sources: Array) -> dict:
+  """Copies decoder self-attention cache slots: per row b, slots destination[b] + j take the old
+  contents of slots sources[b, j], j = 0..n-1 (every read comes before any write).
+
+  After a tree `Transformer.decode` at cache_index `length` accepts the path to block slot
+  `node`, `move_cache_slots(cache, length + 1, length + tree.paths[node])` puts the path's keys
+  and values right after the root's, so the cache holds a chain again and rolling back stays
+  setting the index (`tree.paths` pads past the node's depth with slots that stay in place).
+
+  Args:
+    cache: a `Transformer` decode cache; each `layers_i`'s `self_key` and `self_value`
+      [B, L, H, D] are moved, cross-attention keys/values and `encoder_valid` are kept.
+    destination: [B] int32, the first slot written per row; destination[b] + n <= L.
+    sources: [B, n] int32 (n static), the slots read, in [0, L).
+  Returns:
+    The moved cache (a new dict; a pure function of fixed-size gathers and
+    `dynamic_update_slice`s, fine under jit).
+  """
+  keys = cache["layers_0"]["self_key"]
+  batch, cache_length = keys.shape[:2]
+  if np.shape(destination) != (batch,) or len(np.shape(sources)) != 2:
+    raise ValueError(
+        f"move_cache_slots needs destination [batch] = ({batch},) and sources [batch, n], got "
+        f"{np.shape(destination)} and {np.shape(sources)}: give one start slot and n source "
+        "slots per row."
+    )
+  n = np.shape(sources)[1]
+  if np.shape(sources)[0] != batch or not 1 <= n <= cache_length:
+    raise ValueError(
+        f"move_cache_slots' sources must be [batch, n] = ({batch}, 1..{cache_length}), got "
+        f"{np.shape(sources)}: n slots per row, at most the cache length."
+    )
+  if not isinstance(destination, jax.core.Tracer) and not isinstance(sources, jax.core.Tracer):
+    last = int(np.max(np.asarray(destination))) + n
+    low, high = int(np.min(np.asarray(sources))), int(np.max(np.asarray(sources)))
+    if last > cache_length or low < 0 or high >= cache_length:
+      raise ValueError(
+          f"move_cache_slots reads slots {low}..{high} and writes up to slot {last - 1}, but "
+          f"the cache has slots 0..{cache_length - 1}: keep destination + n and sources within "
+          "the cache (make it max_decode_len + M + 1 long)."
+      )
+  destination = jnp.asarray(destination, jnp.int32)
+  sources = jnp.asarray(sources, jnp.int32)
+  gather = jax.vmap(lambda buf, rows: jnp.take(buf, rows, axis=0, mode="clip"))
+  write = jax.vmap(lambda buf, new, i: jax.lax.dynamic_update_slice_in_dim(buf, new, i, axis=0))
+  moved = dict(cache)
+  for name, entry in cache.items():
+    if name.startswith("layers_"):
+      moved[name] = dict(
+          entry,
+          **{
+              field: write(entry[field], gather(entry[field], sources), destination)
+              for field in ("self_key", "self_value")
+          },
+      )
+  return moved
 
 
 def init_params(

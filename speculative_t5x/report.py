@@ -49,6 +49,12 @@ What a `SpeedupRow` reports from them:
   outputs_match_baseline the fraction of examples decoded exactly as the baseline did: 1 at
                          temperature 0; at other temperatures the two sample the same distribution
                          with different draws.
+
+A draft tree's row (`sweep(draft_trees=)`, M drafts of depth D, gamma = D) reports its verify cost
+on M + 1 tokens and predicts only from the realized tokens per call, tokens / (D c + verify
+cost): Theorem 3.8's E[tokens](alpha) and the iteration timed together (D drafter steps of one
+token, gamma + 1 verified) describe chains, so `predicted`, `predicted_hw`, `iteration_cost`,
+`predicted_in_situ` and the efficiencies built on them are NaN there.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ from speculative_t5x import network
 from speculative_t5x import speculative
 from speculative_t5x import tasks
 from speculative_t5x import theory
+from speculative_t5x import trees
 
 BASELINE = "baseline"  # the settings' key of the baseline; speculative ones are (drafter, gamma).
 RANDOM_TASK = "random"  # the task label of random inputs.
@@ -163,6 +170,7 @@ class SpeedupRow:
   baseline_tokens: tuple[int, ...]
   speculative_tokens: tuple[int, ...]
   outputs_match_baseline: float
+  draft_tree: tuple[int, ...] | None = None  # the tree's parents (`trees.DraftTree`); None: chain
 
   def __post_init__(self):
     counts = {
@@ -192,10 +200,12 @@ class SpeedupRow:
       costs: benchmark.DecodeCosts,
       baseline: Sequence[ExampleResult],
       speculative: Sequence[ExampleResult],
+      draft_tree: trees.DraftTree | None = None,
   ) -> "SpeedupRow":
     """The row of one setting from its per-example results and the baseline's on the same
     examples (in the same order), with the step costs of its drafter at its temperature; alpha
-    and tokens per target call pool the speculative results' statistics over all their rows."""
+    and tokens per target call pool the speculative results' statistics over all their rows.
+    A draft tree's costs must hold its verification on M + 1 tokens (as 'gamma' M)."""
     if len(baseline) != len(speculative) or not baseline:
       raise ValueError(
           f"need the baseline's and the speculative decode's results on the same "
@@ -208,6 +218,8 @@ class SpeedupRow:
       )
     stats = decoding.SpeculativeStats.concatenate([result.stats for result in speculative])
     matches = [np.array_equal(b.decodes, s.decodes) for b, s in zip(baseline, speculative)]
+    verified = gamma if draft_tree is None else draft_tree.num_nodes
+    chain = draft_tree is None
     return cls(
         task=task,
         drafter=drafter,
@@ -218,9 +230,9 @@ class SpeedupRow:
         acceptance_rate=stats.acceptance_rate,
         stat_totals=stats.totals(),
         c=costs.c,
-        verify_cost=costs.verify_cost(gamma),
-        iteration_cost=costs.iteration_cost(gamma),
-        interference_ms=costs.interference_ms(gamma),
+        verify_cost=costs.verify_cost(verified),
+        iteration_cost=costs.iteration_cost(gamma) if chain else math.nan,
+        interference_ms=costs.interference_ms(gamma) if chain else math.nan,
         baseline_ms=tuple(r.timing for r in baseline),
         speculative_ms=tuple(r.timing for r in speculative),
         baseline_prefill_ms=tuple(r.prefill for r in baseline),
@@ -228,6 +240,7 @@ class SpeedupRow:
         baseline_tokens=tuple(r.tokens for r in baseline),
         speculative_tokens=tuple(r.tokens for r in speculative),
         outputs_match_baseline=float(np.mean(matches)),
+        draft_tree=None if chain else draft_tree.parents,
     )
 
   # ---- measured
@@ -255,26 +268,30 @@ class SpeedupRow:
   # ---- predicted
   @property
   def predicted(self) -> float:
-    """Theorem 3.8 at the measured alpha and c."""
+    """Theorem 3.8 at the measured alpha and c (NaN for a tree)."""
+    if self.draft_tree is not None:
+      return math.nan
     return theory.speedup(self.alpha, self.gamma, self.c)
 
   @property
   def predicted_hw(self) -> float:
-    """Theorem 3.8 with the measured verification cost in place of one target step."""
+    """Theorem 3.8 with the measured verification cost in place of one target step (NaN for a
+    tree)."""
+    if self.draft_tree is not None:
+      return math.nan
     return theory.speedup_hardware_aware(self.alpha, self.gamma, self.c, self.verify_cost)
 
   @property
   def predicted_hw_realized(self) -> float:
-    """`predicted_hw` with the realized tokens per target call in place of E[tokens](alpha)."""
-    return (
-        self.predicted_hw
-        * self.tokens_per_target_call
-        / theory.expected_tokens(self.alpha, self.gamma)
-    )
+    """The realized tokens per target call over gamma c + verify cost: `predicted_hw` with them
+    in place of E[tokens](alpha); for a tree, D drafter calls and its verification."""
+    return self.tokens_per_target_call / (self.gamma * self.c + self.verify_cost)
 
   @property
   def predicted_in_situ(self) -> float:
-    """E[tokens](alpha) over the iteration's network work timed together."""
+    """E[tokens](alpha) over the iteration's network work timed together (NaN for a tree)."""
+    if self.draft_tree is not None:
+      return math.nan
     return theory.expected_tokens(self.alpha, self.gamma) / self.iteration_cost
 
   # ---- measured over predicted
@@ -297,6 +314,7 @@ class SpeedupRow:
         "drafter": self.drafter,
         "temperature": self.temperature,
         "gamma": self.gamma,
+        "draft_tree": self.draft_tree,
         "alpha": self.alpha,
         "tokens_per_target_call": self.tokens_per_target_call,
         "acceptance_rate": self.acceptance_rate,
@@ -488,14 +506,24 @@ Drafters = Mapping[str, tuple[network.T5Config, Any]]
 
 Verifiers = Mapping[str, speculative.Verifier]
 DraftStops = Mapping[str, draft_length.DraftStop | None]
+DraftTrees = Mapping[str, trees.DraftTree]
+# What a label names: (drafter name, verifier, draft-length rule, draft tree or None: a chain).
+SettingSpec = tuple[
+    str, speculative.Verifier, draft_length.DraftStop | None, trees.DraftTree | None
+]
+TREE_VERIFIER = speculative.TreeVerifier()
 
 
 def setting_labels(
-    drafters: Drafters, verifiers: Verifiers | None = None, draft_stops: DraftStops | None = None
-) -> dict[str, tuple[str, speculative.Verifier, draft_length.DraftStop | None]]:
-  """label -> (drafter name, verifier, draft-length rule) of every speculative setting: the
+    drafters: Drafters,
+    verifiers: Verifiers | None = None,
+    draft_stops: DraftStops | None = None,
+    draft_trees: DraftTrees | None = None,
+) -> dict[str, SettingSpec]:
+  """label -> (drafter name, verifier, draft-length rule, tree) of every speculative setting: the
   drafter's name, then ', <verifier> verification' where several verifiers are swept and
-  ', <rule> draft length' where several rules are (the defaults: Algorithm 1, static gamma)."""
+  ', <rule> draft length' where several rules are (the defaults: Algorithm 1, static gamma); and
+  per drafter and tree, '<name>, tree <label>' (verified by `speculative.TreeVerifier`)."""
   verifiers = verifiers or {"token": speculative.ALGORITHM_1}
   draft_stops = draft_stops or {"static": None}
   labels = {}
@@ -507,8 +535,22 @@ def setting_labels(
           label += f", {verifier_label} verification"
         if len(draft_stops) > 1:
           label += f", {stop_label} draft length"
-        labels[label] = (name, verifier, stop)
+        labels[label] = (name, verifier, stop, None)
+    for tree_label, tree in (draft_trees or {}).items():
+      labels[f"{name}, tree {tree_label}"] = (name, TREE_VERIFIER, None, tree)
   return labels
+
+
+def setting_gammas(spec: SettingSpec, gammas: Sequence[int]) -> list[int]:
+  """The gammas a setting runs at: all for a chain, its depth for a tree."""
+  tree = spec[3]
+  return list(gammas) if tree is None else [tree.depth]
+
+
+def cost_gammas(gammas: Sequence[int], draft_trees: DraftTrees | None = None) -> list[int]:
+  """The 'gammas' whose verification the costs time: the chains', and M per tree of M drafts
+  (the target on M + 1 tokens)."""
+  return sorted({int(g) for g in gammas} | {t.num_nodes for t in (draft_trees or {}).values()})
 
 
 def build_settings(
@@ -519,23 +561,28 @@ def build_settings(
     vocabulary: seqio.Vocabulary,
     verifiers: Verifiers | None = None,
     draft_stops: DraftStops | None = None,
+    draft_trees: DraftTrees | None = None,
 ) -> dict[Hashable, Setting]:
-  """BASELINE and (setting label, gamma) -> Setting (labels: `setting_labels`); drafters of one
-  config share compiled functions per verifier and rule (their parameters are arguments).
+  """BASELINE and (setting label, gamma) -> Setting (labels: `setting_labels`, gammas:
+  `setting_gammas`); drafters of one config share compiled functions per verifier, rule and tree
+  (their parameters are arguments).
 
   Args:
     drafters: name -> (config, params) of a T5 drafter.
     verifiers: label -> speculative.Verifier (default: Algorithm 1 alone).
     draft_stops: label -> a `draft_length` rule or None (default: static gamma alone).
+    draft_trees: label -> `trees.DraftTree`, each run at its depth (default: none).
   """
   target = network.Transformer(target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary)
   result = {BASELINE: Setting(baseline.jit_predict(), jax.jit(baseline.prefill), target_params)}
   functions = {}
-  for label, (name, verifier, stop) in setting_labels(drafters, verifiers, draft_stops).items():
+  labels = setting_labels(drafters, verifiers, draft_stops, draft_trees)
+  for label, spec in labels.items():
+    name, verifier, stop, tree = spec
     drafter_config, drafter_params = drafters[name]
-    for gamma in gammas:
-      key = (drafter_config, gamma, verifier, stop)
+    for gamma in setting_gammas(spec, gammas):
+      key = (drafter_config, gamma, verifier, stop, tree)
       if key not in functions:
         model = models.SpeculativeEncoderDecoderModel(
             target,
@@ -545,6 +592,7 @@ def build_settings(
             gamma=gamma,
             verifier=verifier,
             draft_stop=stop,
+            draft_tree=tree,
         )
         functions[key] = (model.jit_predict(), jax.jit(model.prefill))
       result[label, gamma] = Setting(
@@ -713,6 +761,7 @@ def sweep(
     progress: bool = False,
     verifiers: Verifiers | None = None,
     draft_stops: DraftStops | None = None,
+    draft_trees: DraftTrees | None = None,
 ) -> Sweep:
   """Measures every (drafter, verifier, gamma, temperature) against the baseline (the module
   docstring).
@@ -734,6 +783,8 @@ def sweep(
       drafter and verifier at every gamma (as its most drafts); default static gamma alone.
     verifiers: label -> speculative.Verifier, each measured with every drafter (default:
       Algorithm 1 alone); all settings of an example are timed side by side.
+    draft_trees: label -> `trees.DraftTree`, each measured with every drafter at its depth as
+      gamma (`speculative.TreeVerifier`), its verification timed on M + 1 tokens.
   Returns:
     The rows, the costs, every example's results and the cost rounds.
   """
@@ -749,13 +800,21 @@ def sweep(
       cost_repeats,
   )
   examples, batch_size, encoder_length = np.shape(encoder_inputs)
+  timed = cost_gammas(gammas, draft_trees)
   geometry = benchmark.DecodeGeometry.for_decoding(
-      encoder_length, decode_length, max(gammas) + 1, steps_per_call
+      encoder_length, decode_length, max(timed) + 1, steps_per_call
   )
   decoders = build_settings(
-      target_config, target_params, drafters, gammas, vocabulary, verifiers, draft_stops
+      target_config,
+      target_params,
+      drafters,
+      gammas,
+      vocabulary,
+      verifiers,
+      draft_stops,
+      draft_trees,
   )
-  steps = benchmark.cost_steps(target_config, target_params, drafters, gammas)
+  steps = benchmark.cost_steps(target_config, target_params, drafters, timed)
   batches = [
       {
           "encoder_input_tokens": jnp.asarray(x, jnp.int32),
@@ -786,14 +845,21 @@ def sweep(
     timings = benchmark.marginal_step_timings(
         {key: np.concatenate(times) for key, times in seconds.items()}, geometry
     )
-    costs[temperature] = benchmark.costs_from_timings(timings, list(drafters), gammas, geometry)
+    costs[temperature] = benchmark.costs_from_timings(timings, list(drafters), timed, geometry)
   bar.close()
   rows = [
       SpeedupRow.from_results(
-          task, label, t, gamma, costs[t][name], results[t][BASELINE], results[t][label, gamma]
+          task,
+          label,
+          t,
+          gamma,
+          costs[t][spec[0]],
+          results[t][BASELINE],
+          results[t][label, gamma],
+          draft_tree=spec[3],
       )
-      for label, (name, _, _) in setting_labels(drafters, verifiers, draft_stops).items()
-      for gamma in gammas
+      for label, spec in setting_labels(drafters, verifiers, draft_stops, draft_trees).items()
+      for gamma in setting_gammas(spec, gammas)
       for t in temperatures
   ]
   return Sweep(rows, costs, results, cost_rounds * examples)

@@ -12,7 +12,9 @@ before it), the drafter's q_1..q_gamma and its drafts x_1..x_gamma:
 The output x_1..x_n, t is distributed exactly as sampling from p one token at a time (Appendix A.1).
 
 `accept` and `accept_greedy` are those formulas; `Verifier` is the strategy the decoding loop
-calls, and `TokenVerifier`, Algorithm 1 itself, is its default.
+calls, and `TokenVerifier`, Algorithm 1 itself, is its default. `accept_block` verifies a chain
+jointly (`BlockVerifier`); `accept_tree` verifies a draft tree by recursive rejection sampling over
+each node's children (`TreeVerifier`, docs/tree_verification.md).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Callable
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative_t5x import sampling
+from speculative_t5x import trees
 
 
 def valid_drafts(q: jax.Array, drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -77,9 +81,14 @@ def adjusted_distribution(
   q_next = jnp.take_along_axis(q, jnp.minimum(n, gamma - 1)[:, None, None], axis=1)[:, 0]
   q_next = jnp.where((n < gamma)[:, None], q_next, 0.0)
   scaled = p_next if weight is None else weight[:, None] * p_next
-  residual = jnp.maximum(scaled - q_next, 0.0)
+  return _residual(scaled, q_next, p_next)
+
+
+def _residual(r: jax.Array, q: jax.Array, fallback: jax.Array) -> jax.Array:
+  """norm(max(0, r - q)) [..., V], or `fallback` [..., V] where that has zero mass."""
+  residual = jnp.maximum(r - q, 0.0)
   mass = jnp.sum(residual, axis=-1, keepdims=True)
-  return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
+  return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), fallback)
 
 
 def accept(
@@ -216,6 +225,159 @@ def accept_block(
   return n, token, beta
 
 
+def accept_tree(
+    p: jax.Array,
+    q: jax.Array,
+    drafts: jax.Array,
+    u: jax.Array,
+    draw: Callable[[jax.Array, jax.Array], jax.Array],
+    tree: trees.DraftTree,
+    adjust_siblings: bool = True,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """One speculative step per row over a draft tree: recursive rejection sampling.
+
+  Starting at the root with the residual r = p_root, the children c of the current slot are
+  tested in sibling order: c is accepted when u_c < min(1, r(x_c) / q_c(x_c)), and the walk moves
+  to c (r = p_c) and goes on there; else r = norm(max(0, r - q_c)) (kept where that has zero mass,
+  as `adjusted_distribution` does) and the next sibling is tested. When no child is accepted (or
+  the slot is a leaf) the token is drawn from r. This is SpecInfer's multi-step speculative
+  sampling when the children are i.i.d., recursive speculative decoding (Jeon et al.) when they
+  are drawn without replacement, and covers deterministic candidates (one-hot q): the verifier
+  only needs q_c to be the law child c was drawn from given its earlier siblings. On a chain it
+  is Algorithm 1 (`accept`). The emitted path and token are distributed exactly as sampling from
+  p (docs/tree_verification.md).
+
+  The walk is one pass over the nodes in block order: the children of a slot are contiguous and
+  come after every slot of its depth, so node i is tested exactly when its parent is the row's
+  current slot, and a row whose walk stopped is at a slot no later node has as parent. The pass is
+  a `lax.fori_loop` of M steps (unrolled, XLA:CPU takes minutes to compile trees of tens of
+  nodes).
+
+  Args:
+    p: [B, M+1, V] the target's standardized distribution at every block slot (slot 0 the root):
+      the next-token distribution after the path to the slot.
+    q: [B, M, V] q[:, i] is the distribution node i's draft (block slot i+1) was drawn from, given
+      the path to its parent and its earlier siblings' drafts.
+    drafts: [B, M] int32. An invalid draft (`valid_drafts`: EMPTY, out of the vocabulary, a row
+      of q that is not a distribution, q(x) = 0) is not drafted: it is rejected and leaves the
+      residual unchanged.
+    u: [B, M+1] independent U[0, 1) draws: u[:, 0] for the token's draw, u[:, i+1] node i's test.
+    draw: (uniforms [B], probabilities [B, V]) -> tokens [B] (`sampling.sample`).
+    tree: the static `trees.DraftTree` of the M nodes.
+    adjust_siblings: False tests every child against the parent's p instead of the residual r
+      its rejected siblings left: a deliberately wrong variant, for tests.
+
+  Returns:
+    path: [B, D] int32 `tree.paths` of the last accepted slot (block indices; entries past n are
+      its padding).
+    n: [B] int32 the accepted depth (0..D).
+    token: [B] int32 the token after the accepted path.
+    beta: [B, D] float32, beta[:, d] = sum_x min(p_s, q_c) at the path's slot s of depth d and
+      its first child c: Algorithm 1's acceptance probability there (0 where s has no child or
+      d > n).
+  """
+  batch, num_nodes = drafts.shape
+  if num_nodes != tree.num_nodes or p.shape[1] != tree.width or q.shape[1] != num_nodes:
+    raise ValueError(
+        f"a draft tree of {tree.num_nodes} nodes needs p [B, {tree.width}, V], q and drafts "
+        f"[B, {tree.num_nodes}(, V)], got p {p.shape}, q {q.shape}, drafts {drafts.shape}."
+    )
+  if u.shape != (batch, tree.width):
+    raise ValueError(
+        f"need uniforms of shape {(batch, tree.width)} (one for the token, then one per "
+        f"node), got {u.shape}."
+    )
+  q, valid = valid_drafts(q, drafts)
+  index = jnp.where(valid, drafts, 0)[..., None]
+  q_x = jnp.take_along_axis(q, index, axis=-1)[..., 0]  # [B, M]
+  parents, first_children, parent_depths = map(jnp.asarray, _node_tables(tree))
+
+  def test(i, carry):
+    """Node i (block slot i + 1) is tested when the walk is at its parent."""
+    slot, r, beta = carry
+    child = i + 1
+    q_c, x = q[:, i], index[:, i]
+    at_parent = slot == parents[i]
+    beta_i = jnp.where(at_parent & first_children[i], jnp.sum(jnp.minimum(r, q_c), -1), 0.0)
+    beta = beta.at[:, parent_depths[i]].add(beta_i)
+    reference = r if adjust_siblings else _at_slot(p, slot)
+    r_x = jnp.take_along_axis(reference, x, axis=-1)[:, 0]
+    ratio = jnp.where(q_x[:, i] > r_x, r_x / jnp.where(q_x[:, i] > 0, q_x[:, i], 1.0), 1.0)
+    tested = at_parent & valid[:, i]
+    accepted = tested & (u[:, child] < ratio)
+    r = jnp.where((tested & ~accepted)[:, None], _residual(r, q_c, r), r)
+    r = jnp.where(accepted[:, None], p[:, child], r)
+    return jnp.where(accepted, child, slot), r, beta
+
+  slot, r, beta = jax.lax.fori_loop(
+      0,
+      tree.num_nodes,
+      test,
+      (jnp.zeros((batch,), jnp.int32), p[:, 0], jnp.zeros((batch, tree.depth), jnp.float32)),
+  )
+  token = draw(u[:, 0], r)
+  return _path(tree, slot) + (token, beta)
+
+
+def accept_tree_greedy(
+    target_tokens: jax.Array, drafts: jax.Array, tree: trees.DraftTree
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """`accept_tree` at temperature 0, where every p and q is one-hot, without building them.
+
+  A child's ratio r(x_c) / q_c(x_c) is then 1 when its draft is the target's argmax at the
+  current slot and 0 otherwise, and a rejected child leaves the one-hot residual unchanged, so the
+  walk accepts the first child that matches, and the token is the target's argmax at the last
+  accepted slot. With distinct siblings (a deterministic drafter's top k) the accepted path is the
+  longest one matching the target: the baseline's greedy decode continued as far as the tree
+  drafted it.
+
+  Args:
+    target_tokens: [B, M+1] int32, the argmax of p at every block slot.
+    drafts: [B, M] int32, the argmax of q at every node (EMPTY never matches).
+    tree: the static `trees.DraftTree`.
+  Returns:
+    path [B, D], n [B], token [B], beta [B, D] as `accept_tree` (beta[:, d] is 1 where the first
+    child of the path's slot of depth d matched, else 0).
+  """
+  parents, first_children, parent_depths = map(jnp.asarray, _node_tables(tree))
+
+  def test(i, carry):
+    """Node i (block slot i + 1) is accepted when the walk is at its parent and it matches."""
+    slot, beta = carry
+    at_parent = slot == parents[i]
+    accepted = at_parent & (drafts[:, i] == target_tokens[:, parents[i]])
+    beta = beta.at[:, parent_depths[i]].add((first_children[i] & accepted).astype(jnp.float32))
+    return jnp.where(accepted, i + 1, slot), beta
+
+  batch = drafts.shape[0]
+  slot, beta = jax.lax.fori_loop(
+      0,
+      tree.num_nodes,
+      test,
+      (jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, tree.depth), jnp.float32)),
+  )
+  token = jnp.take_along_axis(target_tokens, slot[:, None], axis=1)[:, 0]
+  return _path(tree, slot) + (token, beta)
+
+
+def _node_tables(tree: trees.DraftTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """For every node: its parent's block index, whether it is its parent's first child, and its
+  parent's depth -> three [M] arrays."""
+  parents = np.asarray(tree.parents, np.int32)
+  first = np.concatenate([[True], parents[1:] != parents[:-1]])
+  return parents, first, tree.depths[parents]
+
+
+def _at_slot(p: jax.Array, slot: jax.Array) -> jax.Array:
+  """p [B, M+1, V] at one block slot per row, slot [B] -> [B, V]."""
+  return jnp.take_along_axis(p, slot[:, None, None], axis=1)[:, 0]
+
+
+def _path(tree: trees.DraftTree, slot: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The path [B, D] (`tree.paths`) and depth n [B] of the last accepted slot [B]."""
+  return jnp.asarray(tree.paths)[slot], jnp.asarray(tree.depths)[slot]
+
+
 class Verifier(abc.ABC):
   """How a block of drafts is verified: the strategy `decoding.speculative_sample` calls once per
   iteration, after the target scored the pending token and the gamma drafts in one call.
@@ -239,11 +401,28 @@ class Verifier(abc.ABC):
 
   A verifier is stateless and hashable (the loop is traced once per verifier); shapes are static.
 
-  What a multi-draft (tree) verifier needs beyond this contract: drafts and q per node of a static
-  tree ([B, nodes] and [B, nodes, V]) with the tree's parent indices, p at every node (one target
-  call over all nodes under a tree attention mask), uniforms per node, and an output that names
-  the accepted path (node indices [B, depth]) so the loop can compact the accepted keys and values
-  into contiguous cache slots; n and token then refer to that path.
+  Contract (a static draft tree, `trees.DraftTree`: block slot 0 the root, 1..M the nodes in
+  breadth-first order; only verifiers that override these methods, e.g. `TreeVerifier`, take a
+  tree; the defaults raise ValueError):
+    `verify_tree(p, q, drafts, u, draw, tree) -> (path, n, token, beta)`:
+      p [B, M+1, V] the target's standardized distribution at every block slot (the next-token
+      distribution after the path root -> slot; one target call over all slots under the tree's
+      attention mask); q [B, M, V]: q[:, i] the distribution node i's draft (block slot i+1) was
+      drawn from, given the path to its parent and its earlier siblings' drafts (so i.i.d.
+      children, children drawn without replacement and deterministic candidates with one-hot q
+      are all described); drafts [B, M] int32 (invalid ones, `valid_drafts`, count as not
+      drafted); u [B, M+1] independent U[0, 1) draws, each used at most once; draw as above.
+      path [B, D] int32: `tree.paths` of the last accepted slot, the block indices the loop
+      compacts into contiguous cache slots (entries past n are padding); n [B] int32 in 0..D the
+      accepted depth; token [B] int32 the next token after the path; beta [B, D] float32:
+      beta[:, d] = sum_x min(p_s, q_c) at the path's slot s of depth d and its first child c (0
+      where s has none or d > n), which the loop averages over the verified depths 1..min(n+1, D)
+      as alpha. Exactness: the accepted path's drafts and the token, continued by sampling from
+      the target, are distributed as sampling from the target one token at a time.
+    `verify_tree_greedy(target_tokens, drafts, tree) -> (path, n, token, beta)`: the same at
+      temperature 0: target_tokens [B, M+1] the argmax of p at every slot, drafts [B, M] the
+      nodes' drafts; it must accept the path of children matching the target's argmax at their
+      parent (the first matching sibling at each slot), as `verify_tree` does on one-hot p and q.
   """
 
   @abc.abstractmethod
@@ -262,6 +441,34 @@ class Verifier(abc.ABC):
       self, target_tokens: jax.Array, drafts: jax.Array
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(target_tokens [B, gamma+1], drafts [B, gamma]) -> (n, token, beta) at temperature 0."""
+
+  def verify_tree(
+      self,
+      p: jax.Array,
+      q: jax.Array,
+      drafts: jax.Array,
+      u: jax.Array,
+      draw: Callable[[jax.Array, jax.Array], jax.Array],
+      tree: trees.DraftTree,
+  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(p [B, M+1, V], q [B, M, V], drafts [B, M], u [B, M+1], draw, tree) -> (path, n, token,
+    beta); a verifier of chains only raises ValueError."""
+    del p, q, drafts, u, draw, tree
+    raise self._chains_only()
+
+  def verify_tree_greedy(
+      self, target_tokens: jax.Array, drafts: jax.Array, tree: trees.DraftTree
+  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(target_tokens [B, M+1], drafts [B, M], tree) -> (path, n, token, beta) at temperature 0;
+    a verifier of chains only raises ValueError."""
+    del target_tokens, drafts, tree
+    raise self._chains_only()
+
+  def _chains_only(self) -> ValueError:
+    return ValueError(
+        f"{type(self).__name__} verifies chains of drafts only, not a draft tree: use "
+        "speculative.TreeVerifier() with a draft tree."
+    )
 
 
 @gin.configurable(module="speculative")
@@ -293,3 +500,24 @@ class BlockVerifier(Verifier):
 
   def verify_greedy(self, target_tokens, drafts):
     return accept_greedy(target_tokens, drafts)
+
+
+@gin.configurable(module="speculative")
+@dataclasses.dataclass(frozen=True)
+class TreeVerifier(Verifier):
+  """Multi-draft verification over a draft tree by recursive rejection sampling (`accept_tree`,
+  `accept_tree_greedy`): SpecInfer's multi-step speculative sampling for i.i.d. children,
+  recursive speculative decoding for children drawn without replacement, deterministic candidates
+  with one-hot q. On a chain that is Algorithm 1 (`accept`, `accept_greedy`)."""
+
+  def verify(self, p, q, drafts, u, draw=sampling.sample):
+    return accept(p, q, drafts, u, draw)
+
+  def verify_greedy(self, target_tokens, drafts):
+    return accept_greedy(target_tokens, drafts)
+
+  def verify_tree(self, p, q, drafts, u, draw, tree):
+    return accept_tree(p, q, drafts, u, draw, tree)
+
+  def verify_tree_greedy(self, target_tokens, drafts, tree):
+    return accept_tree_greedy(target_tokens, drafts, tree)

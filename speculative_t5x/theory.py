@@ -1,5 +1,5 @@
-"""The paper's formulas: expected tokens, speedup, optimal gamma, operations, lenience; and the
-expected tokens of block verification.
+"""The paper's formulas: expected tokens, speedup, optimal gamma, operations, lenience; the
+expected tokens of block verification; and expected tokens and speedup of draft trees.
 
 Leviathan, Kalman, Matias, "Fast Inference from Transformers via Speculative Decoding" (ICML 2023),
 section 3 and Appendix A.5. Notation follows the paper:
@@ -10,6 +10,11 @@ section 3 and Appendix A.5. Notation follows the paper:
   c        cost coefficient: time of one drafter (M_q) step over one target (M_p) step (Def. 3.7).
   c_hat    arithmetic operations per token of M_q over those of M_p (Definition 3.10).
   l        lenience in (0, 1] (Appendix A.5); l = 1 is exact speculative sampling.
+
+Draft trees (issue 17, beyond the paper): a tree of depth D whose depth-(d - 1) nodes have k_d
+children verifies its M drafts in one target call on M + 1 tokens;
+  a_d      acceptance at depth d: P(a child is accepted | the path reached depth d - 1).
+  alpha_j  P(the j-th sibling is accepted | its earlier siblings were rejected); alpha_1 = alpha.
 
 Every function broadcasts over numpy arrays of alpha (and of gamma, c where it makes sense) and
 returns a Python float when all its inputs are scalars. Nothing here depends on JAX or on a model.
@@ -330,3 +335,175 @@ def tokens_per_call(accepted_drafts, target_calls):
   """
   accepted, calls = _check_counts("accepted_drafts", accepted_drafts, "target_calls", target_calls)
   return float((accepted + calls) / calls)
+
+
+# ---- Draft trees (issue 17): several candidates per position, verified in one target call.
+#
+# A tree's call accepts a root-to-node path: at a reached node of depth d - 1 its children are tried
+# in sibling order, and the path goes on through the first child accepted (recursive rejection
+# sampling; a chain, k_d = 1, is Algorithm 1). a_d, the acceptance at depth d, is P(some child of
+# the reached depth-(d - 1) node is accepted | the path reached depth d - 1). Like Eq. (1), these
+# formulas treat the a_d as the same in every context (the paper's i.i.d. assumption on beta).
+
+
+def _check_acceptance(acceptance_by_depth):
+  acceptance = _as_float_array("acceptance_by_depth", acceptance_by_depth)
+  if acceptance.ndim == 0 or acceptance.shape[-1] == 0:
+    raise ValueError(
+        f"acceptance_by_depth must have a last axis of depths d = 1..D with D >= 1, got shape "
+        f"{acceptance.shape}: pass [a_1, ..., a_D]"
+    )
+  if np.any((acceptance < 0) | (acceptance > 1)):
+    raise ValueError(
+        f"acceptance_by_depth must lie in [0, 1] (each a_d is a probability), got {acceptance!r}"
+    )
+  return acceptance
+
+
+def _tree_expected_tokens(acceptance):
+  """1 + sum_d prod_{j<=d} a_j on a checked array [..., D]; see `tree_expected_tokens`."""
+  return 1 + np.cumprod(acceptance, axis=-1).sum(axis=-1)
+
+
+def tree_expected_tokens(acceptance_by_depth):
+  """Expected tokens produced per target call by a draft tree of depth D:
+
+    E(# generated tokens) = 1 + sum_{d=1..D} prod_{j<=d} a_j,
+
+  since the call accepts at least d drafts exactly when its path reaches depth d, with probability
+  a_1 ... a_d, and it always adds one token of its own. With a_d = alpha at every depth (a chain of
+  gamma = D drafts) this is Eq. (1), (1 - alpha^(gamma+1)) / (1 - alpha).
+
+  Args:
+    acceptance_by_depth: a_1..a_D in [0, 1] on the last axis, [..., D]; leading axes are
+      independent cases (e.g. one per alpha).
+
+  Returns:
+    A float in [1, D + 1] for a 1-D input, an array [...] otherwise.
+  """
+  return _to_output(_tree_expected_tokens(_check_acceptance(acceptance_by_depth)))
+
+
+def acceptance_by_depth(accepted, depth):
+  """Measured per-depth acceptance a_d = #{n >= d} / #{n >= d - 1}, d = 1..depth.
+
+  n is the number of drafts a target call accepted (the depth its path reached); a call that
+  reached depth d - 1 went one deeper with the empirical probability above, and
+  `tree_expected_tokens` of the result is the measured mean of n + 1 (where no entry is nan).
+
+  a_d is nan where no call reached depth d - 1 (no evidence: 0 would claim that depth was reached
+  and failed). Its first nan always follows an a_{d-1} = 0, which already zeroes every deeper term
+  of `tree_expected_tokens`, so `np.nan_to_num` of the result gives the same expected tokens.
+
+  Args:
+    accepted: accepted drafts per target call, integers in [0, depth]; any shape (pooled), with at
+      least one call.
+    depth: D, the tree's depth (the most drafts a call can accept), an integer >= 1.
+
+  Returns:
+    [depth] float64: a_1..a_D.
+  """
+  depth = int(_check_gamma(depth, allow_inf=False))
+  counts = _as_float_array("accepted", accepted).ravel()
+  if counts.size == 0:
+    raise ValueError("accepted is empty: give the accepted-draft count of at least one target call")
+  if np.any((counts < 0) | (counts > depth) | (counts != np.floor(counts))):
+    raise ValueError(
+        f"accepted must hold integers in [0, depth={depth}] (drafts accepted per call), "
+        f"got {accepted!r}"
+    )
+  reached = (counts[:, None] >= np.arange(depth + 1)).sum(axis=0)  # #{n >= d}, d = 0..depth
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return np.where(reached[:-1] > 0, reached[1:] / reached[:-1], np.nan)
+
+
+def branching_acceptance(alpha, branching, sibling_ratios=()):
+  """A model of a_d for the tree whose depth-(d - 1) nodes have k_d = branching[d - 1] children:
+
+    a_d = 1 - prod_{j=1..k_d} (1 - alpha_j),
+
+  where alpha_j is the probability that the j-th child is accepted given that its earlier siblings
+  were rejected. alpha_1 = alpha, the chain's acceptance rate; alpha_j = r_j alpha for j >= 2 with
+  (r_2, r_3, ...) = sibling_ratios, the last ratio standing for every later sibling; no ratios
+  (the default) is the one-parameter model alpha_j = alpha.
+
+  This is a model, not a theorem: it takes each alpha_j to be the same in every context and
+  the children's outcomes to multiply as if independent. With the one-parameter default it
+  OVER-estimates a_d for children drawn i.i.d. from the drafter's q and verified by recursive
+  rejection: a rejection replaces p by its residual p' = norm(max(p - q, 0)), which lives on
+  {p > q}, so the next child's acceptance sum_x min(p'(x), q(x)) <= q({p > q}) <= sum_x
+  min(p(x), q(x)) = alpha, and so on down the siblings (alpha_1 >= alpha_2 >= ...). The
+  default is exact when
+    - k_d = 1 (a chain: a_d = alpha, Eq. (1));
+    - alpha is 0 or 1;
+    - the target is deterministic (temperature 0, p a point mass at x*) and the children are drawn
+      i.i.d. (with replacement) from q: each is accepted iff it is x*, with probability q(x*) =
+      alpha whatever the earlier siblings were.
+  Measured alpha_j (or sibling_ratios below 1), or a_d measured per depth (`acceptance_by_depth`),
+  correct the rest.
+
+  Args:
+    alpha: the first child's acceptance rate in [0, 1]; scalar or array [...].
+    branching: (k_1, ..., k_D), children per node at each depth, integers >= 1.
+    sibling_ratios: (r_2, r_3, ...), alpha_j / alpha for later siblings, >= 0, with every r_j alpha
+      <= 1; the last ratio repeats.
+
+  Returns:
+    a_1..a_D, [..., D] (alpha's shape plus a depth axis).
+  """
+  alpha = _check_alpha(alpha)
+  if isinstance(branching, (str, bytes)) or np.ndim(branching) != 1 or len(branching) == 0:
+    raise ValueError(
+        f"branching must be a non-empty sequence (k_1, ..., k_D) of children per depth, got "
+        f"{branching!r}"
+    )
+  widths = np.asarray(branching)
+  if not np.issubdtype(widths.dtype, np.integer) or np.any(widths < 1):
+    raise ValueError(f"branching must hold integers >= 1 (children per node), got {branching!r}")
+  ratios = _as_float_array("sibling_ratios", sibling_ratios)
+  if ratios.ndim != 1 or np.any(ratios < 0) or not np.all(np.isfinite(ratios)):
+    raise ValueError(
+        f"sibling_ratios must be a sequence (r_2, r_3, ...) of finite ratios >= 0, got "
+        f"{sibling_ratios!r}"
+    )
+  if ratios.size and np.any(ratios.max() * alpha > 1):
+    raise ValueError(
+        f"sibling_ratios {sibling_ratios!r} times alpha exceed 1: each alpha_j = r_j alpha is a "
+        "probability"
+    )
+  # alpha_j / alpha for j = 1..K (K = max k_d), the last ratio repeating.
+  factors = np.ones(int(widths.max()))
+  if ratios.size:
+    factors[1:] = ratios[np.minimum(np.arange(factors.size - 1), ratios.size - 1)]
+  # prod_{j<=k} (1 - alpha_j) for k = 1..K [..., K], picked at each k_d.
+  rejected = np.cumprod(1 - alpha[..., None] * factors, axis=-1)
+  return 1 - rejected[..., widths - 1]
+
+
+def tree_speedup_hardware_aware(acceptance_by_depth, c, drafter_calls, verify_cost):
+  """Walltime improvement of a draft tree: E(# tokens) / (drafter_calls c + verify_cost).
+
+  One iteration runs the drafter drafter_calls times (a tree of depth D drafts level by level, in D
+  calls; count a wider call as several when it costs more than one single-token step) and the
+  target once on the M + 1 tokens of the root and its M nodes, which costs verify_cost single
+  target steps; it yields `tree_expected_tokens` tokens, against one target step per token for
+  the baseline. For a chain (a_d = alpha, drafter_calls = gamma, verify_cost on gamma + 1 tokens)
+  this is `speedup_hardware_aware(alpha, gamma, c, verify_cost)`.
+
+  Args:
+    acceptance_by_depth: a_1..a_D in [0, 1] on the last axis, [..., D].
+    c: cost coefficient, drafter step time over target step time, >= 0.
+    drafter_calls: drafter steps per iteration, in single-token drafter steps, >= 0.
+    verify_cost: target time on M + 1 tokens over target time on 1 token, > 0.
+  The leading axes of acceptance_by_depth, c, drafter_calls and verify_cost broadcast.
+
+  Returns:
+    The expected speedup over autoregressive decoding with the target alone.
+  """
+  tokens = _tree_expected_tokens(_check_acceptance(acceptance_by_depth))
+  c = _check_cost("c", c)
+  drafter_calls = _check_cost("drafter_calls", drafter_calls)
+  verify_cost = _check_cost("verify_cost", verify_cost)
+  if np.any(verify_cost == 0):
+    raise ValueError(f"verify_cost must be > 0 (a time ratio), got {verify_cost!r}")
+  return _to_output(tokens / (drafter_calls * c + verify_cost))

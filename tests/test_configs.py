@@ -136,6 +136,7 @@ PAPER_WITH_BENCHMARK = [[BENCHMARK_GIN, f"configs/paper/{row[0]}.gin"] for row i
 OVERLAYS = {
     "configs/runs/benchmark_verifiers.gin": BENCHMARK_GIN,
     "configs/runs/benchmark_draft_length.gin": BENCHMARK_GIN,
+    "configs/runs/benchmark_trees.gin": BENCHMARK_GIN,
 }
 
 

@@ -938,3 +938,134 @@ def test_adaptive_draft_length_stats_count_the_steps_the_rule_implies():
     np.testing.assert_array_equal(stats["drafter_calls"], expected["steps"])
     assert np.sum(expected["accepted"]) > 0
     assert np.sum(expected["drafted"]) < 4 * np.sum(expected["calls"])
+
+
+# --- draft trees ------------------------------------------------------------------------------
+TREE = speculative.TreeVerifier()
+
+
+def _tree_model(config, drafter, tree, verifier=TREE):
+  return models.SpeculativeEncoderDecoderModel(
+      network.Transformer(config),
+      drafter,
+      _vocab(config.vocab_size),
+      _vocab(config.vocab_size),
+      verifier=verifier,
+      draft_tree=tree,
+  )
+
+
+@pytest.mark.parametrize(
+    "kind, tree, temperature, topk",
+    [
+        ("t5", (2, 1), 1.0, 0),
+        ("t5", (3, 2), 0.7, 3),
+        ("t5", (2, 2, 1), 1.0, 0),
+        ("bigram", (3, 2), 1.0, 0),
+        ("bigram", (2, 2, 1), 0.7, 3),
+    ],
+)
+def test_a_draft_tree_samples_the_exact_target_distribution(kind, tree, temperature, topk):
+  _, t5_params = _small_params()
+  drafter, params = {
+      "t5": (network.Transformer(SMALL_DRAFTER), t5_params),
+      "bigram": (drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]),
+  }[kind]
+  model = _tree_model(SMALL_TARGET, drafter, tree)
+  decodes, aux = _sample_small(model, params, temperature, topk, seed=17)
+  _assert_matches_target(decodes, _exact_law(temperature, topk))
+  totals = decoding.SpeculativeStats.from_dict(aux["speculative_stats"]).totals()
+  nodes, depth = model.draft_tree.num_nodes, model.draft_tree.depth
+  assert totals["drafted_tokens"] == nodes * totals["target_calls"]
+  assert totals["drafter_calls"] == (depth if kind == "t5" else 0) * totals["target_calls"]
+  assert 0 < totals["accepted_tokens"] < depth * totals["target_calls"]
+
+
+class _UnadjustedSiblings(speculative.TreeVerifier):
+  """The mistake: every sibling tested against the parent's p, not the residual left by the
+  siblings rejected before it."""
+
+  def verify_tree(self, p, q, drafts, u, draw=sampling.sample, tree=None):
+    return speculative.accept_tree(p, q, drafts, u, draw, tree, adjust_siblings=False)
+
+
+def test_unadjusted_sibling_acceptance_fails_the_same_test():
+  drafter = drafters.BigramDrafter(vocab_size=SMALL_V)
+  model = _tree_model(SMALL_TARGET, drafter, (3, 2), verifier=_UnadjustedSiblings())
+  decodes, _ = _sample_small(model, _fitted_tables()["bigram"], 1.0, seed=17)
+  with pytest.raises(AssertionError):
+    _assert_matches_target(decodes, _exact_law(1.0))
+
+
+@pytest.mark.parametrize("tree", [(4, 1, 1, 1), (2, 2, 1)])
+def test_a_draft_tree_greedy_equals_baseline(tree):
+  target, drafter = _tiny_params()
+  fn = _tree_model(TINY, network.Transformer(TINY_DRAFTER), tree).jit_predict()
+  inputs = _random_inputs(150, seed=90 + len(tree))
+  for i in range(0, len(inputs), 3):
+    rng = jax.random.PRNGKey(0)
+    base, _ = _baseline()(target, _batch(inputs[i : i + 3]), rng, 0.0)
+    spec, _ = fn({"target": target, "drafter": drafter}, _batch(inputs[i : i + 3]), rng, 0.0)
+    np.testing.assert_array_equal(spec, base, err_msg=f"inputs {i}..{i + 2}")
+
+
+def test_a_tree_drafted_by_the_target_accepts_a_whole_path():
+  """With the target as its own drafter the first child of every node is the target's argmax:
+  every call accepts D drafts (but where the decode ends), which needs the tree's attention and
+  the cache compaction to be right."""
+  target, _ = _tiny_params()
+  model = _tree_model(TINY, network.Transformer(TINY), (2, 2, 1))
+  inputs = _random_inputs(6, seed=95)
+  base, _ = _baseline()(target, _batch(inputs), jax.random.PRNGKey(0), 0.0)
+  spec, aux = model.jit_predict()(
+      {"target": target, "drafter": target}, _batch(inputs), jax.random.PRNGKey(0), 0.0
+  )
+  np.testing.assert_array_equal(spec, base)
+  stats = {name: np.asarray(value) for name, value in aux["speculative_stats"].items()}
+  lengths = decoding.decoded_lengths(np.asarray(base), EOS)
+  # Every call but the last emits D + 1 = 4 tokens.
+  np.testing.assert_array_equal(stats["target_calls"], -(-lengths // 4))
+  assert np.all(stats["accepted_tokens"] >= 3 * (stats["target_calls"] - 1))
+
+
+def test_a_broken_drafter_gives_the_baselines_greedy_output_with_a_tree():
+  drafter, params = _broken_drafters()["nan_weights"]
+  target, _ = _small_params()
+  batch = {
+      "encoder_input_tokens": SMALL_INPUTS,
+      "decoder_input_tokens": np.zeros((len(SMALL_INPUTS), 8), np.int32),
+  }
+  base = models.EncoderDecoderModel(
+      network.Transformer(SMALL_TARGET), _vocab(SMALL_V), _vocab(SMALL_V)
+  )
+  expected, _ = base.jit_predict()(target, batch, jax.random.PRNGKey(0), 0.0)
+  got, aux = _tree_model(SMALL_TARGET, drafter, (2, 1)).jit_predict()(
+      {"target": target, "drafter": params}, batch, jax.random.PRNGKey(0), 0.0
+  )
+  np.testing.assert_array_equal(got, expected)
+  assert np.all(np.isfinite(np.asarray(aux["scores"])))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(gamma=3), "gamma 3 != the draft tree's depth 2"),
+        (dict(verifier=speculative.TokenVerifier()), "verifies chains only"),
+        (dict(draft_stop=draft_length.ConfidenceStop(0.5)), "not both"),
+    ],
+)
+def test_a_tree_with_settings_it_cannot_use_is_refused(changes, message):
+  settings = dict(verifier=TREE, draft_tree=(2, 1)) | changes
+  with pytest.raises(ValueError, match=message):
+    models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TINY),
+        network.Transformer(TINY_DRAFTER),
+        _vocab(61),
+        _vocab(61),
+        **settings,
+    )
+
+
+def test_prompt_lookup_refuses_a_tree_at_construction():
+  with pytest.raises(ValueError, match="PromptLookupDrafter proposes chains only"):
+    _tree_model(TINY, drafters.PromptLookupDrafter(vocab_size=61), (2, 1))

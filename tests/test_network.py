@@ -1,4 +1,5 @@
-"""Tests of the T5 1.1 network: T5X parity, k-token cached decoding with rollback, bad input."""
+"""Tests of the T5 1.1 network: T5X parity, k-token cached decoding with rollback, tree attention
+and cache compaction, bad input."""
 
 import functools
 
@@ -9,7 +10,7 @@ import pytest
 from flax import serialization
 
 from conftest import FIXTURE_CONFIG, fixture_path, tiny_config
-from speculative_t5x import network
+from speculative_t5x import network, trees
 
 # T5X's minimal T5 1.1 tree (T5X's t5_1_1 network), written out by hand.
 _T5X_LAYER_PATHS = {
@@ -285,3 +286,196 @@ def test_bad_tokens_and_blocks():
     model.apply(
         {"params": params}, np.ones((1, 1), np.int32), cache, np.int32(0), method=model.decode
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Tree attention: one call scores a static draft tree; `move_cache_slots` compacts a path.
+# ----------------------------------------------------------------------------------------------
+# Shapes shared with the tests above (batch 3, encoder length 9, cache length 19), so the cache
+# set-up and the chain decodes reuse their compiled functions.
+_TREE_CACHE_LENGTH = 19
+_ROOT_SLOT = np.array([2, 0, 1], np.int32)  # ragged cache_index: the prefix length of each row
+# A tree that is no full branching: the root has 3 children, they have 2, 0 and 1, and so on.
+_GENERAL_TREE = trees.DraftTree((0, 0, 0, 1, 1, 3, 4, 6, 6))
+
+
+@functools.partial(jax.jit, static_argnames=("tree", "slots"))
+def _tree_decode(params, tokens, cache, cache_index, tree, slots=None):
+  model = network.Transformer(TINY)
+  return model.apply(
+      {"params": params}, tokens, cache, cache_index, tree=tree, slots=slots, method=model.decode
+  )
+
+
+@jax.jit
+def _teacher_forced(params, enc, dec_inputs):
+  return network.teacher_forced_logits(TINY, params, enc, dec_inputs)
+
+
+_move_cache_slots = jax.jit(network.move_cache_slots)
+
+
+@functools.lru_cache(maxsize=None)
+def _tree_setup():
+  """-> (encoder tokens [3, 9], decoder inputs [3, 8] (BOS, random), a cache holding each row's
+  prefix inputs[b, :_ROOT_SLOT[b]] and garbage after it, written by two chain decodes)."""
+  rng = np.random.default_rng(1)
+  enc = rng.integers(1, TINY.vocab_size, (3, 9)).astype(np.int32)
+  enc[1, 5:] = 0
+  inputs = rng.integers(1, TINY.vocab_size, (3, 8)).astype(np.int32)
+  inputs[:, 0] = 0
+  params = _tiny_params()
+  cache = _init_cache(params, enc, _TREE_CACHE_LENGTH)
+  written = rng.integers(1, TINY.vocab_size, (3, 10)).astype(np.int32)
+  prefix = np.arange(10)[None] < _ROOT_SLOT[:, None]
+  written[prefix] = np.pad(inputs, ((0, 0), (0, 2)))[prefix]
+  for start in (0, 5):
+    _, cache = _decode(params, written[:, start : start + 5], cache, np.full(3, start, np.int32))
+  return enc, inputs, cache
+
+
+def _tree_block(tree, seed):
+  """-> tokens [3, tree.width]: each row's root (its input at _ROOT_SLOT) and random drafts."""
+  _, inputs, _ = _tree_setup()
+  drafts = np.random.default_rng(seed).integers(0, TINY.vocab_size, (3, tree.num_nodes))
+  roots = inputs[np.arange(3), _ROOT_SLOT]
+  return np.concatenate([roots[:, None], drafts], axis=1).astype(np.int32)
+
+
+def _teacher_forced_at(sequences, rows, positions):
+  """sequences: decoder inputs of rows of the setup's batch -> logits [n, V] at `positions`.
+
+  One compiled shape: the sequences are padded to 8 tokens and 64 rows (later tokens cannot
+  change earlier logits)."""
+  enc, _, _ = _tree_setup()
+  n = len(sequences)
+  dec = np.ones((64, 8), np.int32)
+  for i, seq in enumerate(sequences):
+    dec[i, : len(seq)] = seq
+  enc_rows = enc[np.pad(np.asarray(rows), (0, 64 - n))]
+  logits = np.asarray(_teacher_forced(_tiny_params(), enc_rows, dec))
+  return logits[np.arange(n), positions]
+
+
+def _path_inputs(tree, block, row, slot):
+  """The decoder inputs up to block slot `slot` of `row`: prefix, root, the drafts on its path."""
+  _, inputs, _ = _tree_setup()
+  path = tree.paths[slot, : tree.depths[slot]]
+  return np.concatenate([inputs[row, : _ROOT_SLOT[row] + 1], block[row, path]])
+
+
+def test_chain_tree_equals_chain_decode():
+  params = _tiny_params()
+  _, _, cache = _tree_setup()
+  tokens = np.random.default_rng(2).integers(1, TINY.vocab_size, (3, 5)).astype(np.int32)
+  chain_logits, chain_cache = _decode(params, tokens, cache, _ROOT_SLOT)
+  tree_logits, tree_cache = _tree_decode(
+      params, tokens, cache, _ROOT_SLOT, tree=trees.DraftTree.chain(4)
+  )
+  np.testing.assert_allclose(tree_logits, chain_logits, atol=1e-6, rtol=0)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), tree_cache, chain_cache
+  )
+
+
+TREES = [
+    trees.DraftTree.from_branching((3, 2)),
+    trees.DraftTree.from_branching((2, 2, 1)),
+    trees.DraftTree.from_branching((4, 1, 1, 1)),
+    _GENERAL_TREE,
+]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=[str(t.parents) for t in TREES])
+def test_tree_logits_equal_teacher_forcing_of_each_path(tree):
+  """Slot b's logits are the target's at prefix + root + the drafts on b's path, in every row
+  (ragged prefixes; stale garbage after each prefix must stay masked)."""
+  _, _, cache = _tree_setup()
+  block = _tree_block(tree, seed=3)
+  logits, _ = _tree_decode(_tiny_params(), block, cache, _ROOT_SLOT, tree=tree)
+  rows, slots = np.divmod(np.arange(3 * tree.width), tree.width)
+  expected = _teacher_forced_at(
+      [_path_inputs(tree, block, r, s) for r, s in zip(rows, slots)],
+      rows,
+      _ROOT_SLOT[rows] + tree.depths[slots],
+  )
+  np.testing.assert_allclose(
+      np.asarray(logits).reshape(-1, TINY.vocab_size), expected, atol=1e-5, rtol=0
+  )
+
+
+def test_tree_fed_level_by_level_equals_one_call():
+  """A drafter's use: one call per depth, earlier depths' keys read back from the cache (the
+  slots after each depth hold garbage until it is fed)."""
+  tree = TREES[0]  # (3, 2): its whole-tree call is compiled for the test above too
+  params = _tiny_params()
+  _, _, cache = _tree_setup()
+  block = _tree_block(tree, seed=4)
+  whole_logits, whole_cache = _tree_decode(params, block, cache, _ROOT_SLOT, tree=tree)
+  level_logits = []
+  for start, stop in tree.levels:
+    logits, cache = _tree_decode(
+        params, block[:, start:stop], cache, _ROOT_SLOT, tree=tree, slots=(start, stop)
+    )
+    level_logits.append(logits)
+  np.testing.assert_allclose(np.concatenate(level_logits, axis=1), whole_logits, atol=1e-5, rtol=0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0), cache, whole_cache)
+
+
+def test_moving_an_accepted_path_makes_the_cache_a_chain():
+  """After the move, decoding the next token after a depth-3 leaf, a depth-2 node and the root
+  (no draft accepted) matches teacher forcing of prefix + root + path + that token."""
+  tree = _GENERAL_TREE
+  params = _tiny_params()
+  _, _, cache = _tree_setup()
+  block = _tree_block(tree, seed=5)
+  _, cache = _tree_decode(params, block, cache, _ROOT_SLOT, tree=tree)
+  accepted = np.array([9, 6, 0])
+  assert list(tree.depths[accepted]) == [3, 2, 0]
+  moved = _move_cache_slots(cache, _ROOT_SLOT + 1, _ROOT_SLOT[:, None] + tree.paths[accepted])
+  for name in ("cross_key", "cross_value"):
+    np.testing.assert_array_equal(moved["layers_1"][name], cache["layers_1"][name])
+  np.testing.assert_array_equal(moved["encoder_valid"], cache["encoder_valid"])
+  index = _ROOT_SLOT + tree.depths[accepted] + 1
+  token = np.array([[7], [11], [13]], np.int32)
+  logits, _ = _decode(params, token, moved, index.astype(np.int32))
+  expected = _teacher_forced_at(
+      [np.append(_path_inputs(tree, block, r, s), token[r]) for r, s in enumerate(accepted)],
+      np.arange(3),
+      index,
+  )
+  np.testing.assert_allclose(logits[:, 0], expected, atol=1e-5, rtol=0)
+
+
+def test_bad_tree_blocks_name_the_problem():
+  params = _tiny_params()
+  model = network.Transformer(TINY)
+  _, _, cache = _tree_setup()
+  tree = _GENERAL_TREE  # width 10
+
+  def decode(width, index=_ROOT_SLOT, **kwargs):
+    tokens = np.ones((3, width), np.int32)
+    model.apply({"params": params}, tokens, cache, index, method=model.decode, **kwargs)
+
+  for slots in ((0, 11), (2, 2), (-1, 1), (4, 3)):
+    with pytest.raises(ValueError, match=r"slots \(.*\) must satisfy 0 <= start < stop <= "):
+      decode(1, tree=tree, slots=slots)
+  for slots in ((1,), (0.0, 2), "01", (True, 2)):
+    with pytest.raises(ValueError, match="slots must be a .start, stop. pair of static ints"):
+      decode(1, tree=tree, slots=slots)
+  with pytest.raises(ValueError, match=r"holds 2 tokens per row but slots \(1, 4\) name 3 block"):
+    decode(2, tree=tree, slots=(1, 4))
+  with pytest.raises(ValueError, match="tree must be a trees.DraftTree or None, got .2, 1."):
+    decode(7, tree=(2, 1))
+  with pytest.raises(ValueError, match="slots=.0, 2. picks block slots of a draft tree"):
+    decode(2, slots=(0, 2))
+  with pytest.raises(ValueError, match="tree block slots 0..9 at cache_index 10 needs 20 cache"):
+    decode(10, np.array([10, 0, 0], np.int32), tree=tree)
+  with pytest.raises(ValueError, match="up to slot 19 does not fit a cache of length 19"):
+    decode(20, tree=trees.DraftTree.chain(19))
+  with pytest.raises(ValueError, match=r"destination \[batch\] = \(3,\) and sources"):
+    network.move_cache_slots(cache, np.zeros((3, 1), np.int32), np.zeros((3, 2), np.int32))
+  with pytest.raises(ValueError, match=r"writes up to slot 19, but the cache has slots 0..18"):
+    network.move_cache_slots(cache, np.array([17, 0, 0]), np.zeros((3, 3), np.int32))
+  with pytest.raises(ValueError, match=r"reads slots -1..0"):
+    network.move_cache_slots(cache, np.zeros(3, np.int32), -np.eye(3, 2, dtype=np.int32))

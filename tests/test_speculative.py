@@ -9,9 +9,16 @@ and adjusted distribution, and the sampling tests check that `accept` follows th
 Block verification is checked the same way on distributions that depend on the whole prefix
 (`_prefix_tables`), against a deliberately wrong variant, and on the paper's worked example. Broken
 drafts (out of the vocabulary, q not a distribution) must be rejected.
+
+Tree verification (recursive rejection sampling over each node's children) is checked against a
+float64 reference walk written from its definition (`_tree_walks`): the reference's law is the
+target's, and `accept_tree` takes the reference's decisions (uniforms just below or above each
+threshold) and draws from its residuals; then by sampling, at temperature 0 against a brute-force
+search for the matching path, and on a chain against Algorithm 1.
 """
 
 import collections
+import functools
 import itertools
 
 import gin
@@ -26,6 +33,7 @@ from speculative_t5x import drafters
 from speculative_t5x import sampling
 from speculative_t5x import speculative
 from speculative_t5x import theory
+from speculative_t5x import trees
 
 SIGNIFICANCE = 1e-3  # goodness-of-fit tests reject at this level; seeds are fixed.
 
@@ -609,3 +617,458 @@ def test_dropping_the_unsure_draft_itself_is_not_exact(rule):
   law = _block_output_law(p, q, gamma, 3, rule, unsure, drop=True)
   target = _target_law(p, gamma, 3)
   assert max(abs(law[y] - target[y]) for y in target) > 1e-3  # exact ones are within 2e-6
+
+
+# --- tree verification ---------------------------------------------------------------------------
+TREES = [(2,), (2, 1), (3,), (2, 2), (3, 2), (2, 2, 1)]
+SCHEMES = ["iid", "without_replacement", "candidates"]
+# How a broken node looks to the verifier: (draft, its row of q) for vocabulary size V.
+_JUNK = {
+    "empty": lambda vocab: (drafters.EMPTY, np.zeros(vocab)),
+    "out_of_vocabulary": lambda vocab: (vocab, np.full(vocab, 1 / vocab)),
+    "nan": lambda vocab: (0, np.full(vocab, np.nan)),
+    "q_zero": lambda vocab: (0, np.eye(vocab)[1]),
+}
+
+_Leaf = collections.namedtuple("_Leaf", "prob slot prefix residual nodes")
+
+
+def _sibling_law(q_parent, taken, scheme):
+  """q_j, the law of a slot's next drafted child given the tokens `taken` by its earlier drafted
+  siblings: 'iid' the drafter's q at the slot; 'without_replacement' q with the taken tokens
+  removed, renormalized (0 when nothing is left); 'candidates' the one-hot of the next most likely
+  token (deterministic distinct candidates)."""
+  if scheme == "iid":
+    return q_parent
+  if scheme == "candidates":
+    return np.eye(len(q_parent))[np.argsort(-q_parent, kind="stable")[len(taken)]]
+  rest = q_parent.copy()
+  rest[list(taken)] = 0.0
+  return rest / rest.sum() if rest.sum() > 0 else rest
+
+
+def _tree_walks(tree, p, q, scheme, broken=(), adjust=True):
+  """Every outcome of recursive rejection sampling on `tree`, with its probability: a float64
+  reference written from the definition, independent of `speculative`.
+
+  p[prefix], q[prefix]: the target's and the drafter's distributions after a token prefix (the
+  p of a slot is p at its path's tokens). Node slots in `broken` hold junk drafts (`_JUNK`,
+  cycled), as does a child with nothing left to draw: they are not drafted. adjust=False tests
+  every child against the parent's p instead of the residual (the wrong variant).
+
+  Returns leaves: (prob, the last accepted slot, its path's tokens, the residual the token is
+  drawn from, nodes {slot: (draft, q row, test)} of the children the walk reached: test None for
+  a node not drafted, else (accepted, a) with the threshold a = min(1, r(x) / q(x))).
+  """
+  vocab = len(p[()])
+  kinds = list(_JUNK)
+  children = [[int(c) for c in row if c > 0] for row in tree.children]
+  leaves = []
+
+  def walk(slot, prefix, j, r, taken, prob, nodes):
+    if j == len(children[slot]):
+      leaves.append(_Leaf(prob, slot, prefix, r, nodes))
+      return
+    c = children[slot][j]
+    law = _sibling_law(q[prefix], taken, scheme)
+    if c in broken or not law.any():
+      draft, row = _JUNK[kinds[c % len(kinds)] if c in broken else "empty"](vocab)
+      walk(slot, prefix, j + 1, r, taken, prob, {**nodes, c: (draft, row, None)})
+      return
+    base = r if adjust else p[prefix]
+    for x in map(int, np.flatnonzero(law)):
+      a = min(1.0, base[x] / law[x])
+      if a > 0:
+        accepted = {**nodes, c: (x, law, (True, a))}
+        walk(c, prefix + (x,), 0, p[prefix + (x,)], (), prob * law[x] * a, accepted)
+      if a < 1:
+        rest = np.maximum(r - law, 0.0)
+        rest = rest / rest.sum() if rest.sum() > 0 else r
+        rejected = {**nodes, c: (x, law, (False, a))}
+        walk(slot, prefix, j + 1, rest, taken + (x,), prob * law[x] * (1 - a), rejected)
+
+  walk(0, (), 0, p[()], (), 1.0, {})
+  return leaves
+
+
+def _continuations(p, depth, vocab):
+  """prefix -> the target's law of the tokens after it up to length D+1 [V^(D+1-len)]."""
+
+  @functools.cache
+  def rest(prefix):
+    if len(prefix) == depth + 1:
+      return np.ones(1)
+    return np.concatenate([p[prefix][t] * rest(prefix + (t,)) for t in range(vocab)])
+
+  return rest
+
+
+def _emitted_law(leaves, residuals, rest, depth, vocab):
+  """The law [V^(D+1)] of the accepted path's tokens and the token drawn from each leaf's
+  residual (`residuals` [leaves, V]), continued by sampling the target."""
+  law = np.zeros(vocab ** (depth + 1))
+  for leaf, residual in zip(leaves, residuals):
+    for t in range(vocab):
+      y = leaf.prefix + (t,)
+      size = vocab ** (depth + 1 - len(y))
+      start = int(np.dot(y, vocab ** np.arange(len(y) - 1, -1, -1))) * size
+      law[start : start + size] += leaf.prob * residual[t] * rest(y)
+  return law
+
+
+@functools.partial(jax.jit, static_argnames=("tree", "adjust_siblings"))
+def _accept_tree_and_residual(p, q, drafts, u, tree, adjust_siblings=True):
+  """`accept_tree`, and the residual its token was drawn from [B, V] (captured from `draw`)."""
+  residuals = []
+
+  def draw(u, r):
+    residuals.append(r)
+    return sampling.sample(u, r)
+
+  return speculative.accept_tree(p, q, drafts, u, draw, tree, adjust_siblings), residuals[0]
+
+
+def _run_leaves(tree, runs, vocab, adjust=True, seed=0):
+  """Feeds every leaf of `runs` [(p, leaf)] to `accept_tree`, each tested child's uniform just
+  below (accepted) or above (rejected) its threshold, u = 0 for a node not drafted (it must be
+  rejected whatever its uniform); nodes the walk never reached get random drafts, q, p rows and
+  uniforms -> (the last accepted slot [leaves], the residual the token was drawn from [leaves, V],
+  checked [leaves] bool: the leaves whose thresholds and residual masses are far enough from 0
+  and 1 for float32 to decide as float64 does)."""
+  rng = np.random.default_rng(seed)
+  rows = -(-len(runs) // 1024) * 1024  # a few batch shapes: few traces
+  m = tree.num_nodes
+  drafts = rng.integers(0, vocab, (rows, m)).astype(np.int32)
+  q_rows = _random_dists(rng, (rows, m, vocab))
+  p_rows = _random_dists(rng, (rows, m + 1, vocab))
+  u = rng.random((rows, m + 1))
+  checked = np.zeros(len(runs), bool)
+  for i, (p, leaf) in enumerate(runs):
+    margins = [1.0]
+    for slot, (draft, row, test) in leaf.nodes.items():
+      drafts[i, slot - 1], q_rows[i, slot - 1], u[i, slot] = draft, row, 0.0
+      if test is not None:
+        accepted, a = test
+        u[i, slot] = a * (1 - 1e-3) if accepted else a + (1 - a) * 1e-3
+        # a, and for a rejection its probability (a lower bound of the residual's mass)
+        margins.append(a if accepted else row[draft] * (1 - a))
+    path = [0] + [int(s) for s in tree.paths[leaf.slot][: len(leaf.prefix)]]
+    p_rows[i, path] = [p[leaf.prefix[:d]] for d in range(len(path))]
+    checked[i] = min(margins) > 1e-3
+  (path, n, _, beta), residual = _accept_tree_and_residual(
+      jnp.asarray(p_rows, jnp.float32),
+      jnp.asarray(q_rows, jnp.float32),
+      jnp.asarray(drafts),
+      jnp.asarray(u, jnp.float32),
+      tree,
+      adjust,
+  )
+  assert np.all(np.isfinite(np.asarray(beta)))
+  n = np.asarray(n)[: len(runs)]
+  last = np.asarray(path)[np.arange(len(runs)), np.maximum(n - 1, 0)]
+  return np.where(n > 0, last, 0), np.asarray(residual, np.float64)[: len(runs)], checked
+
+
+def _tree_cases(branching):
+  """(label, p, q, scheme, broken) for every kind of tables and way of drawing the children,
+  without and with broken nodes (every third slot from slot 1)."""
+  tree = trees.DraftTree.from_branching(branching)
+  for kind, scheme, broken in itertools.product(
+      BLOCK_CASES, SCHEMES, [(), tuple(range(1, tree.width, 3))]
+  ):
+    p, q = _prefix_tables(np.random.default_rng(len(tree.parents)), tree.depth, 3, kind)
+    yield f"{kind}, {scheme}, broken slots {broken}", p, q, scheme, broken
+
+
+def _tree_law_errors(branching, adjust=True):
+  """For every `_tree_cases` case: the reference walk's and `accept_tree`'s (on the checked
+  leaves, the reference's on the others) largest deviation from the target's law, after checking
+  that `accept_tree` takes the reference's decisions and draws from its residual on the checked
+  leaves -> {label: (reference error, accept_tree error, probability of the checked leaves)}."""
+  tree, vocab = trees.DraftTree.from_branching(branching), 3
+  cases = [
+      (label, p, _tree_walks(tree, p, q, scheme, broken, adjust))
+      for label, p, q, scheme, broken in _tree_cases(branching)
+  ]
+  slots, residuals, checked = _run_leaves(
+      tree, [(p, leaf) for _, p, walks in cases for leaf in walks], vocab, adjust
+  )
+  errors, start = {}, 0
+  for label, p, walks in cases:
+    part = slice(start, start + len(walks))
+    start += len(walks)
+    ok = checked[part]
+    reference = np.stack([leaf.residual for leaf in walks])
+    np.testing.assert_array_equal(
+        slots[part][ok], np.array([leaf.slot for leaf in walks])[ok], err_msg=label
+    )
+    np.testing.assert_allclose(residuals[part][ok], reference[ok], atol=1e-5, err_msg=label)
+    rest = _continuations(p, tree.depth, vocab)
+    laws = [
+        _emitted_law(walks, r, rest, tree.depth, vocab)
+        for r in (reference, np.where(ok[:, None], residuals[part], reference))
+    ]
+    checked_mass = sum(leaf.prob for leaf, k in zip(walks, ok) if k)
+    errors[label] = tuple(float(np.max(np.abs(law - rest(())))) for law in laws) + (checked_mass,)
+  return errors
+
+
+@pytest.mark.parametrize("branching", TREES)
+def test_tree_output_law_is_exactly_the_target(branching):
+  """Every tree, kind of tables (`BLOCK_CASES`) and way of drawing the children (`SCHEMES`),
+  with and without broken nodes: the reference walk's emitted law is the target's, and
+  `accept_tree` takes the reference's decisions and draws from its residuals, so its own law is
+  the target's up to float32 rounding."""
+  errors = np.array(list(_tree_law_errors(branching).values()))
+  reference, accept_tree = errors[:, :2].max(axis=0)
+  checked = errors[:, 2].min()
+  print(
+      f"tree {branching}: largest deviation, reference {reference:.1e}, accept_tree "
+      f"{accept_tree:.1e}; its decisions left unchecked on <= {1 - checked:.1e} of a case's mass"
+  )
+  assert reference < 1e-9 and accept_tree < 1e-6 and checked > 0.5
+
+
+def test_unadjusted_sibling_acceptance_is_not_exact():
+  """The deliberately wrong variant: later siblings tested with min(1, p(x) / q(x)) at the
+  parent's p instead of the residual r the rejected ones left. `accept_tree(adjust_siblings=
+  False)` is that variant (it takes the reference's decisions), and its law is not the target's."""
+  errors = _tree_law_errors((3, 2), adjust=False)
+  for scheme in SCHEMES:
+    worst = max(errors[label][0] for label in errors if f"random, {scheme}," in label)
+    print(f"unadjusted siblings, {scheme}: largest deviation {worst:.3f}")
+    assert worst > 1e-2, (scheme, errors)
+
+
+def _table_arrays(tables, depth, vocab):
+  """Tables {prefix: row} -> for d = 0..depth an array [V^d, V] indexed by the prefix's base-V
+  code."""
+  return [
+      np.stack([tables[x] for x in itertools.product(range(vocab), repeat=d)])
+      for d in range(depth + 1)
+  ]
+
+
+def _inverse_cdf(rng, probs):
+  """One token per row of probs [rows, V] with positive total, by inverse CDF -> [rows]."""
+  cdf = np.cumsum(probs, axis=-1)
+  return np.argmax(rng.random((len(probs), 1)) * cdf[:, -1:] < cdf, axis=-1)
+
+
+def _draw_tree(tree, p, q, scheme, broken, rows, rng, vocab=3):
+  """`rows` draft trees drawn as `_tree_walks` describes them (vectorized) -> drafts [rows, M],
+  q [rows, M, V] (each node's law given its parent's path and earlier siblings) and the target's
+  p at every slot [rows, M+1, V]."""
+  ps, qs = _table_arrays(p, tree.depth, vocab), _table_arrays(q, tree.depth - 1, vocab)
+  codes = np.zeros((rows, tree.width), np.int64)  # base-V code of every slot's path
+  drafts = np.zeros((rows, tree.num_nodes), np.int32)
+  q_rows = np.zeros((rows, tree.num_nodes, vocab))
+  p_rows = np.zeros((rows, tree.width, vocab))
+  p_rows[:, 0] = ps[0][0]
+  taken = np.zeros((tree.width, rows, vocab), bool)  # tokens drafted by each slot's children
+  kinds = list(_JUNK)
+  for i, parent in enumerate(tree.parents):
+    base = qs[tree.depths[parent]][codes[:, parent]]
+    if scheme == "iid":
+      law = base
+    elif scheme == "candidates":
+      order = np.argsort(-base, axis=-1, kind="stable")
+      law = np.eye(vocab)[order[np.arange(rows), taken[parent].sum(-1)]]
+    else:
+      law = np.where(taken[parent], 0.0, base)
+      total = law.sum(-1, keepdims=True)
+      law = np.where(total > 0, law / np.where(total > 0, total, 1.0), 0.0)
+    drafted = law.sum(-1) > 0
+    x = _inverse_cdf(rng, np.where(drafted[:, None], law, 1.0))
+    drafts[:, i], q_rows[:, i] = np.where(drafted, x, drafters.EMPTY), law
+    if i + 1 in broken:
+      drafted[:] = False
+      drafts[:, i], q_rows[:, i] = _JUNK[kinds[(i + 1) % len(kinds)]](vocab)
+    taken[parent, np.arange(rows), x] |= drafted
+    codes[:, i + 1] = codes[:, parent] * vocab + np.where(drafted, x, 0)
+    p_rows[:, i + 1] = ps[tree.depths[i + 1]][codes[:, i + 1]]
+  return drafts, q_rows, p_rows
+
+
+_verify_tree = jax.jit(speculative.TreeVerifier().verify_tree, static_argnames=("draw", "tree"))
+
+
+@pytest.mark.parametrize(
+    "scheme, broken", [("iid", ()), ("without_replacement", (1, 4)), ("candidates", (2,))]
+)
+def test_tree_verifier_samples_follow_the_target(scheme, broken):
+  """`TreeVerifier.verify_tree` on sampled trees (2, 2): the accepted path's drafts and the token,
+  continued by sampling the target, against the target's exact law (chi-square)."""
+  tree, vocab, rows = trees.DraftTree.from_branching((2, 2)), 3, 40000
+  p, q = _prefix_tables(np.random.default_rng(8), tree.depth, vocab, "random")
+  rng = np.random.default_rng(9)
+  drafts, q_rows, p_rows = _draw_tree(tree, p, q, scheme, broken, rows, rng)
+  path, n, token, _ = map(
+      np.asarray,
+      _verify_tree(
+          jnp.asarray(p_rows, jnp.float32),
+          jnp.asarray(q_rows, jnp.float32),
+          jnp.asarray(drafts),
+          rng.random((rows, tree.width), np.float32),
+          draw=sampling.sample,
+          tree=tree,
+      ),
+  )
+  ps = _table_arrays(p, tree.depth, vocab)
+  code = np.zeros(rows, np.int64)
+  for j in range(tree.depth + 1):
+    accepted = drafts[np.arange(rows), path[:, min(j, tree.depth - 1)] - 1]
+    fresh = _inverse_cdf(rng, ps[j][code])
+    code = code * vocab + np.where(j < n, accepted, np.where(j == n, token, fresh))
+  observed = np.bincount(code, minlength=vocab ** (tree.depth + 1))
+  target = _continuations(p, tree.depth, vocab)(())
+  deviation = np.max(np.abs(observed / rows - target))
+  print(f"{scheme}: largest frequency deviation {deviation:.4f}, n = {np.bincount(n)}")
+  assert len(set(n)) == tree.depth + 1
+  assert chisquare_pvalue(observed, target) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("kind", ["random", "q_zero_where_p_positive"])
+def test_a_tree_accepts_at_least_as_many_as_its_first_chain(kind):
+  """Exact expected accepted depth of the tree (2, 1), children without replacement, against
+  Algorithm 1 on its first chain (1, 1) with the same drafter: a second child can only add."""
+  gains = []
+  for seed in range(6):
+    p, q = _prefix_tables(np.random.default_rng(40 + seed), 2, 3, kind)
+    expected = {}
+    for branching in ((2, 1), (1, 1)):
+      tree = trees.DraftTree.from_branching(branching)
+      leaves = _tree_walks(tree, p, q, "without_replacement")
+      expected[branching] = sum(leaf.prob * tree.depths[leaf.slot] for leaf in leaves)
+    gains.append(expected[(2, 1)] - expected[(1, 1)])
+  print(f"{kind}: gain in expected accepted depth {np.round(gains, 4)}")
+  assert min(gains) >= -1e-12 and max(gains) > 1e-2
+
+
+def _greedy_walk(tree, target, drafts):
+  """The deepest slot whose path matches the target's argmax at every parent, by brute force over
+  the slots, and Algorithm 1's beta along it -> (slot, beta [D])."""
+  matching = [0] + [
+      s
+      for s in range(1, tree.width)
+      if all(drafts[a - 1] == target[tree.parents[a - 1]] for a in tree.paths[s][: tree.depths[s]])
+  ]
+  slot = max(matching, key=lambda s: tree.depths[s])
+  path = [0] + list(tree.paths[slot][: tree.depths[slot]])
+  beta = np.zeros(tree.depth)
+  for d, s in enumerate(path[: tree.depth]):
+    first = tree.children[s, 0]
+    beta[d] = first > 0 and drafts[first - 1] == target[s]
+  return slot, beta
+
+
+@pytest.mark.parametrize("branching", [(3, 2), (2, 2, 1)])
+def test_greedy_tree_accepts_the_longest_matching_path(branching):
+  """`verify_tree_greedy` takes the deepest path matching the target's argmaxes (siblings
+  distinct, some EMPTY), and equals `accept_tree` on one-hot p and q."""
+  tree, vocab, rows = trees.DraftTree.from_branching(branching), 3, 1024
+  rng = np.random.default_rng(len(branching))
+  target = rng.integers(0, vocab, (rows, tree.width)).astype(np.int32)
+  drafts = np.zeros((rows, tree.num_nodes), np.int32)
+  for slot in range(tree.width):
+    kids = tree.children[slot][tree.children[slot] > 0] - 1
+    if not len(kids):
+      continue
+    drafts[:, kids] = np.argsort(rng.random((rows, vocab)), axis=-1)[:, : len(kids)]
+    # Half the slots get the target's token among their children, at a random sibling.
+    hit = (rng.random(rows) < 0.5) & ~np.any(drafts[:, kids] == target[:, slot : slot + 1], -1)
+    position = kids[rng.integers(0, len(kids), rows)]
+    drafts[hit, position[hit]] = target[hit, slot]
+  drafts[rng.random(drafts.shape) < 0.1] = drafters.EMPTY
+  greedy = jax.jit(speculative.TreeVerifier().verify_tree_greedy, static_argnums=2)
+  got = tuple(map(np.asarray, greedy(jnp.asarray(target), jnp.asarray(drafts), tree)))
+  slots, betas = zip(*(_greedy_walk(tree, t, d) for t, d in zip(target, drafts)))
+  slots = np.array(slots)
+  expected = (
+      tree.paths[slots],
+      tree.depths[slots],
+      target[np.arange(rows), slots],
+      np.array(betas),
+  )
+  for g, want in zip(got, expected):
+    np.testing.assert_array_equal(g, want)
+  assert set(got[1]) == set(range(tree.depth + 1))
+  one_hot = lambda x: (x[..., None] == np.arange(vocab)).astype(np.float32)  # EMPTY: a zero row
+  sampled, _ = _accept_tree_and_residual(
+      one_hot(target),
+      one_hot(drafts),
+      drafts,
+      rng.random((rows, tree.width), np.float32),
+      tree,
+      True,
+  )
+  for g, want in zip(sampled, expected):
+    np.testing.assert_array_equal(g, want)
+
+
+def test_tree_verifier_on_a_chain_is_algorithm_1():
+  """On the chain (1, 1, 1) recursive rejection sampling is Algorithm 1: `verify_tree` with the
+  uniforms moved (u[:, 0] the token's, u[:, i] the test of draft i) equals `accept` (beta on the
+  verified depths 1..n+1, the ones alpha averages), also with EMPTY drafts, and so does its greedy
+  walk; the chain methods are `accept` and `accept_greedy`."""
+  p, q, drafts, u = _random_block(3)
+  drafts = drafts.at[::5, 1].set(drafters.EMPTY)
+  target = jnp.argmax(p, axis=-1).astype(jnp.int32)
+  matching = jnp.where(
+      jnp.asarray(np.random.default_rng(0).random((64, 3)) < 0.7), target[:, :3], 0
+  )
+  tree, verifier = trees.DraftTree.chain(3), speculative.TreeVerifier()
+
+  @jax.jit
+  def run(p, q, drafts, u, target, matching):
+    return (
+        (speculative.accept(p, q, drafts, u), speculative.accept_greedy(target, matching)),
+        (verifier.verify(p, q, drafts, u), verifier.verify_greedy(target, matching)),
+        (
+            verifier.verify_tree(p, q, drafts, jnp.roll(u, 1, axis=1), sampling.sample, tree),
+            verifier.verify_tree_greedy(target, matching, tree),
+        ),
+    )
+
+  algorithm_1, chain, on_tree = jax.tree.map(np.asarray, run(p, q, drafts, u, target, matching))
+  for (n, token, beta), chain_out, tree_out in zip(algorithm_1, chain, on_tree):
+    assert len(set(n)) == 4
+    for got, want in zip(chain_out, (n, token, beta)):
+      np.testing.assert_array_equal(got, want)
+    verified = np.arange(3) <= n[:, None]
+    for got, want in zip(tree_out, (tree.paths[n], n, token, np.where(verified, beta, 0))):
+      np.testing.assert_array_equal(got, want)
+
+
+def test_gin_binds_the_tree_verifier():
+  gin.clear_config()
+  try:
+    gin.parse_config("test_speculative._configured_verifier.verifier = @speculative.TreeVerifier()")
+    verifier = _configured_verifier()
+  finally:
+    gin.clear_config()
+  assert verifier == speculative.TreeVerifier() and hash(verifier) == hash(
+      speculative.TreeVerifier()
+  )
+
+
+@pytest.mark.parametrize("verifier", [speculative.TokenVerifier(), speculative.BlockVerifier()])
+def test_chain_verifiers_refuse_a_tree(verifier):
+  tree = trees.DraftTree.from_branching((2,))
+  message = rf"{type(verifier).__name__} verifies chains .* use speculative.TreeVerifier\(\) with a draft tree"
+  p, q = jnp.full((1, 3, 4), 0.25), jnp.full((1, 2, 4), 0.25)
+  drafts = jnp.zeros((1, 2), jnp.int32)
+  with pytest.raises(ValueError, match=message):
+    verifier.verify_tree(p, q, drafts, jnp.zeros((1, 3)), sampling.sample, tree)
+  with pytest.raises(ValueError, match=message):
+    verifier.verify_tree_greedy(jnp.zeros((1, 3), jnp.int32), drafts, tree)
+
+
+def test_accept_tree_checks_its_shapes():
+  tree = trees.DraftTree.from_branching((2, 1))
+  p, q = jnp.full((1, 5, 4), 0.25), jnp.full((1, 4, 4), 0.25)
+  drafts = jnp.zeros((1, 4), jnp.int32)
+  with pytest.raises(ValueError, match=r"uniforms of shape \(1, 5\)"):
+    speculative.accept_tree(p, q, drafts, jnp.zeros((1, 4)), sampling.sample, tree)
+  with pytest.raises(ValueError, match="a draft tree of 4 nodes needs p"):
+    speculative.accept_tree(p[:, :4], q, drafts, jnp.zeros((1, 5)), sampling.sample, tree)

@@ -286,3 +286,98 @@ def test_block_expected_tokens_bounds():
   assert theory.block_expected_tokens(p, p, 4) == pytest.approx(5.0)  # p == q: all accepted
   with pytest.raises(ValueError, match="distribution"):
     theory.block_expected_tokens([0.5, 0.6], [0.5, 0.5], 2)
+
+
+# ---- Draft trees (issue 17). Every expected value is worked out by hand in its comment.
+
+
+def test_tree_expected_tokens_by_hand():
+  assert theory.tree_expected_tokens([0.5, 0.5]) == pytest.approx(1.75)  # 1 + .5 + .25.
+  assert theory.tree_expected_tokens([0.8, 0.5, 0.25]) == pytest.approx(2.3)  # 1 + .8 + .4 + .1.
+  assert theory.tree_expected_tokens([0.0, 1.0]) == 1.0  # Nothing past a depth nobody reaches.
+  assert theory.tree_expected_tokens([1.0] * 4) == 5.0  # Every depth and the bonus token.
+  # Leading axes are cases: [[1, 1, 1], [0.5, 0.5, 0.5]] -> [4, 1.875].
+  np.testing.assert_allclose(theory.tree_expected_tokens([[1, 1, 1], [0.5] * 3]), [4, 1.875])
+
+
+def test_acceptance_by_depth_by_hand():
+  # n = 0, 1, 2, 2, 1, 0, 3: #{n >= d} for d = 0..3 is 7, 5, 3, 1.
+  accepted = np.array([0, 1, 2, 2, 1, 0, 3])
+  a = theory.acceptance_by_depth(accepted, 3)
+  np.testing.assert_allclose(a, [5 / 7, 3 / 5, 1 / 3])
+  # Expected tokens are the measured mean of n + 1: (1 + 2 + 3 + 3 + 2 + 1 + 4) / 7 = 16 / 7.
+  assert theory.tree_expected_tokens(a) == pytest.approx(16 / 7)
+  # Pooled over any shape: per-row arrays give the same.
+  np.testing.assert_allclose(
+      theory.acceptance_by_depth(accepted[:6].reshape(2, 3), 3), [4 / 6, 2 / 4, 0]
+  )
+  # Nobody reached depth 1, so a_2 is unknown (nan), after a_1 = 0.
+  a = theory.acceptance_by_depth([0, 0], 2)
+  assert a[0] == 0.0 and np.isnan(a[1])
+  assert theory.tree_expected_tokens(np.nan_to_num(a)) == 1.0
+
+
+def test_branching_acceptance_by_hand():
+  # alpha = 0.5: one child 0.5, two 1 - 0.5^2 = 0.75, three 1 - 0.5^3 = 0.875.
+  np.testing.assert_allclose(theory.branching_acceptance(0.5, (2, 1, 3)), [0.75, 0.5, 0.875])
+  np.testing.assert_allclose(theory.branching_acceptance(0.6, (1, 1)), [0.6, 0.6])  # A chain.
+  # Ratios (0.5, 0.25): alpha_j = 0.5, 0.25, 0.125 -> 1 - .5 * .75 = .625, 1 - .5 * .75 * .875.
+  np.testing.assert_allclose(
+      theory.branching_acceptance(0.5, (2, 1, 3), (0.5, 0.25)), [0.625, 0.5, 0.671875]
+  )
+  # The last ratio repeats: alpha_j = 0.5, 0.25, 0.25 -> 1 - .5 * .75 * .75 = 0.71875.
+  assert theory.branching_acceptance(0.5, (3,), (0.5,)) == pytest.approx([0.71875])
+  # alpha broadcasts: [2] alphas -> [2, D]; alpha = 0.6, 0.3, 0.15: 1 - .4 * .7 = .72.
+  np.testing.assert_allclose(
+      theory.branching_acceptance(np.array([0.5, 0.6]), (2, 1), (0.5,)), [[0.625, 0.5], [0.72, 0.6]]
+  )
+
+
+def test_tree_speedup_by_hand():
+  # Tree (2, 1) at alpha = 0.5: a = (.75, .5), tokens 1 + .75 + .375 = 2.125; two drafter calls
+  # at c = 0.1 and a verification costing 1.5 steps: 2.125 / 1.7 = 1.25.
+  a = theory.branching_acceptance(0.5, (2, 1))
+  assert theory.tree_speedup_hardware_aware(a, 0.1, 2, 1.5) == pytest.approx(1.25)
+  # Free drafting and verification: the speedup is the tokens per call.
+  assert theory.tree_speedup_hardware_aware(a, 0.0, 2, 1.0) == pytest.approx(2.125)
+
+
+@pytest.mark.parametrize(
+    "alpha,gamma,c,verify_cost",
+    [(0.75, 7, 0.02, 1.0), (0.62, 5, 0.04, 1.3), (0.0, 3, 0.1, 2.0), (1.0, 4, 0.05, 1.1)],
+)
+def test_tree_speedup_of_a_chain_is_the_chain_speedup(alpha, gamma, c, verify_cost):
+  chain = theory.branching_acceptance(alpha, (1,) * gamma)
+  assert theory.tree_expected_tokens(chain) == pytest.approx(theory.expected_tokens(alpha, gamma))
+  assert theory.tree_speedup_hardware_aware(chain, c, gamma, verify_cost) == pytest.approx(
+      theory.speedup_hardware_aware(alpha, gamma, c, verify_cost)
+  )
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: theory.tree_expected_tokens(0.5), "last axis of depths"),
+        (lambda: theory.tree_expected_tokens([]), "last axis of depths"),
+        (lambda: theory.tree_expected_tokens([0.5, 1.2]), r"must lie in \[0, 1\]"),
+        (lambda: theory.tree_expected_tokens([0.5, math.nan]), "NaN"),
+        (lambda: theory.acceptance_by_depth([], 3), "at least one target call"),
+        (lambda: theory.acceptance_by_depth([1, 4], 3), r"integers in \[0, depth=3\]"),
+        (lambda: theory.acceptance_by_depth([0.5], 3), r"integers in \[0, depth=3\]"),
+        (lambda: theory.acceptance_by_depth([-1], 3), r"integers in \[0, depth=3\]"),
+        (lambda: theory.acceptance_by_depth([0], 0), "positive integer"),
+        (lambda: theory.branching_acceptance(0.5, ()), "non-empty sequence"),
+        (lambda: theory.branching_acceptance(0.5, "21"), "non-empty sequence"),
+        (lambda: theory.branching_acceptance(0.5, (2, 0)), "integers >= 1"),
+        (lambda: theory.branching_acceptance(0.5, (2.5,)), "integers >= 1"),
+        (lambda: theory.branching_acceptance(1.5, (2,)), "alpha must lie in"),
+        (lambda: theory.branching_acceptance(0.5, (2,), (-0.5,)), "finite ratios >= 0"),
+        (lambda: theory.branching_acceptance(0.5, (2,), (3.0,)), "exceed 1"),
+        (lambda: theory.tree_speedup_hardware_aware([0.5], 0.1, 1, 0.0), "verify_cost must be > 0"),
+        (lambda: theory.tree_speedup_hardware_aware([0.5], 0.1, -1, 1.0), "drafter_calls must be"),
+        (lambda: theory.tree_speedup_hardware_aware([0.5], -0.1, 1, 1.0), "c must be"),
+    ],
+)
+def test_tree_invalid_inputs_raise(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()
