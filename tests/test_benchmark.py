@@ -273,7 +273,8 @@ def test_truncated_copy_pair_shares_the_first_decoder_layer():
 
 def test_benchmark_script_end_to_end(tmp_path):
   """The default tiny random pair, 1 example, 3 repeats (medians: a single timing of an 8-token
-  decode can fall below its prefill's on a busy machine), gammas 1 and 2, temperatures 0 and 1."""
+  decode can fall below its prefill's on a busy machine), gamma 2, temperatures 0 and 1 (each
+  setting compiles its own loop: the suite keeps them few)."""
   command = [
       sys.executable,
       str(REPO_ROOT / "scripts" / "benchmark.py"),
@@ -283,9 +284,10 @@ def test_benchmark_script_end_to_end(tmp_path):
       "--warmup=1",
       "--cost_repeats=3",
       "--steps_per_call=4",
-      "--gammas=1,2",
+      "--gammas=2",
       "--temperatures=0,1",
       "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}",
+      "--gin.benchmark_script.BenchmarkSetup.random_drafters=('independent',)",
   ]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   completed = subprocess.run(
@@ -302,7 +304,7 @@ def test_benchmark_script_end_to_end(tmp_path):
       (d, t, g)
       for d in ("random, independent", "random, copy of target")
       for t in (0.0, 1.0)
-      for g in (1, 2)
+      for g in (2,)
   }
   for row in rows:
     assert ROW_KEYS <= set(row)

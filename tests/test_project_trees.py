@@ -61,14 +61,12 @@ def test_projects_every_row_and_marks_the_best_tree(tmp_path):
 
 def test_refuses_bad_flags(tmp_path):
   """Each bad flag exits non-zero with its reason, before anything is written; run at once."""
+  # Three of the script's checks, one per kind (a range, a parse, flags that go together): each
+  # case is a process importing TensorFlow, so the suite keeps them few.
   cases = {
       "--max_nodes=0": "--max_nodes=0 must be >= 1",
-      "--sibling_ratios=2": "exceed 1",
       "--sibling_ratios=x": "--sibling_ratios=x",
-      "--measured_tree=2,1": "go together",
       "--measured_tree=2,1 --measured_depth_acceptance=0.5": "has depth 2",
-      "--measured_tree=2,1 --measured_depth_acceptance=0.5,1.5": "must lie in [0, 1]",
-      "--peak_tflops=0": "peak_flops_per_s must be a positive",
   }
   runs = {
       flags: subprocess.Popen(
