@@ -287,7 +287,6 @@ def test_benchmark_script_end_to_end(tmp_path):
       "--gammas=2",
       "--temperatures=0,1",
       "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}",
-      "--gin.benchmark_script.BenchmarkSetup.random_drafters=('independent',)",
   ]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   completed = subprocess.run(
@@ -344,6 +343,7 @@ def test_benchmark_costs_only(tmp_path):
       "--gammas=2",
       "--temperatures=0,1",
       "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 8}",
+      "--gin.benchmark_script.BenchmarkSetup.random_drafters=('independent',)",
   ]
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   completed = subprocess.run(

@@ -81,7 +81,7 @@ def test_runs_and_shows_figure1_and_the_sweep(kernel_name):
   ]
   assert len(pngs) == 1
   text = "".join(output.get("text", "") for output in _outputs(notebook, "stream"))
-  assert "identical to the baseline on all 3 sentences: True" in text
+  assert "identical to the baseline on all 2 sentences: True" in text
   # The sweep's table is report.markdown_table: a Table-2 row per gamma and temperature.
   tables = "".join(
       output.data.get("text/markdown", "") for output in _outputs(notebook) if "data" in output
