@@ -37,7 +37,7 @@ setuptools.setup(
     extras_require={
         "test": [
             "pytest>=8",
-            "pytest-xdist>=3",  # -n 2 --dist loadfile (Makefile)
+            "pytest-xdist>=3",
             "hypothesis>=6",
             "scipy>=1.11",
             "transformers>=4.40",
