@@ -745,9 +745,15 @@ def test_a_broken_drafter_samples_the_exact_target_distribution(name, verifier):
 
 
 @pytest.mark.parametrize(
-    "name", ["nan_weights", "out_of_vocabulary", "lookup_fallback_out_of_vocabulary"]
+    "name, tree",
+    [
+        ("nan_weights", None),
+        ("out_of_vocabulary", None),
+        ("lookup_fallback_out_of_vocabulary", None),
+        ("nan_weights", (2, 1)),
+    ],
 )
-def test_a_broken_drafter_gives_the_baselines_greedy_output(name):
+def test_a_broken_drafter_gives_the_baselines_greedy_output(name, tree):
   drafter, params = _broken_drafters()[name]
   target, _ = _small_params()
   batch = {
@@ -758,7 +764,8 @@ def test_a_broken_drafter_gives_the_baselines_greedy_output(name):
       network.Transformer(SMALL_TARGET), _vocab(SMALL_V), _vocab(SMALL_V)
   )
   expected, _ = base.jit_predict()(target, batch, jax.random.PRNGKey(0), 0.0)
-  got, aux = _small_model(drafter, 3).jit_predict()(
+  model = _small_model(drafter, 3) if tree is None else _tree_model(SMALL_TARGET, drafter, tree)
+  got, aux = model.jit_predict()(
       {"target": target, "drafter": params}, batch, jax.random.PRNGKey(0), 0.0
   )
   np.testing.assert_array_equal(got, expected)
@@ -1026,24 +1033,6 @@ def test_a_tree_drafted_by_the_target_accepts_a_whole_path():
   # Every call but the last emits D + 1 = 4 tokens.
   np.testing.assert_array_equal(stats["target_calls"], -(-lengths // 4))
   assert np.all(stats["accepted_tokens"] >= 3 * (stats["target_calls"] - 1))
-
-
-def test_a_broken_drafter_gives_the_baselines_greedy_output_with_a_tree():
-  drafter, params = _broken_drafters()["nan_weights"]
-  target, _ = _small_params()
-  batch = {
-      "encoder_input_tokens": SMALL_INPUTS,
-      "decoder_input_tokens": np.zeros((len(SMALL_INPUTS), 8), np.int32),
-  }
-  base = models.EncoderDecoderModel(
-      network.Transformer(SMALL_TARGET), _vocab(SMALL_V), _vocab(SMALL_V)
-  )
-  expected, _ = base.jit_predict()(target, batch, jax.random.PRNGKey(0), 0.0)
-  got, aux = _tree_model(SMALL_TARGET, drafter, (2, 1)).jit_predict()(
-      {"target": target, "drafter": params}, batch, jax.random.PRNGKey(0), 0.0
-  )
-  np.testing.assert_array_equal(got, expected)
-  assert np.all(np.isfinite(np.asarray(aux["scores"])))
 
 
 @pytest.mark.parametrize(
