@@ -20,4 +20,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check --quiet speculative_t5x scripts tests setup.py
 
 test: lint
-	$(VENV)/bin/python -m pytest -q --durations=15 tests
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 tests

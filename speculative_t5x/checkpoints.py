@@ -517,7 +517,10 @@ def _orbax_numpy_restore(location: _Location) -> dict:
   """Restores an orbax PyTree checkpoint as numpy arrays on the host (no device memory)."""
   checkpointer = ocp.PyTreeCheckpointer()
   try:
-    structure = checkpointer.metadata(location.path).item_metadata.tree
+    metadata = checkpointer.metadata(location.path).item_metadata
+    if metadata is None:
+      raise ValueError("its tree metadata cannot be read (missing, or its chunk is damaged)")
+    structure = metadata.tree
     args = _map_leaves(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), structure)
     return checkpointer.restore(location.path, restore_args=args)
   except (ValueError, OSError) as e:
