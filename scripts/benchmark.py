@@ -172,11 +172,19 @@ def load_setup() -> BenchmarkSetup:
       raise gin_utils.ConfigError(
           f"TASK_FEATURE_LENGTHS {setup.task_feature_lengths} needs a " f"positive '{name}' length."
       )
-  if setup.pair.drafter is None or setup.pair.drafter.network_config is None:
+  drafter = setup.pair.drafter
+  if drafter is None or drafter.network_config is None:
     raise gin_utils.ConfigError(
-        f"DRAFTER is {setup.pair.drafter!r}: scripts/benchmark.py times drafters that run a T5 "
+        f"DRAFTER is {drafter!r}: scripts/benchmark.py times drafters that run a T5 "
         "network (c and the verification cost come from their decode steps); include "
         "configs/drafters/t5.gin and set DRAFTER_CONFIG."
+    )
+  if drafter.network_encoder_emb_dim is not None:
+    raise gin_utils.ConfigError(
+        f"DRAFTER is {drafter!r}, whose network reads the target's encoder output: "
+        "scripts/benchmark.py's sweep builds T5 drafters with their own encoder from "
+        "DRAFTER_CONFIG (report.sweep); measure this drafter with scripts/measure_alpha.py and "
+        "scripts/calibrate_draft_length.py, or include configs/drafters/t5.gin."
     )
   if not (setup.pair.drafter_checkpoint_path or setup.random_drafters):
     raise gin_utils.ConfigError(

@@ -145,7 +145,14 @@ def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float]]:
   }
   config = pair.drafter.network_config
   if config is not None:
-    steps["drafter"] = [benchmark.Stage(config, pair.drafter_params, 1)]
+    steps["drafter"] = [
+        benchmark.Stage(
+            config,
+            pair.drafter_params,
+            1,
+            encoder_emb_dim=pair.drafter.network_encoder_emb_dim,
+        )
+    ]
   lengths = setup.task_feature_lengths
   timings = benchmark.time_decode_steps(
       steps,

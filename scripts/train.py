@@ -5,14 +5,25 @@ r"""Trains a T5 1.1 model T5X-style (gin-configured); rerunning with the same --
     --gin_file=configs/models/t5_1_1_tiny.gin --gin.MODEL_CONFIG=%T5_1_1_TINY --gin.NUM_STEPS=100 \
     --model_dir=/tmp/tiny
 
-Distilling a drafter on a trained target's own greedy decodes:
+Distilling a drafter against a trained target (DistillSpec: speculative_t5x/distillation.py; the
+divergence, the data and their temperatures are distillation.Distillation's bindings):
+
+  python scripts/train.py --gin_file=configs/demo/distill_drafter.gin --model_dir=/tmp/distilled
+  python scripts/train.py --gin_file=configs/runs/distill.gin \
+    --gin_file=configs/demo/drafter.gin --gin.MODEL_CONFIG=%DEMO_DRAFTER \
+    --gin.CHECKPOINT_PATH="'/tmp/demo_target/model'" \
+    --gin.distillation.Distillation.divergence="'jsd'" --model_dir=/tmp/jsd
+
+--distill_from (with --distill_temperature) is the shorthand for cross-entropy on the target's
+own decodes, Distillation(target_dir, divergence='cross_entropy', data='target'):
 
   python scripts/train.py --gin_file=configs/demo/train_drafter.gin --model_dir=/tmp/drafter \
     --distill_from=/tmp/demo_target/model
 
-Writes orbax checkpoints to MODEL_DIR/checkpoints, the final model (checkpoints.save_model) to
-MODEL_DIR/model, the summary to MODEL_DIR/train_summary.json and the gin config to
-MODEL_DIR/config.gin. See speculative_t5x/training.py for what `train` does.
+Writes orbax checkpoints to MODEL_DIR/checkpoints, the final parameters to MODEL_DIR/model (a
+model's checkpoints.save_model, a distilled drafter's Drafter.save_params), the summary to
+MODEL_DIR/train_summary.json and the gin config to MODEL_DIR/config.gin. See
+speculative_t5x/training.py for what `train` does.
 """
 
 import os
@@ -36,8 +47,8 @@ flags.DEFINE_string("model_dir", None, "Directory for checkpoints, the exported 
 flags.DEFINE_string(
     "distill_from",
     None,
-    "A checkpoints.save_model directory (e.g. a trained "
-    "target's MODEL_DIR/model): train on its decodes instead of the references.",
+    "A checkpoints.save_model directory (e.g. a trained target's MODEL_DIR/model): distil on "
+    "its decodes (cross-entropy) instead of training on the references; sets pack = False.",
 )
 flags.DEFINE_float("distill_temperature", None, "Teacher sampling temperature (0: greedy).")
 flags.mark_flags_as_required(["gin_file", "model_dir"])

@@ -40,19 +40,23 @@ def teacher_forced_betas(
 ) -> tuple[jax.Array, jax.Array]:
   """Both models teacher-forced on target-generated `sequences` [B, L] -> (beta [B, L] at every
   position, the drafter's logits [B, L, V]); the drafter scored through
-  `Drafter.teacher_forced_logits`."""
+  `Drafter.teacher_forced_logits`, given the target's encoder output [B, Le, E_target] (computed
+  once, for both)."""
   decoder_inputs = shift_right(sequences)
+  target = network.Transformer(target_config)
+  encoded = target.apply({"params": target_params}, encoder_input_tokens, method=target.encode)
+  target_logits = target.apply(
+      {"params": target_params},
+      encoded,
+      encoder_input_tokens,
+      decoder_inputs,
+      jnp.ones_like(decoder_inputs),  # as `network.teacher_forced_logits`: 0 is a token here.
+      method=target.teacher_forced,
+  )
   drafter_logits = drafter.teacher_forced_logits(
-      drafter_params, encoder_input_tokens, decoder_inputs
+      drafter_params, encoder_input_tokens, decoder_inputs, target_encoded=encoded
   )
-  p = sampling.distribution(
-      network.teacher_forced_logits(
-          target_config, target_params, encoder_input_tokens, decoder_inputs
-      ),
-      temperature,
-      topk,
-      topp,
-  )
+  p = sampling.distribution(target_logits, temperature, topk, topp)
   q = sampling.distribution(drafter_logits, temperature, topk, topp)
   return jnp.sum(jnp.minimum(p, q), axis=-1), drafter_logits
 

@@ -330,12 +330,38 @@ def _feedback_tokens(logits: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-  """`repeats` cached decode steps of one network on k tokens, at consecutive positions."""
+  """`repeats` cached decode steps of one network on k tokens, at consecutive positions.
+
+  encoder_emb_dim: None for a `network.Transformer(config)`, which runs its own encoder; E_target
+  for a `network.SharedEncoderDecoder(config)` (a `drafters.SharedEncoderDrafter`,
+  `Drafter.network_encoder_emb_dim`), whose cache is made from a random encoder output
+  [B, Le, E_target]. Either way the encoder work is outside the timed steps.
+  """
 
   config: network.T5Config
   params: dict
   k: int = 1
   repeats: int = 1
+  encoder_emb_dim: int | None = None
+
+  @property
+  def module(self) -> network.Transformer | network.SharedEncoderDecoder:
+    if self.encoder_emb_dim is None:
+      return network.Transformer(self.config)
+    return network.SharedEncoderDecoder(self.config)
+
+  def init_cache(
+      self, params: dict, encoder_tokens: jax.Array, cache_length: int, rng: jax.Array
+  ) -> dict:
+    """`module.decode`'s cache after encoder_tokens [B, Le], with `params` (the stage's, traced)."""
+    module = self.module
+    variables = {"params": params}
+    if self.encoder_emb_dim is None:
+      return module.apply(variables, encoder_tokens, cache_length, method=module.prefill)[1]
+    encoded = jax.random.normal(rng, encoder_tokens.shape + (self.encoder_emb_dim,), jnp.float32)
+    return module.apply(
+        variables, encoded, encoder_tokens, cache_length, method=module.init_decode_cache
+    )
 
 
 def decode_step_call(
@@ -365,7 +391,7 @@ def decode_step_call(
   width = max(stage.k for stage in stages)
   for stage in stages:
     geometry.check(stage.k + stage.repeats - 1)
-  modules = [network.Transformer(stage.config) for stage in stages]
+  modules = [stage.module for stage in stages]
   rng_encoder, rng_tokens = jax.random.split(jax.random.PRNGKey(seed))
   vocab = stages[0].config.vocab_size
   if any(stage.config.vocab_size != vocab for stage in stages):
@@ -379,8 +405,10 @@ def decode_step_call(
   @jax.jit
   def prepare(params):
     return [
-        module.apply({"params": p}, encoder_tokens, geometry.cache_length, method=module.prefill)[1]
-        for module, p in zip(modules, params)
+        stage.init_cache(
+            p, encoder_tokens, geometry.cache_length, jax.random.fold_in(rng_encoder, 1)
+        )
+        for stage, p in zip(stages, params)
     ]
 
   steps = geometry.steps_per_call

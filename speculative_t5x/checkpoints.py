@@ -22,7 +22,9 @@ checkpoints on GCS go through orbax's own path handling (etils.epath).
 
 Writing: `save_model` / `restore_model` keep one model's params and `T5Config`, `save_pair` /
 `restore_pair` a (target, drafter) pair in one directory, each as orbax params plus
-`config.json`.
+`config.json`. A shared-encoder drafter (`save_shared_encoder_drafter`, a decoder reading the
+target's encoder output) has the same layout; its config.json adds to the T5Config fields the entry
+"drafter": {"kind": "shared_encoder", "encoder_emb_dim": E_target} (`read_drafter_config`).
 
 Damaged weights are refused, never loaded: a file that fails what its format checks (gzip's CRC
 and zstd's frame checks of a zarr chunk, msgpack's framing and array sizes) raises a ValueError
@@ -61,6 +63,9 @@ _STEP_DIR = re.compile(r"checkpoint_(\d+)")
 _CONFIG_FILE = "config.json"
 _PARAMS_DIR = "params"
 _PAIR_MEMBERS = ("target", "drafter")
+# config.json's entry for a drafter that is not a T5 with an encoder, and its one kind.
+_DRAFTER_ENTRY = "drafter"
+SHARED_ENCODER_KIND = "shared_encoder"
 # Magic numbers of the zarr compressors orbax and T5X use, for chunks stored without .zarray.
 _COMPRESSOR_MAGIC = ((b"\x1f\x8b", {"id": "gzip"}), (b"\x28\xb5\x2f\xfd", {"id": "zstd"}))
 
@@ -608,23 +613,80 @@ def restore_params(
   a jitted function.
   """
   shapes = network.param_shapes(config)
+  return _restore_checked(shapes, path, dtype, step, check_finite, f"checkpoint {path}")
+
+
+def restore_shared_encoder_params(
+    config: network.T5Config,
+    encoder_emb_dim: int,
+    path: str | os.PathLike,
+    dtype: Any = None,
+    step: int | None = None,
+    check_finite: bool = True,
+) -> dict:
+  """Parameters for `network.SharedEncoderDecoder(config)` reading encoder outputs of width
+  encoder_emb_dim, from a checkpoint at `path` (a `save_shared_encoder_drafter` directory, or any
+  layout `restore_params` reads), cast, refused and checked as by `restore_params` against
+  `network.shared_encoder_param_shapes(config, encoder_emb_dim)`."""
+  shapes = network.shared_encoder_param_shapes(config, encoder_emb_dim)
+  source = (
+      f"checkpoint {path} (a shared-encoder drafter reading encoder outputs of width "
+      f"encoder_emb_dim={encoder_emb_dim})"
+  )
+  return _restore_checked(shapes, path, dtype, step, check_finite, source)
+
+
+def _restore_checked(
+    shapes: Mapping, path, dtype, step: int | None, check_finite: bool, source: str
+) -> dict:
+  """The 'target' of the checkpoint at `path`, checked against `shapes`, on the device."""
   template = {"target": _map_leaves(lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes)}
   params = _load(path, step, dtype, template, only_target=True, check_finite=check_finite)["target"]
-  check_params(params, shapes, source=f"checkpoint {path}")
+  check_params(params, shapes, source=source)
   return jax.device_put(params)
 
 
 # ----------------------------------------------------------------------------------------------
 # The project's own checkpoints: orbax params + config.json.
 # ----------------------------------------------------------------------------------------------
-def config_to_json(config: network.T5Config) -> str:
-  """`config` as JSON text (tuples become lists)."""
-  return json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True)
+def config_to_json(config: network.T5Config, drafter: Mapping | None = None) -> str:
+  """`config` as JSON text (tuples become lists); `drafter`, if given, as its 'drafter' entry
+  (the kind of a drafter without an encoder, see `read_drafter_config`)."""
+  fields = dataclasses.asdict(config)
+  if drafter is not None:
+    fields[_DRAFTER_ENTRY] = dict(drafter)
+  return json.dumps(fields, indent=2, sort_keys=True)
 
 
 def config_from_json(text: str, source: str = "config") -> network.T5Config:
-  """The `T5Config` written by `config_to_json`."""
-  fields = json.loads(text)
+  """The `T5Config` written by `config_to_json` (without a 'drafter' entry)."""
+  return _t5_config(_json_object(text, source), source)
+
+
+def _json_object(text: str, source: str) -> dict:
+  try:
+    fields = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(
+        f"{source} is not valid JSON ({e}): the file is damaged; write it again (save_model, "
+        "save_pair)."
+    ) from e
+  if not isinstance(fields, dict):
+    raise ValueError(
+        f"{source} holds a JSON {type(fields).__name__}, not the object of T5Config fields "
+        "that save_model writes: write it again."
+    )
+  return fields
+
+
+def _t5_config(fields: dict, source: str) -> network.T5Config:
+  """A T5Config from config.json fields, every problem a ValueError naming `source`."""
+  if _DRAFTER_ENTRY in fields:
+    raise ValueError(
+        f"{source} describes a drafter without an encoder (its '{_DRAFTER_ENTRY}' entry is "
+        f"{fields[_DRAFTER_ENTRY]!r}), not a T5 model: read it with read_drafter_config or "
+        "drafters.read_drafter, restore it with restore_pair or the drafter's restore_params."
+    )
   known = {f.name for f in dataclasses.fields(network.T5Config)}
   unknown = sorted(fields.keys() - known)
   if unknown:
@@ -632,7 +694,12 @@ def config_from_json(text: str, source: str = "config") -> network.T5Config:
         f"{source} has field(s) {unknown} that T5Config does not know: it was written "
         "by another version of speculative_t5x"
     )
-  return network.T5Config(**fields)
+  if "vocab_size" not in fields:
+    raise ValueError(f"{source} has no vocab_size, which every T5Config needs: write it again.")
+  try:
+    return network.T5Config(**fields)
+  except ValueError as e:
+    raise ValueError(f"{source}: {e}") from e
 
 
 def _epath(directory: str | os.PathLike) -> epath.Path:
@@ -640,14 +707,16 @@ def _epath(directory: str | os.PathLike) -> epath.Path:
   return epath.Path(directory if "://" in directory else os.path.abspath(directory))
 
 
-def save_model(
-    directory: str | os.PathLike, params: Mapping, config: network.T5Config, overwrite: bool = False
+def _save(
+    directory: str | os.PathLike,
+    params: Mapping,
+    shapes: Mapping,
+    config_text: str,
+    overwrite: bool,
 ) -> None:
-  """Writes `params` (orbax, under `directory/params`) and `config` (`directory/config.json`).
-
-  The params are checked against `config` first, so a saved model always restores.
-  """
-  check_params(params, network.param_shapes(config), source="params to save")
+  """Writes `params`, checked against `shapes`, under `directory/params` (orbax) and
+  `config_text` as `directory/config.json`."""
+  check_params(params, shapes, source="params to save")
   directory = _epath(directory)
   if (directory / _PARAMS_DIR).exists() and not overwrite:
     raise FileExistsError(
@@ -657,17 +726,76 @@ def save_model(
   ocp.PyTreeCheckpointer().save(
       directory / _PARAMS_DIR, _map_leaves(np.asarray, dict(params)), force=overwrite
   )
-  (directory / _CONFIG_FILE).write_text(config_to_json(config))
+  (directory / _CONFIG_FILE).write_text(config_text)
 
 
-def read_config(directory: str | os.PathLike) -> network.T5Config:
-  """The config.json of a directory written by `save_model`."""
+def save_model(
+    directory: str | os.PathLike, params: Mapping, config: network.T5Config, overwrite: bool = False
+) -> None:
+  """Writes `params` (orbax, under `directory/params`) and `config` (`directory/config.json`).
+
+  The params are checked against `config` first, so a saved model always restores.
+  """
+  _save(directory, params, network.param_shapes(config), config_to_json(config), overwrite)
+
+
+def save_shared_encoder_drafter(
+    directory: str | os.PathLike,
+    params: Mapping,
+    config: network.T5Config,
+    encoder_emb_dim: int,
+    overwrite: bool = False,
+) -> None:
+  """Writes the params of a `network.SharedEncoderDecoder(config)` reading encoder outputs of
+  width encoder_emb_dim (a `drafters.SharedEncoderDrafter`): orbax params under
+  `directory/params`, and `directory/config.json` holding the T5Config fields and the entry
+  "drafter": {"kind": "shared_encoder", "encoder_emb_dim": encoder_emb_dim}. The params are
+  checked first, so a saved drafter always restores."""
+  shapes = network.shared_encoder_param_shapes(config, encoder_emb_dim)
+  entry = {"kind": SHARED_ENCODER_KIND, "encoder_emb_dim": int(encoder_emb_dim)}
+  _save(directory, params, shapes, config_to_json(config, entry), overwrite)
+
+
+def _read_config_file(directory: str | os.PathLike) -> tuple[dict, str]:
+  """(the fields of directory/config.json, its path)."""
   config_file = _epath(directory) / _CONFIG_FILE
   if not config_file.exists():
     raise FileNotFoundError(
         f"{config_file} does not exist: {directory} is not a directory " "written by save_model"
     )
-  return config_from_json(config_file.read_text(), source=str(config_file))
+  return _json_object(config_file.read_text(), str(config_file)), str(config_file)
+
+
+def read_config(directory: str | os.PathLike) -> network.T5Config:
+  """The config.json of a directory written by `save_model`."""
+  return _t5_config(*_read_config_file(directory))
+
+
+def read_drafter_config(directory: str | os.PathLike) -> tuple[network.T5Config, int | None]:
+  """(config, encoder_emb_dim) of a drafter's directory: encoder_emb_dim is None for a T5 drafter
+  (a `save_model` directory) and the width of the target's encoder output for a shared-encoder
+  drafter (`save_shared_encoder_drafter`). A 'drafter' entry of another form is refused."""
+  fields, source = _read_config_file(directory)
+  entry = fields.pop(_DRAFTER_ENTRY, None)
+  config = _t5_config(fields, source)
+  if entry is None:
+    return config, None
+  width = entry.get("encoder_emb_dim") if isinstance(entry, dict) else None
+  if (
+      not isinstance(entry, dict)
+      or set(entry) != {"kind", "encoder_emb_dim"}
+      or entry["kind"] != SHARED_ENCODER_KIND
+      or isinstance(width, bool)
+      or not isinstance(width, int)
+      or width < 1
+  ):
+    raise ValueError(
+        f"{source} has the '{_DRAFTER_ENTRY}' entry {entry!r}, which this version does not "
+        f'read: it writes {{"kind": "{SHARED_ENCODER_KIND}", "encoder_emb_dim": <the target\'s '
+        "emb_dim, an int >= 1>} (save_shared_encoder_drafter); fix the entry or save the "
+        "drafter again."
+    )
+  return config, width
 
 
 def restore_model(
@@ -685,20 +813,45 @@ def save_pair(
     target_params: Mapping,
     target_config: network.T5Config,
     drafter_params: Mapping,
-    drafter_config: network.T5Config,
+    drafter: Any,
     overwrite: bool = False,
 ) -> None:
-  """Writes a (target, drafter) pair: `save_model` into `directory/target` and `.../drafter`."""
-  members = ((target_params, target_config), (drafter_params, drafter_config))
-  for member, (params, config) in zip(_PAIR_MEMBERS, members):
-    save_model(_epath(directory) / member, params, config, overwrite)
+  """Writes a (target, drafter) pair: `save_model` into `directory/target`, and into
+  `directory/drafter` the drafter: `save_model` for a `network.T5Config` (a T5 drafter), else
+  `drafter.save_params` for a `drafters.Drafter` (a `T5Drafter` or a `SharedEncoderDrafter`),
+  after `drafter.check_target(target_config)`."""
+  directory = _epath(directory)
+  if not isinstance(drafter, network.T5Config):
+    if not all(callable(getattr(drafter, name, None)) for name in ("check_target", "save_params")):
+      raise ValueError(
+          f"save_pair's drafter must be a network.T5Config (a T5 drafter) or a "
+          f"drafters.Drafter, got {drafter!r}."
+      )
+    drafter.check_target(target_config)
+  save_model(directory / _PAIR_MEMBERS[0], target_params, target_config, overwrite)
+  if isinstance(drafter, network.T5Config):
+    save_model(directory / _PAIR_MEMBERS[1], drafter_params, drafter, overwrite)
+  else:
+    drafter.save_params(directory / _PAIR_MEMBERS[1], drafter_params, overwrite=overwrite)
 
 
 def restore_pair(
     directory: str | os.PathLike, dtype: Any = None, check_finite: bool = True
-) -> tuple[tuple[dict, network.T5Config], tuple[dict, network.T5Config]]:
-  """((target_params, target_config), (drafter_params, drafter_config)) from `save_pair`,
-  each member restored by `restore_model`."""
-  return tuple(
-      restore_model(_epath(directory) / member, dtype, check_finite) for member in _PAIR_MEMBERS
+) -> tuple[tuple[dict, network.T5Config], tuple[dict, Any]]:
+  """((target_params, target_config), (drafter_params, drafter)) from `save_pair`, the target
+  restored by `restore_model`. drafter: the drafter's `network.T5Config` for a T5 drafter (as
+  `restore_model` gives it), else the `drafters.SharedEncoderDrafter` that config.json records;
+  `drafters.as_drafter` and `models.SpeculativeEncoderDecoderModel` take either."""
+  directory = _epath(directory)
+  target = restore_model(directory / _PAIR_MEMBERS[0], dtype, check_finite)
+  location = directory / _PAIR_MEMBERS[1]
+  config, encoder_emb_dim = read_drafter_config(location)
+  if encoder_emb_dim is None:
+    return target, restore_model(location, dtype, check_finite)
+  # drafters restores T5 drafters through this module, so it is imported here, not at the top.
+  from speculative_t5x import drafters  # pylint: disable=g-import-not-at-top
+
+  params = restore_shared_encoder_params(
+      config, encoder_emb_dim, location, dtype=dtype, check_finite=check_finite
   )
+  return target, (params, drafters.SharedEncoderDrafter(config, encoder_emb_dim))

@@ -1,4 +1,5 @@
-"""Where drafts come from: a T5 drafter, unigram and bigram tables, and prompt lookup.
+"""Where drafts come from: a T5 drafter, a T5 decoder reading the target's encoder output, unigram
+and bigram tables, and prompt lookup.
 
 Every drafter proposes gamma tokens per row and returns the distributions q it sampled them from.
 Model and n-gram drafters standardize their logits with the same `standardize` function the target
@@ -234,6 +235,15 @@ class Drafter(abc.ABC):
         "leave the drafter's checkpoint path unset."
     )
 
+  def save_params(self, directory: str | os.PathLike, params: Any, overwrite: bool = False) -> None:
+    """Writes `params` to `directory` as a checkpoint `restore_params` reads back (refusing an
+    existing one unless `overwrite`)."""
+    del params, overwrite
+    raise ValueError(
+        f"{type(self).__name__} has no checkpoint format, so there is nothing to write to "
+        f"{directory}: its parameters come from fitting or need none (see `restore_params`)."
+    )
+
   @property
   def learns_from_targets(self) -> bool:
     """Whether its parameters are fitted from target sequences (`fit_params`)."""
@@ -253,6 +263,18 @@ class Drafter(abc.ABC):
     """The T5 network one drafter step runs (what the benchmark times for the cost coefficient
     c), or None for a drafter without a model call."""
     return None
+
+  @property
+  def network_encoder_emb_dim(self) -> int | None:
+    """E_target, when the network of `network_config` has no encoder of its own and cross-attends
+    to the target's encoder output [B, Le, E_target] (a `network.SharedEncoderDecoder`); None
+    when it is a `network.Transformer` with its own encoder, or there is no network."""
+    return None
+
+  def check_target(self, target_config: network.T5Config) -> None:
+    """Raises ValueError, naming the problem and the fix, if this drafter cannot serve a target
+    of `target_config` (called before any model is built); the default accepts every target."""
+    del target_config
 
   def for_target(self, vocab_size: int, eos_id: int) -> "Drafter":
     """This drafter for a target with `vocab_size` and `eos_id`: unset fields take the target's;
@@ -345,23 +367,42 @@ class Drafter(abc.ABC):
   # ---- measurement
   @abc.abstractmethod
   def teacher_forced_logits(
-      self, params: Any, encoder_input_tokens: jax.Array, decoder_input_tokens: jax.Array
+      self,
+      params: Any,
+      encoder_input_tokens: jax.Array,
+      decoder_input_tokens: jax.Array,
+      target_encoded: jax.Array | None = None,
   ) -> jax.Array:
     """Logits [B, L, V] of the drafter's next-token distribution at every position of
     decoder_input_tokens [B, L] (BOS then the sequence shifted right; a 0 after position 0 is a
-    token, not padding), standardized by the caller as in decoding (Table 3's alpha)."""
+    token, not padding), standardized by the caller as in decoding (Table 3's alpha).
+    encoder_input_tokens [B, Le]; target_encoded [B, Le, E_target]: the target's encoder output,
+    as `init_state` gets it; a drafter that does not read it ignores it."""
 
 
-def as_drafter(drafter: "Drafter | network.Transformer") -> Drafter:
-  """A `Drafter` as it is, or a `network.Transformer` as the `T5Drafter` of its config."""
+def as_drafter(drafter: "Drafter | network.Transformer | network.T5Config") -> Drafter:
+  """A `Drafter` as it is; a `network.Transformer`, or a `network.T5Config` (what
+  `checkpoints.restore_pair` gives for a T5 drafter), as the `T5Drafter` of its config."""
   if isinstance(drafter, Drafter):
     return drafter
   if isinstance(drafter, network.Transformer):
     return T5Drafter(drafter.config)
+  if isinstance(drafter, network.T5Config):
+    return T5Drafter(drafter)
   raise ValueError(
       f"a drafter must be a drafters.Drafter or a network.Transformer, got "
-      f"{type(drafter).__name__}."
+      f"{type(drafter).__name__} (a network.T5Config is taken as the T5 drafter of that config)."
   )
+
+
+def read_drafter(directory: str | os.PathLike) -> Drafter:
+  """The drafter whose checkpoint `save_params` (or `checkpoints.save_pair`) wrote to `directory`,
+  from its config.json (`checkpoints.read_drafter_config`): a `SharedEncoderDrafter` where it
+  records one, else the `T5Drafter` of its config."""
+  config, encoder_emb_dim = checkpoints.read_drafter_config(directory)
+  if encoder_emb_dim is None:
+    return T5Drafter(config)
+  return SharedEncoderDrafter(config, encoder_emb_dim)
 
 
 @flax.struct.dataclass
@@ -374,10 +415,9 @@ class T5DrafterState:
   written: jax.Array
 
 
-@gin.configurable(module="drafters")
-@dataclasses.dataclass(frozen=True, eq=False)
-class T5Drafter(Drafter):
-  """A smaller T5 1.1 with its own encoder (run once per sequence) and its own cache.
+class _CachedDecoderDrafter(Drafter):
+  """A drafter whose step is a T5 1.1 decoder with its own cache (`module.decode`), made once per
+  sequence by `_init_cache`; the subclasses differ in what its decoder cross-attends to.
 
   A proposal feeds x_length at position length and reads its logits, then gamma-1 single-token
   steps feed its own drafts. Only after all gamma drafts were accepted has the drafter not seen its
@@ -386,13 +426,12 @@ class T5Drafter(Drafter):
   single-token step, as Theorem 3.8 counts it, except after a full acceptance.
   """
 
-  config: network.T5Config = gin.REQUIRED
-  eos_id: int | None = None
+  config: network.T5Config
 
   def __post_init__(self):
     if not isinstance(self.config, network.T5Config):
       raise ValueError(
-          f"T5Drafter needs a network.T5Config (in gin, DRAFTER_CONFIG = "
+          f"{type(self).__name__} needs a network.T5Config (in gin, DRAFTER_CONFIG = "
           f"%T5_1_1_SMALL after including configs/models/t5_1_1_small.gin), got "
           f"{self.config!r}."
       )
@@ -402,39 +441,31 @@ class T5Drafter(Drafter):
     return self.config.vocab_size
 
   @property
-  def module(self) -> network.Transformer:
-    return network.Transformer(self.config)
+  @abc.abstractmethod
+  def module(self) -> network.Transformer | network.SharedEncoderDecoder:
+    """The flax module whose `decode` one drafter step runs."""
 
-  def init_params(self, rng, input_shapes):
-    del input_shapes  # a T5's parameter shapes do not depend on them.
-    return network.init_params(self.config, rng)
+  @abc.abstractmethod
+  def _init_cache(
+      self,
+      params: Any,
+      encoder_input_tokens: jax.Array,
+      cache_length: int,
+      target_encoded: jax.Array | None,
+  ) -> Any:
+    """The decoder cache of `init_state` (its arguments)."""
 
   @property
   def needs_checkpoint(self) -> bool:
     return True
-
-  def restore_params(self, path, dtype=None):
-    return checkpoints.restore_params(self.config, path, dtype=dtype)
-
-  def param_axes(self):
-    return network.param_axes(self.config)
 
   @property
   def network_config(self) -> network.T5Config:
     return self.config
 
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
-    del target_encoded  # it runs its own encoder.
-    module = self.module
-    _, cache = module.apply(
-        {"params": params}, encoder_input_tokens, cache_length, method=module.prefill
-    )
+    cache = self._init_cache(params, encoder_input_tokens, cache_length, target_encoded)
     return T5DrafterState(cache, jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32))
-
-  def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
-    return network.teacher_forced_logits(
-        self.config, params, encoder_input_tokens, decoder_input_tokens
-    )
 
   def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
     module = self.module
@@ -486,6 +517,154 @@ class T5Drafter(Drafter):
 
     drafts, q, cache = draft_tree(first, level_logits, cache, tree, u, standardize)
     return drafts, q, T5DrafterState(cache, length + 1)
+
+
+@gin.configurable(module="drafters")
+@dataclasses.dataclass(frozen=True, eq=False)
+class T5Drafter(_CachedDecoderDrafter):
+  """A smaller T5 1.1 (`network.Transformer`) with its own encoder, run once per sequence, and
+  its own cache; the proposals are `_CachedDecoderDrafter`'s."""
+
+  config: network.T5Config = gin.REQUIRED
+  eos_id: int | None = None
+
+  @property
+  def module(self) -> network.Transformer:
+    return network.Transformer(self.config)
+
+  def init_params(self, rng, input_shapes):
+    del input_shapes  # a T5's parameter shapes do not depend on them.
+    return network.init_params(self.config, rng)
+
+  def restore_params(self, path, dtype=None):
+    return checkpoints.restore_params(self.config, path, dtype=dtype)
+
+  def save_params(self, directory, params, overwrite=False):
+    checkpoints.save_model(directory, params, self.config, overwrite=overwrite)
+
+  def param_axes(self):
+    return network.param_axes(self.config)
+
+  def _init_cache(self, params, encoder_input_tokens, cache_length, target_encoded):
+    del target_encoded  # it runs its own encoder.
+    module = self.module
+    return module.apply(
+        {"params": params}, encoder_input_tokens, cache_length, method=module.prefill
+    )[1]
+
+  def teacher_forced_logits(
+      self, params, encoder_input_tokens, decoder_input_tokens, target_encoded=None
+  ):
+    del target_encoded  # it runs its own encoder.
+    return network.teacher_forced_logits(
+        self.config, params, encoder_input_tokens, decoder_input_tokens
+    )
+
+
+@gin.configurable(module="drafters")
+@dataclasses.dataclass(frozen=True, eq=False)
+class SharedEncoderDrafter(_CachedDecoderDrafter):
+  """A small T5 1.1 decoder without an encoder (`network.SharedEncoderDecoder`): its own token
+  embedding, decoder layers and output projection, cross-attending to the target's encoder output
+  target_encoded [B, Le, E_target], which decoding computes anyway (Distil-Whisper's assistant
+  model, for T5). Its cache is made from that output once per sequence; the proposals are
+  `_CachedDecoderDrafter`'s.
+
+  config: the decoder's T5Config; its emb_dim E may differ from the target's (the cross-attention
+    key and value kernels are [E_target, H*D]); num_encoder_layers is not used.
+  encoder_emb_dim: E_target, the target's emb_dim (`check_target` refuses another target).
+  """
+
+  config: network.T5Config = gin.REQUIRED
+  encoder_emb_dim: int = gin.REQUIRED
+  eos_id: int | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    _check_int("SharedEncoderDrafter", "encoder_emb_dim", self.encoder_emb_dim, 1)
+    object.__setattr__(self, "encoder_emb_dim", int(self.encoder_emb_dim))
+
+  @property
+  def module(self) -> network.SharedEncoderDecoder:
+    return network.SharedEncoderDecoder(self.config)
+
+  def init_params(self, rng, input_shapes):
+    del input_shapes  # its parameter shapes do not depend on them.
+    return network.shared_encoder_init_params(self.config, self.encoder_emb_dim, rng)
+
+  def restore_params(self, path, dtype=None):
+    return checkpoints.restore_shared_encoder_params(
+        self.config, self.encoder_emb_dim, path, dtype=dtype
+    )
+
+  def save_params(self, directory, params, overwrite=False):
+    checkpoints.save_shared_encoder_drafter(
+        directory, params, self.config, self.encoder_emb_dim, overwrite=overwrite
+    )
+
+  def param_axes(self):
+    return network.shared_encoder_param_axes(self.config, self.encoder_emb_dim)
+
+  @property
+  def network_encoder_emb_dim(self) -> int:
+    return self.encoder_emb_dim
+
+  def check_target(self, target_config):
+    problems = []
+    if target_config.emb_dim != self.encoder_emb_dim:
+      problems.append(
+          f"its encoder_emb_dim {self.encoder_emb_dim} != the target's emb_dim "
+          f"{target_config.emb_dim}: it cross-attends to the target's encoder output, so set "
+          f"encoder_emb_dim = {target_config.emb_dim} (with weights trained against this target)"
+      )
+    if target_config.vocab_size != self.config.vocab_size:
+      problems.append(
+          f"its vocab_size {self.config.vocab_size} != the target's vocab_size "
+          f"{target_config.vocab_size}: speculative decoding needs one vocabulary, so give the "
+          "drafter's config the target's vocab_size"
+      )
+    if problems:
+      raise ValueError(
+          "SharedEncoderDrafter cannot serve this target: " + "; and ".join(problems) + "."
+      )
+
+  def _checked_encoded(self, target_encoded: jax.Array | None, method: str) -> jax.Array:
+    """target_encoded [B, Le, E_target] as given, refused where None or of another width."""
+    if target_encoded is None:
+      raise ValueError(
+          f"SharedEncoderDrafter.{method} needs target_encoded [B, Le, {self.encoder_emb_dim}], "
+          "the target's encoder output (it has no encoder of its own): pass the target's "
+          "`network.Transformer.encode` of the same encoder_input_tokens."
+      )
+    shape = np.shape(target_encoded)
+    if len(shape) != 3 or shape[-1] != self.encoder_emb_dim:
+      raise ValueError(
+          f"SharedEncoderDrafter.{method} got target_encoded of shape {shape}, but it reads "
+          f"encoder outputs [B, Le, encoder_emb_dim = {self.encoder_emb_dim}]: pass the encoder "
+          "output of the target it was configured (and trained) for."
+      )
+    return target_encoded
+
+  def _init_cache(self, params, encoder_input_tokens, cache_length, target_encoded):
+    module = self.module
+    return module.apply(
+        {"params": params},
+        self._checked_encoded(target_encoded, "init_state"),
+        encoder_input_tokens,
+        cache_length,
+        method=module.init_decode_cache,
+    )
+
+  def teacher_forced_logits(
+      self, params, encoder_input_tokens, decoder_input_tokens, target_encoded=None
+  ):
+    return network.shared_encoder_teacher_forced_logits(
+        self.config,
+        params,
+        self._checked_encoded(target_encoded, "teacher_forced_logits"),
+        encoder_input_tokens,
+        decoder_input_tokens,
+    )
 
 
 def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
@@ -556,7 +735,10 @@ class _TableDrafter(Drafter):
     )
     return drafts, q, state
 
-  def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
+  def teacher_forced_logits(
+      self, params, encoder_input_tokens, decoder_input_tokens, target_encoded=None
+  ):
+    del encoder_input_tokens, target_encoded  # a table reads only the previous token.
     return jax.vmap(lambda previous: self.next_logits(params, previous), in_axes=1, out_axes=1)(
         decoder_input_tokens
     )
@@ -688,8 +870,11 @@ class PromptLookupDrafter(Drafter):
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
     return jnp.asarray(encoder_input_tokens, jnp.int32)
 
-  def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
+  def teacher_forced_logits(
+      self, params, encoder_input_tokens, decoder_input_tokens, target_encoded=None
+  ):
     """The one-hot of its first draft at every position, as logits (0 there, MASK_VALUE else)."""
+    del target_encoded  # it copies tokens.
     batch, length = decoder_input_tokens.shape
     state = self.init_state(params, encoder_input_tokens, length)
     sequences = jnp.pad(decoder_input_tokens[:, 1:], ((0, 0), (0, 1)))  # y_t = x_{t+1}

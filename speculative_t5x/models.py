@@ -323,9 +323,10 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
   Args:
     module: the target.
-    drafter: a `drafters.Drafter` (a `network.Transformer` is taken as the `drafters.T5Drafter` of
-      its config); its vocab_size and eos_id, where unset, are the target's. Its parameters sit
-      beside the target's: params = {'target': ..., 'drafter': ...}.
+    drafter: a `drafters.Drafter` (a `network.Transformer` or a `network.T5Config` is taken as
+      the `drafters.T5Drafter` of its config); its vocab_size and eos_id, where unset, are the
+      target's, and it must serve the target (`Drafter.check_target`, a ValueError here). Its
+      parameters sit beside the target's: params = {'target': ..., 'drafter': ...}.
     gamma: drafts per target call (the most, under `draft_stop`); default 4, or the depth of
       `draft_tree`.
     verifier: a `speculative.Verifier` (default Algorithm 1, `speculative.TokenVerifier`).
@@ -357,7 +358,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   def __init__(
       self,
       module: network.Transformer,
-      drafter: drafters_lib.Drafter | network.Transformer,
+      drafter: drafters_lib.Drafter | network.Transformer | network.T5Config,
       input_vocabulary: seqio.Vocabulary,
       output_vocabulary: seqio.Vocabulary,
       gamma: int | None = None,
@@ -403,6 +404,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     self.drafter = drafters_lib.as_drafter(drafter).for_target(
         module.config.vocab_size, self.eos_id
     )
+    self.drafter.check_target(module.config)
     if draft_tree is not None:
       decoding.validate_tree(
           draft_tree, gamma, verifier, self.drafter, draft_stop, needs_cache_move=False

@@ -19,8 +19,15 @@ can feed a tree one depth at a time. Once a node's path is accepted,
 `move_cache_slots(cache, length + 1, length + tree.paths[node])` copies the path's keys and values
 to the slots after the root, so the cache again holds a chain and rollback stays "reset the index".
 
+`SharedEncoderDecoder` is the same token embedding and decoder without an encoder: it
+cross-attends to another model's encoder output [B, Le, E_enc] (a drafter reading the target's,
+E_enc the target's emb_dim), with `Transformer`'s teacher forcing, cache and `decode`; the
+`shared_encoder_*` functions are its `init_params`, `param_axes`, `param_shapes` and
+`teacher_forced_logits`.
+
 Shapes: B batch, Le encoder length, k new decoder tokens, L cache length, H heads, D head_dim,
-E emb_dim, V vocab_size, M draft-tree nodes, n moved cache slots.
+E emb_dim, E_enc the width of the encoder output read, V vocab_size, M draft-tree nodes, n moved
+cache slots.
 """
 
 from __future__ import annotations
@@ -639,43 +646,33 @@ def _check_tokens(name: str, tokens: Any) -> None:
     )
 
 
-class Transformer(nn.Module):
-  """T5 1.1 encoder-decoder with T5X's parameter tree and a k-token cached `decode`.
+def _check_encoded(encoded: Any, encoder_input_tokens: Any) -> None:
+  """An encoder output must be [B, Le, E], with the B and Le of encoder_input_tokens [B, Le]."""
+  shape, tokens_shape = np.shape(encoded), np.shape(encoder_input_tokens)
+  if len(shape) != 3 or shape[:2] != tokens_shape:
+    raise ValueError(
+        f"encoded must be the encoder output [batch, length, emb_dim] of encoder_input_tokens "
+        f"{tokens_shape}, got shape {shape}: pass the output of the encoder that read those "
+        "tokens (for a SharedEncoderDecoder, the target's `Transformer.encode`)."
+    )
 
-  Methods (call through `apply(..., method=...)`):
-    __call__(encoder_input_tokens [B, Le], decoder_input_tokens [B, l], decoder_target_tokens
-      [B, l]) -> teacher-forced logits [B, l, V] float32 (token 0 is padding; the decoder mask
-      comes from decoder_target_tokens, as in T5X).
-    encode(encoder_input_tokens) -> encoded [B, Le, E].
-    init_decode_cache(encoded, encoder_input_tokens, cache_length) -> cache.
-    prefill(encoder_input_tokens, cache_length) -> (encoded, cache): the two above in one call.
-    decode(tokens [B, k], cache, cache_index [B], tree=None, slots=None) -> (logits [B, k, V]
-      float32, cache): k tokens of a chain, or block slots slots[0]..slots[1]-1 of a draft tree.
 
-  The module-level `move_cache_slots(cache, destination, sources)` (a pure function, no `apply`)
-  makes an accepted tree path's cache slots contiguous after a tree `decode`.
-  """
+class _CachedDecoderModel(nn.Module):
+  """What decoding runs per token, T5X's `token_embedder` and `decoder` subtrees: teacher-forced
+  from an encoder output (`teacher_forced`), or k tokens at a time from a cache
+  (`init_decode_cache`, `decode`). `Transformer` adds an encoder of its own;
+  `SharedEncoderDecoder` reads another model's encoder output."""
 
   config: T5Config
 
   def setup(self):
     cfg = self.config
     self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, cfg.activation_dtype)
-    self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
 
-  def encode(
+  def teacher_forced(
       self,
-      encoder_input_tokens: Array,
-      encoder_segment_ids: Array | None = None,
-      *,
-      enable_dropout: bool = False,
-  ) -> Array:
-    _check_tokens("encoder_input_tokens", encoder_input_tokens)
-    return self.encoder(encoder_input_tokens, encoder_segment_ids, not enable_dropout)
-
-  def __call__(
-      self,
+      encoded: Array,
       encoder_input_tokens: Array,
       decoder_input_tokens: Array,
       decoder_target_tokens: Array,
@@ -684,7 +681,11 @@ class Transformer(nn.Module):
       *,
       enable_dropout: bool = False,
   ) -> Array:
+    """encoded [B, Le, E_enc] of encoder_input_tokens [B, Le], decoder_input_tokens and
+    decoder_target_tokens [B, l] -> logits [B, l, V] float32 (token 0 is padding; the decoder
+    mask comes from decoder_target_tokens, as in T5X)."""
     for name, tokens in (
+        ("encoder_input_tokens", encoder_input_tokens),
         ("decoder_input_tokens", decoder_input_tokens),
         ("decoder_target_tokens", decoder_target_tokens),
     ):
@@ -695,7 +696,7 @@ class Transformer(nn.Module):
           f"decoder_target_tokens {np.shape(decoder_target_tokens)} must have one shape: "
           "the inputs are the targets shifted right by one."
       )
-    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout=enable_dropout)
+    _check_encoded(encoded, encoder_input_tokens)
     return self.decoder(
         encoded,
         encoder_input_tokens,
@@ -710,17 +711,12 @@ class Transformer(nn.Module):
       self, encoded: Array, encoder_input_tokens: Array, cache_length: int
   ) -> dict:
     """Zero self-attention caches [B, cache_length, H, D] and cross-attention keys/values
-    [B, Le, H, D] computed once from `encoded`."""
+    [B, Le, H, D] computed once from `encoded` [B, Le, E_enc]."""
     _check_tokens("encoder_input_tokens", encoder_input_tokens)
+    _check_encoded(encoded, encoder_input_tokens)
     if int(cache_length) < 1:
       raise ValueError(f"cache_length must be >= 1, got {cache_length}.")
     return self.decoder.init_cache(encoded, encoder_input_tokens, int(cache_length))
-
-  def prefill(self, encoder_input_tokens: Array, cache_length: int) -> tuple[Array, dict]:
-    """What decoding does once per sequence: `encode`, then `init_decode_cache`
-    -> (encoded [B, Le, E], cache)."""
-    encoded = self.encode(encoder_input_tokens)
-    return encoded, self.init_decode_cache(encoded, encoder_input_tokens, cache_length)
 
   def decode(
       self,
@@ -782,6 +778,90 @@ class Transformer(nn.Module):
     return self.decoder.decode(
         decoder_tokens, cache, jnp.asarray(cache_index, jnp.int32), tree, slots
     )
+
+
+class Transformer(_CachedDecoderModel):
+  """T5 1.1 encoder-decoder with T5X's parameter tree and a k-token cached `decode`.
+
+  Methods (call through `apply(..., method=...)`):
+    __call__(encoder_input_tokens [B, Le], decoder_input_tokens [B, l], decoder_target_tokens
+      [B, l]) -> teacher-forced logits [B, l, V] float32 (token 0 is padding; the decoder mask
+      comes from decoder_target_tokens, as in T5X).
+    encode(encoder_input_tokens) -> encoded [B, Le, E].
+    teacher_forced(encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens)
+      -> the logits of __call__ from an encoder output computed already.
+    init_decode_cache(encoded, encoder_input_tokens, cache_length) -> cache.
+    prefill(encoder_input_tokens, cache_length) -> (encoded, cache): `encode` and
+      `init_decode_cache` in one call.
+    decode(tokens [B, k], cache, cache_index [B], tree=None, slots=None) -> (logits [B, k, V]
+      float32, cache): k tokens of a chain, or block slots slots[0]..slots[1]-1 of a draft tree.
+
+  The module-level `move_cache_slots(cache, destination, sources)` (a pure function, no `apply`)
+  makes an accepted tree path's cache slots contiguous after a tree `decode`.
+  """
+
+  def setup(self):
+    super().setup()
+    self.encoder = Encoder(self.config, self.token_embedder)
+
+  def encode(
+      self,
+      encoder_input_tokens: Array,
+      encoder_segment_ids: Array | None = None,
+      *,
+      enable_dropout: bool = False,
+  ) -> Array:
+    _check_tokens("encoder_input_tokens", encoder_input_tokens)
+    return self.encoder(encoder_input_tokens, encoder_segment_ids, not enable_dropout)
+
+  def __call__(
+      self,
+      encoder_input_tokens: Array,
+      decoder_input_tokens: Array,
+      decoder_target_tokens: Array,
+      encoder_segment_ids: Array | None = None,
+      decoder_segment_ids: Array | None = None,
+      *,
+      enable_dropout: bool = False,
+  ) -> Array:
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout=enable_dropout)
+    return self.teacher_forced(
+        encoded,
+        encoder_input_tokens,
+        decoder_input_tokens,
+        decoder_target_tokens,
+        encoder_segment_ids,
+        decoder_segment_ids,
+        enable_dropout=enable_dropout,
+    )
+
+  def prefill(self, encoder_input_tokens: Array, cache_length: int) -> tuple[Array, dict]:
+    """What decoding does once per sequence: `encode`, then `init_decode_cache`
+    -> (encoded [B, Le, E], cache)."""
+    encoded = self.encode(encoder_input_tokens)
+    return encoded, self.init_decode_cache(encoded, encoder_input_tokens, cache_length)
+
+
+class SharedEncoderDecoder(_CachedDecoderModel):
+  """A T5 1.1 decoder without an encoder of its own: it cross-attends to another model's encoder
+  output (a speculative drafter reading the target's, as Distil-Whisper's assistant model does).
+
+  Its parameter tree is a `Transformer`'s without 'encoder': {'token_embedder': {'embedding'
+  [V, E]}, 'decoder': the `Decoder`'s tree}. Its own width E = config.emb_dim may differ from
+  the encoder output's E_enc: the cross-attention key and value kernels are [E_enc, H*D] (query
+  [E, H*D], out [H*D, E]). config.num_encoder_layers is not used (any valid value will do); the
+  relative-position settings are the decoder's.
+
+  Methods (call through `apply(..., method=...)`), as `Transformer`'s with `encoded` [B, Le, E_enc]
+  given instead of computed:
+    __call__(encoded, encoder_input_tokens [B, Le], decoder_input_tokens [B, l],
+      decoder_target_tokens [B, l]) -> teacher-forced logits [B, l, V] float32.
+    init_decode_cache(encoded, encoder_input_tokens, cache_length) -> cache.
+    decode(tokens [B, k], cache, cache_index [B], tree=None, slots=None) -> (logits [B, k, V]
+      float32, cache), with `Transformer.decode`'s checks and semantics.
+  """
+
+  __call__ = _CachedDecoderModel.teacher_forced  # its forward pass: the decoder, teacher-forced.
 
 
 def _check_tree_slots(tree: Any, slots: Any, k: int) -> tuple[int, int]:
@@ -875,14 +955,45 @@ def move_cache_slots(cache: dict, destination: Array, sources: Array) -> dict:
   return moved
 
 
+def _boxed_params(
+    config: T5Config,
+    rng: Array,
+    encoder_length: int,
+    decoder_length: int,
+    encoder_emb_dim: int | None = None,
+) -> Any:
+  """`init` of a `Transformer` (encoder_emb_dim None) or of a `SharedEncoderDecoder` reading an
+  encoder output [1, encoder_length, encoder_emb_dim] -> params boxed with their logical axes."""
+  tokens = jnp.ones((1, encoder_length), jnp.int32)
+  dec = jnp.ones((1, decoder_length), jnp.int32)
+  if encoder_emb_dim is None:
+    return Transformer(config).init(rng, tokens, dec, dec)["params"]
+  if isinstance(encoder_emb_dim, bool) or not isinstance(encoder_emb_dim, (int, np.integer)):
+    raise ValueError(f"encoder_emb_dim must be an int, got {encoder_emb_dim!r}.")
+  if encoder_emb_dim < 1:
+    raise ValueError(
+        f"encoder_emb_dim must be >= 1 (the width of the encoder output read), got "
+        f"{encoder_emb_dim}."
+    )
+  encoded = jnp.zeros((1, encoder_length, int(encoder_emb_dim)), jnp.float32)
+  return SharedEncoderDecoder(config).init(rng, encoded, tokens, dec, dec)["params"]
+
+
+def _axes(boxed: Any) -> dict:
+  return jax.tree.map(
+      lambda x: x.names, boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)
+  )
+
+
+def _shapes(unboxed: Any) -> dict:
+  return jax.tree.map(lambda x: tuple(x.shape), unboxed)
+
+
 def init_params(
     config: T5Config, rng: Array, encoder_length: int = 4, decoder_length: int = 4
 ) -> dict:
   """Randomly initialised float32 parameters (a plain nested dict, T5X's tree)."""
-  tokens = jnp.ones((1, encoder_length), jnp.int32)
-  dec = jnp.ones((1, decoder_length), jnp.int32)
-  variables = Transformer(config).init(rng, tokens, dec, dec)
-  return nn.meta.unbox(variables["params"])
+  return nn.meta.unbox(_boxed_params(config, rng, encoder_length, decoder_length))
 
 
 def teacher_forced_logits(
@@ -901,20 +1012,57 @@ def teacher_forced_logits(
 
 def param_axes(config: T5Config) -> dict:
   """Logical axis names of every parameter (a tree of `nn.LogicallyPartitioned.names`)."""
-  boxed = jax.eval_shape(
-      lambda: Transformer(config).init(
-          jax.random.PRNGKey(0),
-          jnp.ones((1, 1), jnp.int32),
-          jnp.ones((1, 1), jnp.int32),
-          jnp.ones((1, 1), jnp.int32),
-      )["params"]
-  )
-  return jax.tree.map(
-      lambda x: x.names, boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)
-  )
+  return _axes(jax.eval_shape(lambda: _boxed_params(config, jax.random.PRNGKey(0), 1, 1)))
 
 
 def param_shapes(config: T5Config) -> dict:
   """Expected shape of every parameter, as a nested dict of tuples (no allocation)."""
-  abstract = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), 1, 1))
-  return jax.tree.map(lambda x: tuple(x.shape), abstract)
+  return _shapes(jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), 1, 1)))
+
+
+def shared_encoder_init_params(
+    config: T5Config,
+    encoder_emb_dim: int,
+    rng: Array,
+    encoder_length: int = 4,
+    decoder_length: int = 4,
+) -> dict:
+  """Randomly initialised float32 parameters of a `SharedEncoderDecoder(config)` reading an
+  encoder output of width encoder_emb_dim (E_enc) -> {'token_embedder', 'decoder'}."""
+  return nn.meta.unbox(_boxed_params(config, rng, encoder_length, decoder_length, encoder_emb_dim))
+
+
+def shared_encoder_teacher_forced_logits(
+    config: T5Config,
+    params: Any,
+    encoded: Array,
+    encoder_input_tokens: Array,
+    decoder_input_tokens: Array,
+) -> Array:
+  """`teacher_forced_logits` of a `SharedEncoderDecoder(config)`: logits [B, L, V] at every
+  position of decoder_input_tokens [B, L], cross-attending to encoded [B, Le, E_enc] (the encoder
+  output of encoder_input_tokens [B, Le])."""
+  return SharedEncoderDecoder(config).apply(
+      {"params": params},
+      encoded,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      jnp.ones_like(decoder_input_tokens),
+  )
+
+
+def shared_encoder_param_axes(config: T5Config, encoder_emb_dim: int) -> dict:
+  """Logical axis names of every parameter of a `SharedEncoderDecoder(config)`."""
+  return _axes(
+      jax.eval_shape(lambda: _boxed_params(config, jax.random.PRNGKey(0), 1, 1, encoder_emb_dim))
+  )
+
+
+def shared_encoder_param_shapes(config: T5Config, encoder_emb_dim: int) -> dict:
+  """Expected shape of every parameter of a `SharedEncoderDecoder(config)` reading an encoder
+  output of width encoder_emb_dim, as a nested dict of tuples (no allocation)."""
+  return _shapes(
+      jax.eval_shape(
+          lambda: shared_encoder_init_params(config, encoder_emb_dim, jax.random.PRNGKey(0), 1, 1)
+      )
+  )

@@ -80,6 +80,13 @@ class PairConfig:
           f"TARGET_CONFIG vocab_size {vocab_size}: speculative decoding needs one vocabulary; "
           "give the drafter the target's (e.g. a DRAFTER_CONFIG of the same VOCAB_SIZE)"
       )
+    if self.drafter is not None:
+      try:
+        self.drafter.check_target(self.target_config)
+      except ValueError as e:
+        raise gin_utils.ConfigError(
+            f"DRAFTER ({type(self.drafter).__name__}) does not fit TARGET_CONFIG: {e}"
+        ) from e
     if self.random_init_seed is None:
       missing = [
           macro
@@ -105,7 +112,8 @@ class PairConfig:
       cls, directory: str | os.PathLike, restore_dtype: str | None = None
   ) -> "PairConfig":
     """The pair written by `checkpoints.save_pair` into `directory` (target/ and drafter/, each
-    with its config.json): a T5 target and a `drafters.T5Drafter`."""
+    with its config.json): a T5 target and the drafter drafter/config.json records
+    (`drafters.read_drafter`: a `T5Drafter` or a `SharedEncoderDrafter`)."""
     directory = gin_utils.resolve_path(directory)
     target, drafter = (os.path.join(directory, member) for member in ("target", "drafter"))
     for member in (target, drafter):
@@ -116,7 +124,7 @@ class PairConfig:
         )
     return cls(
         target_config=checkpoints.read_config(target),
-        drafter=drafters_lib.T5Drafter(checkpoints.read_config(drafter)),
+        drafter=drafters_lib.read_drafter(drafter),
         checkpoint_path=target,
         drafter_checkpoint_path=drafter,
         restore_dtype=restore_dtype,

@@ -5,19 +5,25 @@
 * input: a seqio task or mixture through `get_dataset` and `seqio.EncDecFeatureConverter` (packed
   or padded), shuffled with a fixed seed and repeated; resuming at step s skips s batches, so a
   resumed run sees the batches an uninterrupted one would have;
-* loss: `models.EncoderDecoderModel.loss_fn` (cross-entropy plus z-loss, optional label smoothing);
+* what is trained (`Trainee`): the T5 1.1 `model_config` on the references
+  (`models.EncoderDecoderModel.loss_fn`: cross-entropy plus z-loss, optional label smoothing), or
+  with `distillation` a drafter distilled against a frozen target (`distillation.Distiller`: a
+  DistillSpec divergence on references, the target's decodes or the drafter's own samples);
 * optimizer: optax Adafactor (T5X's default) or AdamW, with a linear warmup and a constant,
   cosine or inverse-square-root schedule, and global-norm clipping;
-* evaluation every `eval_period` steps: teacher-forced loss and accuracy, and greedy decodes
-  (`jit_predict`, temperature 0) scored with the task's metrics (BLEU for translation);
+* evaluation every `eval_period` steps: for a model, teacher-forced loss and accuracy, and greedy
+  decodes (`jit_predict`, temperature 0) scored with the task's metrics (BLEU for translation);
+  for a distilled drafter, the distillation loss and Table 3's alpha at T = 0 and T = 1;
 * checkpoints: `orbax.checkpoint.CheckpointManager` under `model_dir/checkpoints`, holding the
   step, the parameters and the optimizer state; a rerun with the same `model_dir` continues from
-  the latest one. The final parameters are also exported with `checkpoints.save_model` to
-  `model_dir/model`, the format `checkpoints.restore_model` and `save_pair` use.
+  the latest one. The final parameters are also exported to `model_dir/model`, a model with
+  `checkpoints.save_model` (the format `checkpoints.restore_model` and `save_pair` use), a
+  drafter with its `save_params`.
 
-Distillation (`distill_from`): the targets of every training batch are replaced by a teacher's
-own decodes of its inputs (greedy, or sampled at `distill_temperature`), so a drafter learns the
-distribution it will be verified against, which raises alpha.
+`distill_from` is the shorthand for the oldest distillation: cross-entropy on a target's own
+decodes (greedy, or sampled at `distill_temperature`), i.e. `distillation.Distillation(distill_from,
+divergence='cross_entropy', data='target')`; the data and the divergence DistillSpec compares are
+`Distillation`'s settings.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ import seqio
 import tqdm
 
 from speculative_t5x import checkpoints
+from speculative_t5x import distillation as distillation_lib
+from speculative_t5x import drafters
+from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks
@@ -52,6 +61,8 @@ SUMMARY_FILE = "train_summary.json"
 SHUFFLE_BUFFER = 10_000
 # Cosine decay ends at this fraction of the peak learning rate.
 COSINE_FINAL_FRACTION = 0.1
+# Per-token metrics, averaged over several steps weighted by their tokens.
+TOKEN_WEIGHTED_METRICS = ("loss", "z_loss", "accuracy", "beta", "agreement")
 
 
 @flax.struct.dataclass
@@ -115,31 +126,26 @@ def make_optimizer(
   return update if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), update)
 
 
-def init_state(
-    model: models.EncoderDecoderModel,
-    optimizer: optax.GradientTransformation,
-    rng: jax.Array,
-    feature_lengths: Mapping[str, int],
-) -> TrainState:
-  """Fresh parameters (`model.get_initial_variables`) and optimizer state at step 0."""
-  shapes = {
-      "encoder_input_tokens": (1, feature_lengths["inputs"]),
-      "decoder_input_tokens": (1, feature_lengths["targets"]),
-  }
-  params = model.get_initial_variables(rng, shapes)["params"]
+def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
+  """Step 0: `params` and a fresh optimizer state."""
   return TrainState(step=jnp.asarray(0, jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
-def make_train_step(
-    model: models.EncoderDecoderModel, optimizer: optax.GradientTransformation
-) -> Callable[[TrainState, Batch, jax.Array], tuple[TrainState, dict]]:
-  """A jitted `step(state, batch, dropout_rng) -> (state, metrics)`: one optimizer update on
-  `model.loss_fn` (its metrics: loss, z_loss, accuracy, tokens) plus the gradient norm."""
+LossFn = Callable[[Any, Any, Batch, jax.Array], tuple[jax.Array, dict]]
 
-  def step(state: TrainState, batch: Batch, dropout_rng: jax.Array):
-    rng = jax.random.fold_in(dropout_rng, state.step)
-    grad_fn = jax.value_and_grad(model.loss_fn, has_aux=True)
-    (_, metrics), grads = grad_fn(state.params, batch, rng)
+
+def make_train_step(
+    loss_fn: LossFn, optimizer: optax.GradientTransformation
+) -> Callable[[TrainState, Any, Batch, jax.Array], tuple[TrainState, dict]]:
+  """A jitted `step(state, frozen, batch, rng) -> (state, metrics)`: one optimizer update on
+  `loss_fn(params, frozen, batch, step_rng) -> (loss, metrics)`, step_rng being `rng` folded with
+  the step (dropout, sampled data), `frozen` what the loss reads but never trains (a target's
+  parameters, or None); the metrics gain the gradient norm."""
+
+  def step(state: TrainState, frozen: Any, batch: Batch, rng: jax.Array):
+    step_rng = jax.random.fold_in(rng, state.step)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    (_, metrics), grads = grad_fn(state.params, frozen, batch, step_rng)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
@@ -255,37 +261,116 @@ def evaluate(
 
 
 # ----------------------------------------------------------------------------------------------
-# Distillation
+# What is trained: a model on references, or a drafter distilled against a frozen target
 # ----------------------------------------------------------------------------------------------
-def make_teacher_targets(
-    teacher_dir: str | os.PathLike, vocabulary: seqio.Vocabulary, temperature: float, seed: int
-) -> Callable[[dict, int], dict]:
-  """`relabel(batch, step) -> batch` whose targets are the teacher's decodes of its inputs.
+@dataclasses.dataclass(frozen=True)
+class Trainee:
+  """What the training loop trains and how; the loop (`train`) is the same for every trainee.
 
-  `teacher_dir` is a `checkpoints.save_model` directory (e.g. a trained target's
-  `model_dir/model`). The batch must be unpacked (a teacher decodes one input per row).
+  init_params: rng -> fresh parameters.
+  restore_params: a checkpoint directory (`train`'s init_from) -> parameters.
+  loss_fn: (params, frozen, batch, rng) -> (loss, metrics with 'loss' and 'tokens').
+  frozen: what loss_fn reads but never trains (a distillation's target parameters), or None.
+  evaluate: params -> (metrics, a note for the log line), or None: no evaluation.
+  export: (directory, params) -> None: writes the final parameters.
+  shown: the metric the progress bar shows beside the loss.
+  summary: what train_summary.json records about the trainee.
   """
-  params, config = checkpoints.restore_model(teacher_dir)
-  teacher = models.EncoderDecoderModel(network.Transformer(config), vocabulary, vocabulary)
-  predict_fn = teacher.jit_predict()
 
-  @jax.jit
-  def to_batch(decodes: jax.Array) -> dict:
-    inputs = jnp.pad(decodes, ((0, 0), (1, 0)))[:, :-1]
-    return {
-        "decoder_target_tokens": decodes,
-        "decoder_input_tokens": inputs,
-        "decoder_loss_weights": (decodes > 0).astype(jnp.int32),
-    }
+  init_params: Callable[[jax.Array], Any]
+  restore_params: Callable[[str], Any]
+  loss_fn: LossFn
+  frozen: Any
+  evaluate: Callable[[Any], tuple[dict, str]] | None
+  export: Callable[[str, Any], None]
+  shown: str
+  summary: dict
 
-  def relabel(batch: dict, step: int) -> dict:
-    if "encoder_segment_ids" in batch:
-      raise ValueError("distillation needs unpacked batches: set training.train.pack = False.")
-    rng = jax.random.fold_in(jax.random.PRNGKey(seed), step)
-    decodes, _ = predict_fn(params, batch, rng, temperature)
-    return dict(batch, **to_batch(decodes))
 
-  return relabel
+def _feature_shapes(lengths: Mapping[str, int]) -> dict:
+  return {
+      "encoder_input_tokens": (1, lengths["inputs"]),
+      "decoder_input_tokens": (1, lengths["targets"]),
+  }
+
+
+def reference_trainee(
+    model_config: network.T5Config,
+    vocabulary: seqio.Vocabulary,
+    lengths: Mapping[str, int],
+    examples: EvalSet | None,
+    z_loss: float = 1e-4,
+    label_smoothing: float = 0.0,
+) -> Trainee:
+  """A T5 1.1 `model_config` trained on the task's references (`models.EncoderDecoderModel`'s
+  cross-entropy plus z-loss); evaluated on `examples` (teacher-forced loss and accuracy, the
+  task's metrics on greedy decodes); exported with `checkpoints.save_model`."""
+  model = models.EncoderDecoderModel(
+      network.Transformer(model_config),
+      vocabulary,
+      vocabulary,
+      z_loss=z_loss,
+      label_smoothing=label_smoothing,
+  )
+  predict_fn = model.jit_predict()
+
+  def evaluate_params(params):
+    results, predictions = evaluate(model, params, examples, predict_fn)
+    return results, f" | e.g. {predictions[0]!r} (reference {examples.references[0]!r})"
+
+  return Trainee(
+      init_params=lambda rng: model.get_initial_variables(rng, _feature_shapes(lengths))["params"],
+      restore_params=lambda path: checkpoints.restore_params(model_config, path),
+      loss_fn=lambda params, frozen, batch, rng: model.loss_fn(params, batch, rng),
+      frozen=None,
+      evaluate=evaluate_params if examples is not None else None,
+      export=lambda directory, params: checkpoints.save_model(
+          directory, params, model_config, overwrite=True
+      ),
+      shown="accuracy",
+      summary={"model_config": json.loads(checkpoints.config_to_json(model_config))},
+  )
+
+
+def distillation_trainee(
+    settings: distillation_lib.Distillation,
+    drafter: drafters.Drafter,
+    eos_id: int,
+    lengths: Mapping[str, int],
+    examples: EvalSet | None,
+    z_loss: float = 1e-4,
+    seed: int = 0,
+) -> Trainee:
+  """`drafter` (checked by `distillation.checked_drafter`) distilled against the frozen target of
+  `settings` (`distillation.Distiller`, the target restored here); evaluated on `examples` (the
+  loss metrics, Table 3's alpha at T = 0 and 1); exported with `drafter.save_params`."""
+  shapes = _feature_shapes(lengths)
+  target_params, target_config = settings.restore_target()
+  distiller = distillation_lib.Distiller(settings, drafter, target_config, eos_id, z_loss)
+  as_arrays = lambda params: jax.tree.map(jnp.asarray, params)
+  evaluate_fn = distiller.make_evaluate(lengths["targets"], seed) if examples is not None else None
+
+  def evaluate_params(params):
+    return evaluate_fn(params, target_params, examples.batches, examples.rows), ""
+
+  network_config = drafter.network_config
+  return Trainee(
+      init_params=lambda rng: as_arrays(drafter.init_params(rng, shapes)),
+      restore_params=lambda path: as_arrays(drafter.restore_params(path)),
+      loss_fn=distiller.loss_fn,
+      frozen=target_params,
+      evaluate=evaluate_params if examples is not None else None,
+      export=lambda directory, params: drafter.save_params(directory, params, overwrite=True),
+      shown="beta",
+      summary={
+          "model_config": (
+              json.loads(checkpoints.config_to_json(network_config)) if network_config else None
+          ),
+          "drafter": type(drafter).__name__,
+          "distillation": settings.as_dict(),
+          "target_config": json.loads(checkpoints.config_to_json(target_config)),
+      },
+  )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,13 +402,14 @@ def restore_latest(manager: ocp.CheckpointManager, state: TrainState) -> TrainSt
 # The training loop
 # ----------------------------------------------------------------------------------------------
 def _mean_metrics(metrics: Sequence[dict]) -> dict:
-  """Token-weighted loss and accuracy, plain means of the rest, over several steps' metrics."""
+  """Token-weighted means of the per-token metrics, plain means of the rest, over several steps'
+  metrics."""
   metrics = jax.device_get(list(metrics))
   tokens = np.array([m["tokens"] for m in metrics], np.float64)
   mean = {}
   for key in metrics[0]:
     values = np.array([m[key] for m in metrics], np.float64)
-    weighted = key in ("loss", "z_loss", "accuracy")
+    weighted = key in TOKEN_WEIGHTED_METRICS
     mean[key] = float(np.sum(values * tokens) / np.sum(tokens) if weighted else np.mean(values))
   return mean
 
@@ -336,10 +422,110 @@ def _read_summary(model_dir: str) -> dict:
     return json.load(f)
 
 
+def _distillation_settings(
+    distillation: distillation_lib.Distillation | None,
+    distill_from: str | None,
+    distill_temperature: float,
+) -> distillation_lib.Distillation | None:
+  """The run's `Distillation`: `distillation`, or the `distill_from` shorthand (cross-entropy on
+  the target's decodes at `distill_temperature`), or None."""
+  if distillation is not None and not isinstance(distillation, distillation_lib.Distillation):
+    raise gin_utils.ConfigError(
+        f"training.train.distillation must be a distillation.Distillation (in gin, "
+        f"@distillation.Distillation()), got {distillation!r}."
+    )
+  if distill_from is None:
+    if distill_temperature != 0.0:
+      raise gin_utils.ConfigError(
+          f"distill_temperature = {distill_temperature} without distill_from: it is the "
+          "temperature of distill_from's target; set distill_from, or for a Distillation set "
+          "its data_temperature."
+      )
+    return distillation
+  if distillation is not None:
+    raise gin_utils.ConfigError(
+        "both distill_from and distillation are set: distill_from is the shorthand for "
+        "Distillation(target_dir, divergence='cross_entropy', data='target'); keep one."
+    )
+  return distillation_lib.Distillation(
+      os.fspath(distill_from),
+      divergence="cross_entropy",
+      data="target",
+      data_temperature=distill_temperature,
+  )
+
+
+def _check_reference_training(
+    model_config: network.T5Config | None,
+    drafter: drafters.Drafter | None,
+    vocabulary: seqio.Vocabulary,
+) -> None:
+  """Training on references needs a model_config that fits the vocabulary, and no drafter."""
+  if drafter is not None:
+    raise gin_utils.ConfigError(
+        "training.train.drafter is trained by distillation only: set training.train.distillation "
+        "(data='references', divergence='cross_entropy' trains it on the references), or "
+        "unset the drafter and give model_config."
+    )
+  if model_config is None:
+    raise gin_utils.ConfigError(
+        "training.train needs model_config (MODEL_CONFIG in configs/runs/train.gin): the T5 1.1 "
+        "architecture to train."
+    )
+  if model_config.vocab_size < vocabulary.vocab_size:
+    raise ValueError(
+        f"model vocab_size {model_config.vocab_size} < the task vocabulary's "
+        f"{vocabulary.vocab_size} pieces: set the config's vocab_size to at least "
+        f"{vocabulary.vocab_size}."
+    )
+
+
+def _checked_drafter(
+    settings: distillation_lib.Distillation,
+    drafter: drafters.Drafter | None,
+    model_config: network.T5Config | None,
+    pack: bool,
+    label_smoothing: float,
+    vocabulary: seqio.Vocabulary,
+    lengths: Mapping[str, int],
+) -> tuple[drafters.Drafter, int]:
+  """The drafter a distillation trains (`drafter`, or the T5Drafter of `model_config`) and the
+  EOS id, checked with the run's settings (`distillation.checked_drafter`) before anything is
+  built."""
+  if pack:
+    raise gin_utils.ConfigError(
+        "distillation needs unpacked batches (the target decodes one input per row): set "
+        "training.train.pack = False."
+    )
+  if label_smoothing:
+    raise gin_utils.ConfigError(
+        f"label_smoothing = {label_smoothing} does not apply to distillation (the target gives "
+        "the soft labels): set training.train.label_smoothing = 0."
+    )
+  if drafter is None and model_config is None:
+    raise gin_utils.ConfigError(
+        "distillation needs a drafter: set training.train.drafter, or model_config for a "
+        "T5Drafter of that architecture."
+    )
+  if drafter is not None and model_config is not None and drafter.network_config != model_config:
+    raise gin_utils.ConfigError(
+        f"training.train has both a drafter ({type(drafter).__name__}) and a model_config it does "
+        "not run: give the drafter's architecture once (MODEL_CONFIG = None with a drafter, or "
+        "no drafter for drafters.T5Drafter(model_config))."
+    )
+  return distillation_lib.checked_drafter(
+      settings,
+      drafter or drafters.T5Drafter(model_config),
+      vocabulary.vocab_size,
+      vocabulary.eos_id,
+      _feature_shapes(lengths),
+  )
+
+
 @gin.configurable(denylist=["model_dir"])
 def train(
     model_dir: str | os.PathLike,
-    model_config: network.T5Config = gin.REQUIRED,
+    model_config: network.T5Config | None = None,
     mixture_or_task_name: str = gin.REQUIRED,
     task_feature_lengths: Mapping[str, int] = gin.REQUIRED,
     batch_size: int = 32,
@@ -355,61 +541,71 @@ def train(
     keep_checkpoints: int = 2,
     log_period: int = 10,
     seed: int = 0,
-    distill_from: str | None = None,
+    drafter: drafters.Drafter | None = None,
+    distillation: distillation_lib.Distillation | None = None,
+    distill_from: str | os.PathLike | None = None,
     distill_temperature: float = 0.0,
+    init_from: str | os.PathLike | None = None,
+    eval_before_training: bool = False,
     progress: bool = True,
 ) -> dict:
-  """Trains `model_config` on the task's train split up to `num_steps`; returns the summary.
+  """Trains on the task's train split up to `num_steps`; returns the summary.
 
-  Resumes from the latest checkpoint in `model_dir` if there is one. Writes checkpoints every
+  Without `distillation`, trains the T5 1.1 `model_config` on the task's references. With it
+  (a `distillation.Distillation`), trains `drafter` (default `drafters.T5Drafter(model_config)`;
+  give one of the two) against that frozen target: the step minimizes the distillation loss,
+  evaluation reports Table 3's alpha at T = 0 and 1 with the loss, and the export is the
+  drafter's `save_params`. `distill_from` (a `save_model` directory) is the shorthand for
+  `Distillation(distill_from, divergence='cross_entropy', data='target',
+  data_temperature=distill_temperature)`: sequence-level distillation on the target's decodes.
+  Distillation needs `pack=False` (one input per row) and no label smoothing; `z_loss` applies to
+  the drafter's logits.
+
+  Resumes from the latest checkpoint in `model_dir` if there is one; otherwise starts from
+  `init_from` (a checkpoint directory the trainee's `restore_params` reads, e.g. a drafter
+  trained on references) if given, else from fresh parameters. Writes checkpoints every
   `checkpoint_period` steps and at the end, evaluates every `eval_period` steps and at the end
-  (0: never), exports the final parameters to `model_dir/model` (`checkpoints.save_model`) and
-  writes `model_dir/train_summary.json` (config, steps, wall time, losses, eval metrics).
-  `distill_from`: a `save_model` directory of a teacher whose decodes (at
-  `distill_temperature`) replace the training targets; needs `pack=False`.
+  (0: never; with `eval_before_training` also at step 0 of a fresh run, as T5X's
+  run_eval_before_training: the baseline a run improves on), exports the final parameters to
+  `model_dir/model` and writes `model_dir/train_summary.json` (config, distillation settings,
+  steps, wall time, losses, eval metrics). Settings are checked before anything is built
+  (gin_utils.ConfigError).
   """
   model_dir = os.path.abspath(os.fspath(model_dir))
   lengths = dict(task_feature_lengths)
   task = tasks.get_task(mixture_or_task_name)
   vocabulary = task.output_features["targets"].vocabulary
-  if model_config.vocab_size < vocabulary.vocab_size:
-    raise ValueError(
-        f"model vocab_size {model_config.vocab_size} < the task vocabulary's "
-        f"{vocabulary.vocab_size} pieces: set the config's vocab_size to at least "
-        f"{vocabulary.vocab_size}."
+  settings = _distillation_settings(distillation, distill_from, distill_temperature)
+  if settings is None:
+    _check_reference_training(model_config, drafter, vocabulary)
+  else:
+    drafter, eos_id = _checked_drafter(
+        settings, drafter, model_config, pack, label_smoothing, vocabulary, lengths
     )
-  if distill_from and pack:
-    raise ValueError(
-        "distill_from needs unpacked batches (the teacher decodes one input per "
-        "row): set training.train.pack = False."
-    )
-  model = models.EncoderDecoderModel(
-      network.Transformer(model_config),
-      vocabulary,
-      vocabulary,
-      z_loss=z_loss,
-      label_smoothing=label_smoothing,
-  )
-  optimizer = make_optimizer(num_steps)
-  manager = checkpoint_manager(model_dir, keep_checkpoints)
-  state = restore_latest(manager, init_state(model, optimizer, jax.random.PRNGKey(seed), lengths))
-  start = int(state.step)
-  summary = _read_summary(model_dir) if start else {}
-  history = summary.get("history", [])
-  step_fn = make_train_step(model, optimizer)
-  batches = train_batches(mixture_or_task_name, lengths, batch_size, seed, pack, start)
-  relabel = (
-      make_teacher_targets(distill_from, vocabulary, distill_temperature, seed)
-      if distill_from
-      else None
-  )
   examples = (
       eval_set(mixture_or_task_name, eval_split, lengths, eval_batch_size, eval_examples)
       if eval_period
       else None
   )
-  predict_fn = model.jit_predict()
-  dropout_rng = jax.random.PRNGKey(seed + 1)
+  if settings is None:
+    trainee = reference_trainee(
+        model_config, vocabulary, lengths, examples, z_loss, label_smoothing
+    )
+  else:
+    trainee = distillation_trainee(settings, drafter, eos_id, lengths, examples, z_loss, seed)
+
+  optimizer = make_optimizer(num_steps)
+  manager = checkpoint_manager(model_dir, keep_checkpoints)
+  params = trainee.init_params(jax.random.PRNGKey(seed))
+  if init_from is not None and manager.latest_step() is None:
+    params = trainee.restore_params(gin_utils.resolve_path(init_from))
+  state = restore_latest(manager, init_state(params, optimizer))
+  start = int(state.step)
+  summary = _read_summary(model_dir) if start else {}
+  history = summary.get("history", [])
+  step_fn = make_train_step(trainee.loss_fn, optimizer)
+  batches = train_batches(mixture_or_task_name, lengths, batch_size, seed, pack, start)
+  rng = jax.random.PRNGKey(seed + 1)
   pending, last_train, last_eval = [], summary.get("train", {}), summary.get("eval", {})
   seconds = summary.get("train_seconds", 0.0)
   bar = tqdm.tqdm(
@@ -420,49 +616,45 @@ def train(
       mininterval=5.0,
       desc=os.path.basename(model_dir),
   )
+
+  def run_eval(step: int, params: Any) -> dict:
+    metrics, note = trainee.evaluate(params)
+    history.append({"step": step, **metrics})
+    bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()) + note)
+    return metrics
+
   started = time.perf_counter()
+  if eval_before_training and trainee.evaluate is not None and start == 0:
+    last_eval = run_eval(0, state.params)
   for step in range(start + 1, num_steps + 1):
-    batch = next(batches)
-    if relabel is not None:
-      batch = relabel(batch, step)
-    state, metrics = step_fn(state, batch, dropout_rng)
+    state, metrics = step_fn(state, trainee.frozen, next(batches), rng)
     pending.append(metrics)
     bar.update(1)
     if step % log_period == 0 or step == num_steps:
       last_train = _mean_metrics(pending)
       pending = []
       history.append({"step": step, **{f"train_{k}": v for k, v in last_train.items()}})
-      bar.set_postfix(loss=f"{last_train['loss']:.3f}", acc=f"{last_train['accuracy']:.3f}")
+      shown = trainee.shown
+      bar.set_postfix({"loss": f"{last_train['loss']:.3f}", shown: f"{last_train[shown]:.3f}"})
     if step % checkpoint_period == 0 or step == num_steps:
       save_state(manager, state)
-    if examples is not None and (step % eval_period == 0 or step == num_steps):
-      last_eval, predictions = evaluate(model, state.params, examples, predict_fn)
-      history.append({"step": step, **last_eval})
-      bar.write(
-          f"step {step}: "
-          + ", ".join(f"{k} {v:.4g}" for k, v in last_eval.items())
-          + f" | e.g. {predictions[0]!r} (reference {examples.references[0]!r})"
-      )
+    if trainee.evaluate is not None and (step % eval_period == 0 or step == num_steps):
+      last_eval = run_eval(step, state.params)
   bar.close()
   seconds += time.perf_counter() - started
-  checkpoints.save_model(
-      os.path.join(model_dir, EXPORT_DIR),
-      jax.device_get(state.params),
-      model_config,
-      overwrite=True,
-  )
+  trainee.export(os.path.join(model_dir, EXPORT_DIR), jax.device_get(state.params))
   summary = {
-      "model_config": json.loads(checkpoints.config_to_json(model_config)),
+      **trainee.summary,
       "parameters": int(sum(np.size(x) for x in jax.tree.leaves(state.params))),
       "task": mixture_or_task_name,
       "task_feature_lengths": lengths,
       "batch_size": batch_size,
       "pack": pack,
+      "init_from": None if init_from is None else os.fspath(init_from),
       "steps": int(state.step),
       "train_seconds": seconds,
       "train": last_train,
       "eval": last_eval,
-      "distill_from": distill_from,
       "history": history,
   }
   with open(os.path.join(model_dir, SUMMARY_FILE), "w") as f:

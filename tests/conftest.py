@@ -9,6 +9,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
+import seqio  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -46,6 +47,21 @@ FIXTURE_CONFIG = tiny_config(
     num_encoder_layers=2,
     num_decoder_layers=2,
 )
+
+# A seqio test vocabulary and eight tiny English-German pairs: the training tests' task data.
+SEQIO_TEST_VOCABULARY = (
+    pathlib.Path(seqio.__file__).parent / "test_data" / "sentencepiece" / "sentencepiece.model"
+)
+TRANSLATION_PAIRS = [
+    ("open file", "datei offen"),
+    ("save file", "datei sichern"),
+    ("close", "schliessen"),
+    ("open window", "fenster offen"),
+    ("quit", "beenden"),
+    ("help", "hilfe"),
+    ("new window", "neues fenster"),
+    ("save as", "sichern als"),
+]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "t5x"

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from conftest import tiny_config
-from speculative_t5x import alpha, drafters, network
+from speculative_t5x import alpha, drafters, network, sampling
 
 CFG = tiny_config(23)
 EOS = 1
@@ -81,9 +81,33 @@ def test_prompt_lookup_beta_is_the_target_probability_of_its_draft():
   np.testing.assert_array_equal(count, valid.sum(1))
 
 
+def test_shared_encoder_drafter_beta_reads_the_targets_encoder_output():
+  """beta_totals at T = 0.7, top-k 5 equals a direct computation: the target teacher-forced,
+  and the drafter's decoder on the target's own encoder output (of width 16, its own 8)."""
+  params, enc, sequences = _setup()
+  drafter = drafters.SharedEncoderDrafter(CFG.replace(emb_dim=8, num_decoder_layers=1), 16)
+  drafter_params = drafter.init_params(jax.random.PRNGKey(4), {})
+  beta_sum, count = alpha.beta_totals(
+      CFG, params, drafter, drafter_params, enc, sequences, EOS, temperature=0.7, topk=5
+  )
+  model, inputs = network.Transformer(CFG), alpha.shift_right(sequences)
+  encoded = model.apply({"params": params}, enc, method=model.encode)
+  q_logits = network.shared_encoder_teacher_forced_logits(
+      drafter.config, drafter_params, encoded, enc, inputs
+  )
+  p_logits = network.teacher_forced_logits(CFG, params, enc, inputs)
+  p, q = (sampling.distribution(x, 0.7, 5) for x in (p_logits, q_logits))
+  valid = np.asarray(alpha.generated_positions(sequences, EOS))
+  beta = np.asarray(jnp.sum(jnp.minimum(p, q), -1))
+  np.testing.assert_allclose(beta_sum, np.where(valid, beta, 0.0).sum(1), rtol=1e-5)
+  np.testing.assert_array_equal(count, valid.sum(1))
+  assert 0.0 < float(np.sum(beta_sum)) < float(np.sum(count))
+
+
 def test_measure_counts_generated_tokens_and_scores_each_drafter():
   params, enc, _ = _setup()
   other = network.init_params(CFG, jax.random.PRNGKey(7))
+  shared = drafters.SharedEncoderDrafter(CFG, CFG.emb_dim)
   result = alpha.measure(
       CFG,
       params,
@@ -91,6 +115,7 @@ def test_measure_counts_generated_tokens_and_scores_each_drafter():
           "self": (drafters.T5Drafter(CFG), params),
           "other": (drafters.T5Drafter(CFG), other),
           "lookup": (drafters.PromptLookupDrafter(23), {}),
+          "shared": (shared, shared.init_params(jax.random.PRNGKey(8), {})),
       },
       [enc, enc],
       decode_length=5,
@@ -103,3 +128,4 @@ def test_measure_counts_generated_tokens_and_scores_each_drafter():
   np.testing.assert_allclose(result["self"]["alpha"], 1.0, rtol=1e-5)
   assert 0.0 < result["other"]["alpha"] < 1.0
   assert 0.0 <= result["lookup"]["alpha"] < 1.0
+  assert 0.0 < result["shared"]["alpha"] < 1.0

@@ -163,6 +163,30 @@ def test_decode_step_stages_must_share_a_vocabulary():
     benchmark.decode_step_call(stages, benchmark.DecodeGeometry(4, 8, 0, 1))
 
 
+def test_a_shared_encoder_stage_times_its_decoder_on_a_t5_shaped_cache():
+  """A stage with encoder_emb_dim (a drafters.SharedEncoderDrafter's network) has no encoder: its
+  cache is made from a random encoder output of that width, with the shapes a T5 of its config
+  decodes against, and its steps are its decoder's."""
+  config = network.T5Config(
+      vocab_size=8, emb_dim=4, num_heads=1, num_decoder_layers=1, head_dim=4, mlp_dim=4
+  )
+  stages = {
+      "t5": benchmark.Stage(config, network.init_params(config, jax.random.PRNGKey(0))),
+      "shared": benchmark.Stage(
+          config,
+          network.shared_encoder_init_params(config, 12, jax.random.PRNGKey(0)),
+          encoder_emb_dim=12,
+      ),
+  }
+  caches = {}
+  for name, stage in stages.items():
+    assert isinstance(stage.module, network.Transformer) == (name == "t5")
+    fn, args = benchmark.decode_step_call([stage], benchmark.DecodeGeometry(3, 6, 0, 2))
+    assert fn(*args).shape == (1, 1)
+    caches[name] = jax.tree.map(lambda x: (x.shape, x.dtype), args[1])
+  assert caches["shared"] == caches["t5"]
+
+
 @pytest.mark.parametrize("repeats, warmup", [(0, 1), (3, -1)])
 def test_time_calls_rejects_bad_counts(repeats, warmup):
   with pytest.raises(ValueError, match="repeats >= 1 and warmup >= 0"):

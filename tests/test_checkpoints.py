@@ -1,6 +1,8 @@
 """Tests of checkpoint reading (T5X's own files, and files written here in its layouts) and
 orbax."""
 
+import dataclasses
+import json
 import os
 import re
 import shutil
@@ -18,6 +20,7 @@ from flax import traverse_util
 
 from conftest import FIXTURE_CONFIG, REPO_ROOT, fixture_path, tiny_config
 from speculative_t5x import checkpoints
+from speculative_t5x import drafters
 from speculative_t5x import hf_weights
 from speculative_t5x import network
 
@@ -255,6 +258,89 @@ def test_orbax_pair_round_trip_is_exact(tmp_path, small_params):
   assert (target_config, restored_config) == (SMALL, drafter_config)
   _assert_trees_equal(target_params, small_params)
   _assert_trees_equal(drafter_params, drafter)
+
+
+# A shared-encoder drafter for SMALL: its own width 6, reading SMALL's encoder output (width 8).
+SHARED_DRAFTER = drafters.SharedEncoderDrafter(
+    tiny_config(40, emb_dim=6, num_heads=2, head_dim=4, mlp_dim=12, num_decoder_layers=1),
+    SMALL.emb_dim,
+)
+
+
+@pytest.fixture(scope="module")
+def shared_params():
+  params = jax.jit(lambda rng: SHARED_DRAFTER.init_params(rng, {}))(jax.random.PRNGKey(2))
+  return jax.tree.map(np.asarray, params)
+
+
+def test_shared_encoder_pair_round_trip_is_exact(tmp_path, small_params, shared_params):
+  checkpoints.save_pair(tmp_path, small_params, SMALL, shared_params, SHARED_DRAFTER)
+  fields = json.loads((tmp_path / "drafter" / "config.json").read_text())
+  assert fields.pop("drafter") == {"kind": "shared_encoder", "encoder_emb_dim": 8}
+  assert fields == json.loads(checkpoints.config_to_json(SHARED_DRAFTER.config))
+  (target_params, target_config), (drafter_params, drafter) = checkpoints.restore_pair(tmp_path)
+  assert target_config == SMALL
+  assert type(drafter) is drafters.SharedEncoderDrafter  # pylint: disable=unidiomatic-typecheck
+  assert (drafter.config, drafter.encoder_emb_dim) == (SHARED_DRAFTER.config, 8)
+  _assert_trees_equal(target_params, small_params)
+  _assert_trees_equal(drafter_params, shared_params)
+  (_, _), (half, _) = checkpoints.restore_pair(tmp_path, dtype="bfloat16")
+  _assert_trees_equal(half, _bf16(shared_params))
+  _assert_trees_equal(SHARED_DRAFTER.restore_params(tmp_path / "drafter"), shared_params)
+  assert checkpoints.read_drafter_config(tmp_path / "drafter") == (SHARED_DRAFTER.config, 8)
+  with pytest.raises(ValueError, match="describes a drafter without an encoder .*restore_pair"):
+    checkpoints.restore_model(tmp_path / "drafter")
+
+
+def test_save_pair_takes_a_t5_drafter_as_its_config(tmp_path, small_params):
+  checkpoints.save_pair(tmp_path, small_params, SMALL, small_params, drafters.T5Drafter(SMALL))
+  (_, _), (drafter_params, drafter_config) = checkpoints.restore_pair(tmp_path)
+  assert (
+      drafter_config == SMALL and checkpoints.read_drafter_config(tmp_path / "drafter")[1] is None
+  )
+  _assert_trees_equal(drafter_params, small_params)
+
+
+def test_save_pair_refuses_a_drafter_that_cannot_serve_the_target(tmp_path, small_params):
+  wide = dataclasses.replace(SHARED_DRAFTER, encoder_emb_dim=12)
+  with pytest.raises(ValueError, match="encoder_emb_dim 12 != the target's emb_dim 8"):
+    checkpoints.save_pair(tmp_path, small_params, SMALL, {}, wide)
+  with pytest.raises(ValueError, match="drafter must be a network.T5Config .* got 'small'"):
+    checkpoints.save_pair(tmp_path, small_params, SMALL, {}, "small")
+  assert not os.listdir(tmp_path)  # refused before anything is written
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda text: text[: len(text) // 2], "is not valid JSON"),
+        (lambda text: "[1, 2]", "holds a JSON list, not the object of T5Config fields"),
+        (
+            lambda text: text.replace('"shared_encoder"', '"medusa"'),
+            r"the 'drafter' entry \{'encoder_emb_dim': 8, 'kind': 'medusa'\}, which this "
+            r'version does not read: it writes \{"kind": "shared_encoder"',
+        ),
+        (
+            lambda text: text.replace('"encoder_emb_dim": 8', '"encoder_emb_dim": "8"'),
+            "which this version does not read",
+        ),
+        (
+            lambda text: text.replace('"encoder_emb_dim": 8', '"encoder_emb_dim": 12'),
+            r"encoder_emb_dim=12\) does not match the model config \(2 problem\(s\)\).*\n"
+            r"  wrong shape: decoder/layers_0/encoder_decoder_attention/key/kernel is \(8, 8\), "
+            r"the config needs \(12, 8\)",
+        ),
+        (lambda text: text.replace('"emb_dim": 6', '"emb_dim": 0'), "emb_dim must be >= 1"),
+    ],
+)
+def test_damaged_or_mismatched_drafter_config_is_refused(
+    tmp_path, small_params, shared_params, damage, message
+):
+  checkpoints.save_pair(tmp_path, small_params, SMALL, shared_params, SHARED_DRAFTER)
+  config_file = tmp_path / "drafter" / "config.json"
+  config_file.write_text(damage(config_file.read_text()))
+  with pytest.raises(ValueError, match=message):
+    checkpoints.restore_pair(tmp_path)
 
 
 def test_config_json_with_unknown_field_is_rejected():

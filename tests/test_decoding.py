@@ -49,6 +49,18 @@ def _small_params():
   return target, network.init_params(SMALL_DRAFTER, jax.random.PRNGKey(2))
 
 
+@functools.lru_cache(maxsize=None)
+def _small_model_drafter(kind):
+  """-> (drafter, params): SMALL_DRAFTER as a T5 drafter, or as a shared-encoder decoder reading
+  the target's encoder output (of width 16, its own 8)."""
+  if kind == "t5":
+    return network.Transformer(SMALL_DRAFTER), _small_params()[1]
+  params = network.shared_encoder_init_params(
+      SMALL_DRAFTER, SMALL_TARGET.emb_dim, jax.random.PRNGKey(3)
+  )
+  return drafters.SharedEncoderDrafter(SMALL_DRAFTER, SMALL_TARGET.emb_dim), params
+
+
 def _exact_law(temperature, topk=0, topp=0.0):
   """{sequence (tuple of SMALL_L ids, 0 after EOS): probability} for each row of SMALL_INPUTS."""
   target, _ = _small_params()
@@ -106,12 +118,19 @@ def _sample_small(model, drafter_params, temperature, topk=0, topp=0.0, seed=0):
 
 
 @pytest.mark.parametrize(
-    "gamma, temperature, topk, topp",
-    [(1, 1.0, 0, 0.0), (3, 1.0, 0, 0.0), (3, 0.7, 3, 0.0), (1, 1.0, 0, 0.8)],
+    "kind, gamma, temperature, topk, topp",
+    [
+        ("t5", 1, 1.0, 0, 0.0),
+        ("t5", 3, 1.0, 0, 0.0),
+        ("t5", 3, 0.7, 3, 0.0),
+        ("t5", 1, 1.0, 0, 0.8),
+        ("shared_encoder", 3, 1.0, 0, 0.0),
+        ("shared_encoder", 3, 0.7, 3, 0.0),
+    ],
 )
-def test_t5_drafter_samples_the_exact_target_distribution(gamma, temperature, topk, topp):
-  _, drafter_params = _small_params()
-  model = _small_model(network.Transformer(SMALL_DRAFTER), gamma)
+def test_model_drafters_sample_the_exact_target_distribution(kind, gamma, temperature, topk, topp):
+  drafter, drafter_params = _small_model_drafter(kind)
+  model = _small_model(drafter, gamma)
   decodes, aux = _sample_small(model, drafter_params, temperature, topk, topp)
   _assert_matches_target(decodes, _exact_law(temperature, topk, topp))
   stats = aux["speculative_stats"]
@@ -176,6 +195,19 @@ def _tiny_params():
   )
 
 
+@functools.lru_cache(maxsize=None)
+def _tiny_drafter(kind):
+  """-> (drafter, params) of a drafter kind of _speculative: 'self' (the target), 't5'
+  (TINY_DRAFTER) or 'shared_encoder' (TINY_DRAFTER's decoder reading the target's encoder)."""
+  target, t5_params = _tiny_params()
+  if kind == "self":
+    return network.Transformer(TINY), target
+  if kind == "t5":
+    return network.Transformer(TINY_DRAFTER), t5_params
+  params = network.shared_encoder_init_params(TINY_DRAFTER, TINY.emb_dim, jax.random.PRNGKey(12))
+  return drafters.SharedEncoderDrafter(TINY_DRAFTER, TINY.emb_dim), params
+
+
 def _random_inputs(count, seed=0, length=9):
   rng = np.random.default_rng(seed)
   tokens = rng.integers(2, TINY.vocab_size, (count, length)).astype(np.int32)
@@ -198,7 +230,7 @@ def _baseline(eos=EOS, max_decode_steps=None):
 
 @functools.lru_cache(maxsize=None)
 def _speculative(gamma, drafter_kind="t5", eos=EOS, max_decode_steps=None):
-  drafter = network.Transformer(TINY if drafter_kind == "self" else TINY_DRAFTER)
+  drafter, _ = _tiny_drafter(drafter_kind)
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TINY), drafter, _vocab(61, eos), _vocab(61, eos), gamma=gamma
   )
@@ -206,8 +238,8 @@ def _speculative(gamma, drafter_kind="t5", eos=EOS, max_decode_steps=None):
 
 
 def _greedy_pair(inputs, gamma, drafter_kind="t5", eos=EOS, max_decode_steps=None):
-  target, drafter = _tiny_params()
-  drafter = target if drafter_kind == "self" else drafter
+  target, _ = _tiny_params()
+  _, drafter = _tiny_drafter(drafter_kind)
   rng = jax.random.PRNGKey(0)
   base, _ = _baseline(eos, max_decode_steps)(target, _batch(inputs), rng, 0.0)
   spec, aux = _speculative(gamma, drafter_kind, eos, max_decode_steps)(
@@ -224,11 +256,12 @@ def test_greedy_equals_baseline_batch_1(gamma):
     np.testing.assert_array_equal(spec, base, err_msg=f"input {i}")
 
 
-@pytest.mark.parametrize("gamma", [1, 4, 8])
-def test_greedy_equals_baseline_batch_3(gamma):
+@pytest.mark.parametrize("kind, gamma", [("t5", 1), ("t5", 4), ("t5", 8), ("shared_encoder", 4)])
+def test_greedy_equals_baseline_batch_3(kind, gamma):
+  """Ragged rows (random input lengths) that accept different numbers of drafts."""
   inputs = _random_inputs(102, seed=100 + gamma)
   for i in range(0, len(inputs), 3):
-    base, spec, aux = _greedy_pair(inputs[i : i + 3], gamma)
+    base, spec, aux = _greedy_pair(inputs[i : i + 3], gamma, kind)
     np.testing.assert_array_equal(spec, base, err_msg=f"inputs {i}..{i + 2}")
   assert set(aux["speculative_stats"]) == set(STAT_NAMES)
 
@@ -378,6 +411,15 @@ def test_greedy_equals_t5x_own_decodes_on_the_fixture():
                 _vocab(61),
             ),
             "drafter eos_id 2 != the output vocabulary's eos_id 1",
+        ),
+        (
+            lambda: models.SpeculativeEncoderDecoderModel(
+                network.Transformer(TINY),
+                drafters.SharedEncoderDrafter(TINY_DRAFTER, 8),
+                _vocab(61),
+                _vocab(61),
+            ),
+            "encoder_emb_dim 8 != the target's emb_dim 16",
         ),
         (lambda: _call_with(temperature=-1.0), "temperature must be >= 0"),
         (lambda: _call_with(topk=5, topp=0.9), "at most one of top-k and top-p"),
@@ -970,21 +1012,21 @@ def _tree_model(config, drafter, tree, verifier=TREE):
         ("t5", (2, 2, 1), 0.7, 3),
         ("bigram", (3, 2), 1.0, 0),
         ("bigram", (2, 2, 1), 0.7, 3),
+        ("shared_encoder", (2, 2, 1), 0.7, 3),
     ],
 )
 def test_a_draft_tree_samples_the_exact_target_distribution(kind, tree, temperature, topk):
-  _, t5_params = _small_params()
-  drafter, params = {
-      "t5": (network.Transformer(SMALL_DRAFTER), t5_params),
-      "bigram": (drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]),
-  }[kind]
+  if kind == "bigram":
+    drafter, params = drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]
+  else:
+    drafter, params = _small_model_drafter(kind)
   model = _tree_model(SMALL_TARGET, drafter, tree)
   decodes, aux = _sample_small(model, params, temperature, topk, seed=17)
   _assert_matches_target(decodes, _exact_law(temperature, topk))
   totals = decoding.SpeculativeStats.from_dict(aux["speculative_stats"]).totals()
   nodes, depth = model.draft_tree.num_nodes, model.draft_tree.depth
   assert totals["drafted_tokens"] == nodes * totals["target_calls"]
-  assert totals["drafter_calls"] == (depth if kind == "t5" else 0) * totals["target_calls"]
+  assert totals["drafter_calls"] == (depth if kind != "bigram" else 0) * totals["target_calls"]
   assert 0 < totals["accepted_tokens"] < depth * totals["target_calls"]
 
 

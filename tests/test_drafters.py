@@ -1,9 +1,10 @@
 """What each drafter proposes, pinned down by values worked out by hand.
 
 The exactness tests (test_decoding.py) pass for any q, so a wrong proposal would only lower alpha
-silently. Here: the T5 drafter's cache across proposals and roll-backs (every q it returns is its
-distribution given the true prefix and its own earlier drafts, whatever the loop accepted
-before); the unigram and bigram tables `fit` builds and the distributions they give; what prompt
+silently. Here: the cache of the model drafters (T5, and the shared-encoder decoder reading the
+target's encoder output) across proposals and roll-backs, for chains and trees (every q they
+return is their distribution given the true prefix and their own earlier drafts, whatever the
+loop accepted before); the unigram and bigram tables `fit` builds and the distributions they give; what prompt
 lookup copies; the teacher-forced logits of every kind; `for_target`, `as_drafter`, gin, and the
 protocol's defaults.
 """
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from speculative_t5x import alpha, drafters, network, sampling
+from speculative_t5x import alpha, drafters, network, sampling, trees
 
 CONFIG = tiny_config(11)
 GAMMA, LENGTH = 3, 24
@@ -27,27 +28,58 @@ GAMMA, LENGTH = 3, 24
 ACCEPTED = [(0, 3), (3, 1), (2, 3), (3, 3), (1, 0)]
 
 
+E_TARGET = 24  # the target width a shared-encoder drafter reads, != CONFIG.emb_dim
+MODEL_KINDS = ["t5", "shared_encoder"]
+
+
 @functools.lru_cache(maxsize=None)
 def _t5_params():
   return jax.jit(network.init_params, static_argnums=0)(CONFIG, jax.random.PRNGKey(0))
 
 
-def test_t5_drafter_q_equals_teacher_forcing_after_any_acceptance():
-  params = _t5_params()
-  drafter = drafters.T5Drafter(CONFIG)
+@functools.lru_cache(maxsize=None)
+def _shared_params():
+  init = jax.jit(network.shared_encoder_init_params, static_argnums=(0, 1))
+  return init(CONFIG, E_TARGET, jax.random.PRNGKey(0))
+
+
+def _model_drafter(kind, encoder):
+  """-> (drafter, params, target_encoded): for the shared-encoder drafter a random stand-in for
+  the target's encoder output of `encoder` [B, Le] ([B, Le, E_TARGET]); None for the T5 drafter."""
+  if kind == "t5":
+    return drafters.T5Drafter(CONFIG), _t5_params(), None
+  encoded = np.random.default_rng(0).normal(size=encoder.shape + (E_TARGET,)).astype(np.float32)
+  return drafters.SharedEncoderDrafter(CONFIG, E_TARGET), _shared_params(), encoded
+
+
+def _teacher_forcing(drafter, params):
+  """(encoder tokens [b, Le], target sequences [b, L], target_encoded [b, Le, E] or None) ->
+  the drafter's teacher-forced logits [b, L, V]; the decoder is causal, so logits at a position
+  do not depend on the tokens padded after it."""
+  return jax.jit(
+      lambda enc, seq, encoded: drafter.teacher_forced_logits(
+          params, enc, alpha.shift_right(seq), target_encoded=encoded
+      )
+  )
+
+
+def _rows(encoded, row):
+  return None if encoded is None else encoded[row : row + 1]
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_model_drafter_q_equals_teacher_forcing_after_any_acceptance(kind):
   rng = np.random.default_rng(0)
   encoder = rng.integers(2, CONFIG.vocab_size, (2, 7)).astype(np.int32)
-  state = drafter.init_state(params, encoder, LENGTH + GAMMA + 1)
+  drafter, params, encoded = _model_drafter(kind, encoder)
+  state = drafter.init_state(params, encoder, LENGTH + GAMMA + 1, target_encoded=encoded)
   standardize = sampling.Standardizer(1.0)
   propose = jax.jit(
       lambda state, sequences, length, u: drafter.propose(
           params, state, sequences, length, GAMMA, u, standardize
       )
   )
-  # The decoder is causal: logits at a position do not depend on the tokens padded after it.
-  forced = jax.jit(
-      lambda enc, seq: drafter.teacher_forced_logits(params, enc, alpha.shift_right(seq))
-  )
+  forced = _teacher_forcing(drafter, params)
   sequences = np.zeros((2, LENGTH + GAMMA + 1), np.int32)
   length = np.zeros(2, np.int32)
   for iteration, accepted in enumerate(ACCEPTED):
@@ -57,7 +89,9 @@ def test_t5_drafter_q_equals_teacher_forcing_after_any_acceptance():
     for row in range(2):
       prefix = np.concatenate([sequences[row, : length[row]], drafts[row]])
       logits = forced(
-          encoder[row : row + 1], np.pad(prefix, (0, LENGTH + GAMMA - len(prefix)))[None]
+          encoder[row : row + 1],
+          np.pad(prefix, (0, LENGTH + GAMMA - len(prefix)))[None],
+          _rows(encoded, row),
       )
       expected = jax.nn.softmax(logits[0, length[row] : length[row] + GAMMA], axis=-1)
       np.testing.assert_allclose(
@@ -129,6 +163,54 @@ def test_t5_drafter_under_a_stop_rule_drafts_its_chain_and_leaves_the_rest_empty
       sequences[row, length[row] : length[row] + n + 1] = new
       length[row] += n + 1
   assert len(lengths_seen) >= 2  # the rule stopped rows at different slots
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_model_drafter_tree_q_equals_teacher_forcing(kind):
+  """q of node i is the drafter's distribution after the path to its parent, with its earlier
+  siblings removed and renormalized (what `speculative.TreeVerifier` needs), over two proposals
+  at ragged lengths, the second after part of the first tree was accepted."""
+  tree = trees.DraftTree.from_branching((2, 2, 1))
+  rng = np.random.default_rng(2)
+  encoder = rng.integers(2, CONFIG.vocab_size, (2, 7)).astype(np.int32)
+  drafter, params, encoded = _model_drafter(kind, encoder)
+  state = drafter.init_state(params, encoder, LENGTH + tree.width, target_encoded=encoded)
+  propose = jax.jit(
+      lambda state, sequences, length, u: drafter.propose_tree(
+          params, state, sequences, length, tree, u, sampling.Standardizer(1.0)
+      )
+  )
+  forced = _teacher_forcing(drafter, params)
+  sequences = np.zeros((2, LENGTH + tree.width), np.int32)
+  sequences[1, :2] = rng.integers(2, CONFIG.vocab_size, 2)
+  length = np.array([0, 2], np.int32)
+  for iteration, accepted_nodes in enumerate([(8, 0), (1, 5)]):
+    u = jax.random.uniform(jax.random.PRNGKey(20 + iteration), (2, tree.num_nodes))
+    drafts, q, state = propose(state, sequences, length, u)
+    drafts, q = np.asarray(drafts), np.asarray(q)
+    for row in range(2):
+      for node, parent in enumerate(tree.parents):
+        depth = tree.depths[parent]
+        prefix = np.concatenate(
+            [sequences[row, : length[row]], drafts[row, tree.paths[parent, :depth] - 1]]
+        )
+        logits = forced(
+            encoder[row : row + 1],
+            np.pad(prefix, (0, sequences.shape[1] - len(prefix)))[None],
+            _rows(encoded, row),
+        )
+        expected = np.asarray(jax.nn.softmax(logits[0, length[row] + depth]), np.float64)
+        earlier = [j for j in range(node) if tree.parents[j] == parent]
+        expected[drafts[row, earlier]] = 0.0
+        np.testing.assert_allclose(
+            q[row, node], expected / expected.sum(), atol=2e-5, err_msg=f"{iteration}, {row}"
+        )
+      # The loop's update: the drafts on the path to the accepted node, and a correction token.
+      node = accepted_nodes[row]
+      path = drafts[row, tree.paths[node + 1, : tree.depths[node + 1]] - 1]
+      new = np.append(path, rng.integers(2, CONFIG.vocab_size))
+      sequences[row, length[row] : length[row] + len(new)] = new
+      length[row] += len(new)
 
 
 def test_draft_chain_runs_only_while_some_row_drafts():
@@ -448,8 +530,31 @@ def test_as_drafter():
   assert drafters.as_drafter(lookup) is lookup
   t5 = drafters.as_drafter(network.Transformer(CONFIG))
   assert isinstance(t5, drafters.T5Drafter) and t5.config == CONFIG and t5.eos_id is None
-  with pytest.raises(ValueError, match="network.Transformer, got T5Config"):
-    drafters.as_drafter(CONFIG)
+  assert drafters.as_drafter(CONFIG).config == CONFIG  # what restore_pair gives for a T5.
+  with pytest.raises(ValueError, match="network.Transformer, got dict"):
+    drafters.as_drafter({"emb_dim": 8})
+
+
+def test_shared_encoder_drafter_reads_the_targets_encoder_output_and_nothing_else():
+  encoder = np.full((2, 7), 3, np.int32)
+  drafter, params, encoded = _model_drafter("shared_encoder", encoder)
+  assert (drafter.network_config, drafter.network_encoder_emb_dim) == (CONFIG, E_TARGET)
+  assert drafter.needs_checkpoint and drafter.vocab_size == CONFIG.vocab_size
+  with pytest.raises(ValueError, match=r"init_state needs target_encoded \[B, Le, 24\]"):
+    drafter.init_state(params, encoder, 8)
+  with pytest.raises(ValueError, match="teacher_forced_logits needs target_encoded"):
+    drafter.teacher_forced_logits(params, encoder, encoder)
+  with pytest.raises(
+      ValueError,
+      match=r"got target_encoded of shape \(2, 7, 16\), but it reads encoder outputs \[B, Le, "
+      r"encoder_emb_dim = 24\]",
+  ):
+    drafter.init_state(params, encoder, 8, target_encoded=encoded[..., :16])
+  drafter.check_target(CONFIG.replace(emb_dim=E_TARGET, num_heads=3))
+  with pytest.raises(ValueError, match="encoder_emb_dim 24 != the target's emb_dim 16: .*= 16"):
+    drafter.check_target(CONFIG)
+  with pytest.raises(ValueError, match="vocab_size 11 != the target's vocab_size 12"):
+    drafter.check_target(CONFIG.replace(emb_dim=E_TARGET, vocab_size=12))
 
 
 @gin.configurable(module="test_drafters")
@@ -490,7 +595,9 @@ class _Minimal(drafters.Drafter):
     drafts = jnp.full((sequences.shape[0], gamma), 3, jnp.int32)
     return drafts, jax.nn.one_hot(drafts, self.vocab_size), state
 
-  def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
+  def teacher_forced_logits(
+      self, params, encoder_input_tokens, decoder_input_tokens, target_encoded=None
+  ):
     return jnp.zeros(decoder_input_tokens.shape + (self.vocab_size,))
 
 
@@ -504,6 +611,10 @@ def test_protocol_defaults_for_a_drafter_without_weights():
     drafter.restore_params("/some/ckpt")
   with pytest.raises(ValueError, match="_Minimal is not fitted from data"):
     drafter.fit_params([np.array([1, 2])])
+  with pytest.raises(ValueError, match="_Minimal has no checkpoint format, so .* to /some/ckpt"):
+    drafter.save_params("/some/ckpt", {})
+  drafter.check_target(CONFIG)  # any target
+  assert drafter.network_config is None and drafter.network_encoder_emb_dim is None
   assert drafter.for_target(5, 1).eos_id == 1
 
 
@@ -514,7 +625,9 @@ def test_a_drafter_missing_an_abstract_method_cannot_be_made():
     def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
       return ()
 
-    def teacher_forced_logits(self, params, encoder_input_tokens, decoder_input_tokens):
+    def teacher_forced_logits(
+        self, params, encoder_input_tokens, decoder_input_tokens, target_encoded=None
+    ):
       return None
 
   with pytest.raises(TypeError, match="propose"):
@@ -549,6 +662,14 @@ def test_a_drafter_missing_an_abstract_method_cannot_be_made():
         ),
         (lambda: drafters.UnigramDrafter.fit([np.array([3, -2])], 10), "token id -2 outside"),
         (lambda: drafters.BigramDrafter.fit([np.array([1.5, 2.0])], 10), "integer token ids"),
+        (
+            lambda: drafters.SharedEncoderDrafter(CONFIG, 0),
+            "SharedEncoderDrafter.encoder_emb_dim must be an integer >= 1",
+        ),
+        (
+            lambda: drafters.SharedEncoderDrafter(network.Transformer(CONFIG), 8),
+            "SharedEncoderDrafter needs a network.T5Config",
+        ),
     ],
 )
 def test_bad_drafter_settings_and_fitting_data_are_refused(make, message):

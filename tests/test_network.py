@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import serialization
+from flax import serialization, traverse_util
 
 from conftest import FIXTURE_CONFIG, fixture_path, tiny_config
 from speculative_t5x import network, trees
@@ -479,3 +479,109 @@ def test_bad_tree_blocks_name_the_problem():
     network.move_cache_slots(cache, np.array([17, 0, 0]), np.zeros((3, 3), np.int32))
   with pytest.raises(ValueError, match=r"reads slots -1..0"):
     network.move_cache_slots(cache, np.zeros(3, np.int32), -np.eye(3, 2, dtype=np.int32))
+
+
+# ----------------------------------------------------------------------------------------------
+# SharedEncoderDecoder: a decoder reading another model's encoder output, of another width.
+# ----------------------------------------------------------------------------------------------
+SHARED = tiny_config(61, emb_dim=12, num_heads=3, head_dim=4, mlp_dim=24, num_decoder_layers=2)
+E_TARGET = 20  # the encoder output's width, != SHARED.emb_dim
+_SHARED_CACHE_LENGTH = 20
+
+
+def test_shared_encoder_decoder_tree_is_a_t5_without_the_encoder():
+  """A T5's token_embedder and decoder, path for path and shape for shape, but for the
+  cross-attention key and value kernels, which read the encoder output: [E_target, H*D]."""
+  shapes = traverse_util.flatten_dict(network.shared_encoder_param_shapes(SHARED, E_TARGET))
+  t5 = traverse_util.flatten_dict(network.param_shapes(SHARED))
+  assert set(shapes) == {path for path in t5 if path[0] != "encoder"}
+  cross_kv = {("encoder_decoder_attention", name) for name in ("key", "value")}
+  reads_encoder = {path for path in shapes if path[2:4] in cross_kv}
+  assert len(reads_encoder) == 2 * SHARED.num_decoder_layers
+  assert {shapes[p] for p in reads_encoder} == {(E_TARGET, 12)}
+  assert {p: shapes[p] for p in shapes if p not in reads_encoder} == {
+      p: t5[p] for p in shapes if p not in reads_encoder
+  }
+  axes = traverse_util.flatten_dict(network.shared_encoder_param_axes(SHARED, E_TARGET))
+  t5_axes = traverse_util.flatten_dict(network.param_axes(SHARED))
+  assert axes == {p: t5_axes[p] for p in axes}
+  # It has no encoder: num_encoder_layers changes nothing.
+  assert network.shared_encoder_param_shapes(
+      SHARED.replace(num_encoder_layers=5), E_TARGET
+  ) == network.shared_encoder_param_shapes(SHARED, E_TARGET)
+
+
+_shared_teacher_forced = jax.jit(network.shared_encoder_teacher_forced_logits, static_argnums=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_setup():
+  """-> (params, encoder tokens [2, 6] (ragged), their encoder output [2, 6, E_TARGET], decoder
+  inputs [2, 12] (BOS, random), teacher-forced logits [2, 12, V])."""
+  rng = np.random.default_rng(7)
+  init = jax.jit(network.shared_encoder_init_params, static_argnums=(0, 1))
+  params = init(SHARED, E_TARGET, jax.random.PRNGKey(5))
+  enc = rng.integers(1, SHARED.vocab_size, (2, 6)).astype(np.int32)
+  enc[1, 4:] = 0
+  encoded = rng.normal(size=(2, 6, E_TARGET)).astype(np.float32)
+  inputs = rng.integers(1, SHARED.vocab_size, (2, 12)).astype(np.int32)
+  inputs[:, 0] = 0
+  expected = _shared_teacher_forced(SHARED, params, encoded, enc, inputs)
+  return params, enc, encoded, inputs, np.asarray(expected)
+
+
+@functools.partial(jax.jit, static_argnames=("tree",))
+def _shared_decode(params, tokens, cache, cache_index, tree=None):
+  model = network.SharedEncoderDecoder(SHARED)
+  return model.apply({"params": params}, tokens, cache, cache_index, tree=tree, method=model.decode)
+
+
+def test_shared_encoder_decoder_cached_chain_and_tree_equal_teacher_forcing():
+  """Blocks of 1..3 tokens at ragged per-row positions (after garbage written and rolled back),
+  then a draft tree at each row's position: every logit is teacher forcing's."""
+  params, enc, encoded, inputs, expected = _shared_setup()
+  model = network.SharedEncoderDecoder(SHARED)
+  cache = model.apply(
+      {"params": params}, encoded, enc, _SHARED_CACHE_LENGTH, method=model.init_decode_cache
+  )
+  garbage = np.random.default_rng(8).integers(1, SHARED.vocab_size, (2, 2)).astype(np.int32)
+  _, cache = _shared_decode(params, inputs[:, :2], cache, np.zeros(2, np.int32))
+  # Garbage where row 0 rolls back to (slots 1, 2) and ahead of row 1 (slots 5, 6).
+  _, cache = _shared_decode(params, garbage, cache, np.array([1, 5], np.int32))
+  index = np.array([1, 2], np.int32)
+  errors = []
+  for k in (1, 3, 2):
+    positions = index[:, None] + np.arange(k)[None]
+    logits, cache = _shared_decode(
+        params, np.take_along_axis(inputs, positions, axis=1), cache, index
+    )
+    errors.append(np.abs(logits - np.take_along_axis(expected, positions[..., None], axis=1)))
+    index = index + k
+  assert max(float(e.max()) for e in errors) < 1e-5
+
+  tree = trees.DraftTree.from_branching((2, 2, 1))
+  drafts = np.random.default_rng(9).integers(1, SHARED.vocab_size, (2, tree.num_nodes))
+  block = np.concatenate([inputs[np.arange(2), index][:, None], drafts], axis=1).astype(np.int32)
+  logits, _ = _shared_decode(params, block, cache, index, tree=tree)
+  # Teacher forcing of prefix + root + the drafts on each slot's path, one row per (row, slot).
+  rows, slots = np.divmod(np.arange(2 * tree.width), tree.width)
+  paths = np.zeros((len(rows), inputs.shape[1]), np.int32)
+  for i, (row, slot) in enumerate(zip(rows, slots)):
+    path = block[row, tree.paths[slot, : tree.depths[slot]]]
+    sequence = np.concatenate([inputs[row, : index[row] + 1], path])
+    paths[i, : len(sequence)] = sequence
+  forced = _shared_teacher_forced(SHARED, params, encoded[rows], enc[rows], paths)
+  forced = np.asarray(forced)[np.arange(len(rows)), index[rows] + tree.depths[slots]]
+  assert np.abs(np.asarray(logits).reshape(forced.shape) - forced).max() < 1e-5
+
+
+def test_shared_encoder_decoder_refuses_an_encoder_output_of_other_tokens():
+  params, enc, encoded, inputs, _ = _shared_setup()
+  model = network.SharedEncoderDecoder(SHARED)
+  for bad in (encoded[0], encoded[:, :5], encoded[:1]):
+    with pytest.raises(ValueError, match="encoded must be the encoder output"):
+      model.apply({"params": params}, bad, enc, 8, method=model.init_decode_cache)
+    with pytest.raises(ValueError, match="encoded must be the encoder output"):
+      model.apply({"params": params}, bad, enc, inputs, inputs)
+  with pytest.raises(ValueError, match="encoder_emb_dim must be >= 1"):
+    network.shared_encoder_param_shapes(SHARED, 0)

@@ -82,6 +82,20 @@ def test_from_pair_dir(saved, tmp_path, monkeypatch):
     pairs.PairConfig.from_pair_dir(tmp_path / "lonely")
 
 
+def test_shared_encoder_drafter_from_pair_dir(saved, tmp_path):
+  """from_pair_dir gives back the drafter kind save_pair wrote (its config.json records it)."""
+  directory, target, _ = saved
+  drafter = drafters.SharedEncoderDrafter(DRAFTER, TARGET.emb_dim)
+  params = drafter.init_params(jax.random.PRNGKey(3), {})
+  checkpoints.save_pair(tmp_path, target, TARGET, params, drafter)
+  config = pairs.PairConfig.from_pair_dir(tmp_path)
+  assert type(config.drafter) is drafters.SharedEncoderDrafter  # pylint: disable=unidiomatic-typecheck
+  assert (config.drafter.config, config.drafter.encoder_emb_dim) == (DRAFTER, TARGET.emb_dim)
+  pair = pairs.load_pair(config, EOS)
+  _leaves_equal(pair.params["drafter"], params, np.dtype("float32"))
+  assert pair.drafter.eos_id == EOS and not pair.random_weights
+
+
 @pytest.mark.parametrize("kind", [drafters.UnigramDrafter, drafters.BigramDrafter])
 def test_fitted_drafters(kind):
   calls = []
@@ -184,6 +198,12 @@ def test_a_bigram_drafter_needs_no_checkpoint():
         (
             {"drafter": drafters.BigramDrafter(vocab_size=99)},
             "DRAFTER \\(BigramDrafter\\) " f"vocab_size 99 != TARGET_CONFIG vocab_size {VOCAB}",
+        ),
+        (
+            {"drafter": drafters.SharedEncoderDrafter(DRAFTER, 32)},
+            r"DRAFTER \(SharedEncoderDrafter\) does not fit TARGET_CONFIG: SharedEncoderDrafter "
+            r"cannot serve this target: its encoder_emb_dim 32 != the target's emb_dim 16: .* "
+            "set encoder_emb_dim = 16",
         ),
     ],
 )

@@ -146,6 +146,24 @@ def test_dimension_not_divisible_by_the_mesh():
     partitioning.param_shardings(TINY, mesh, partitioning.standard_logical_axis_rules())
 
 
+def test_shared_encoder_drafter_shardings_follow_its_param_axes():
+  """Its cross-attention keys and values read the target's width (16, its own 8): [16, H*D]."""
+  drafter = drafters.SharedEncoderDrafter(TINY.replace(emb_dim=8, num_heads=4), TINY.emb_dim)
+  rules = partitioning.standard_logical_axis_rules()
+  shardings = partitioning.drafter_shardings(drafter, partitioning.make_mesh(), rules)
+  abstract = jax.eval_shape(lambda: drafter.init_params(jax.random.PRNGKey(0), {}))
+  assert jax.tree.structure(shardings) == jax.tree.structure(abstract)
+  cross = shardings["decoder"]["layers_0"]["encoder_decoder_attention"]
+  assert cross["key"]["kernel"].spec == P(None, "model")
+  assert cross["out"]["kernel"].spec == P("model", None)
+  devices = jax.devices() * 3  # only counted: the error comes before any placement
+  mesh = jax.sharding.Mesh(np.array(devices[:3]).reshape(1, 3), partitioning.MESH_AXES)
+  with pytest.raises(
+      ValueError, match=r"encoder_decoder_attention/key/kernel has shape \(16, 16\): dimension 1"
+  ):
+    partitioning.drafter_shardings(drafter, mesh, rules)
+
+
 # --- gin ------------------------------------------------------------------------------------------
 def test_partitioning_gin():
   gin.clear_config()

@@ -1,17 +1,22 @@
 """Tests of speculative_t5x/training.py (and the shipped demo pair): a tiny model on a tiny corpus
-learns, a resumed run equals an uninterrupted one, and demo_models/ decodes greedily the same with
-and without speculation."""
+learns, a resumed run equals an uninterrupted one, a run starts from init_from, distill_from is the
+cross-entropy distillation shorthand through the same loop, conflicting settings stop a run before
+anything is built, and demo_models/ decodes greedily the same with and without speculation.
+(speculative_t5x/distillation.py itself: tests/test_distillation.py.)"""
 
 import pathlib
+import shutil
 
 import gin
 import jax
 import numpy as np
 import pytest
-import seqio
 
-from conftest import tiny_config
+from conftest import SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS, tiny_config
 from speculative_t5x import checkpoints
+from speculative_t5x import distillation
+from speculative_t5x import drafters
+from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks
@@ -19,21 +24,8 @@ from speculative_t5x import training
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEMO_PAIR = REPO_ROOT / "demo_models"
-TEST_VOCABULARY_PATH = (
-    pathlib.Path(seqio.__file__).parent / "test_data" / "sentencepiece" / "sentencepiece.model"
-)
 TASK = "demo_ende_training_test"
 LENGTHS = {"inputs": 24, "targets": 16}
-PAIRS = [
-    ("open file", "datei offen"),
-    ("save file", "datei sichern"),
-    ("close", "schliessen"),
-    ("open window", "fenster offen"),
-    ("quit", "beenden"),
-    ("help", "hilfe"),
-    ("new window", "neues fenster"),
-    ("save as", "sichern als"),
-]
 TINY = tiny_config(26, num_decoder_layers=1)
 
 
@@ -42,8 +34,8 @@ def tiny_task(tmp_path_factory):
   """The demo task's pipeline on an 8-pair corpus, tokenized with seqio's 26-piece test model."""
   data_dir = tmp_path_factory.mktemp("corpus")
   for split in tasks.DEMO_SPLITS:
-    (data_dir / f"{split}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in PAIRS))
-  return tasks.register_demo_task(data_dir, tasks.get_vocabulary(str(TEST_VOCABULARY_PATH)), TASK)
+    (data_dir / f"{split}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in TRANSLATION_PAIRS))
+  return tasks.register_demo_task(data_dir, tasks.get_vocabulary(str(SEQIO_TEST_VOCABULARY)), TASK)
 
 
 @pytest.fixture(autouse=True)
@@ -95,27 +87,73 @@ def test_training_lowers_the_loss_and_resumes_exactly(tiny_task, tmp_path):
   for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
+  # init_from: a fresh run starts from the trained model (its first batch is straight's first).
+  trained = tmp_path / "straight" / training.EXPORT_DIR
+  continued = run(tmp_path / "continued", 1, init_from=trained)
+  assert continued["init_from"] == str(trained)
+  assert continued["history"][0]["train_loss"] < 0.8 * losses[0], (continued, losses)
 
-def test_distillation_trains_on_the_teachers_greedy_decodes(tiny_task, tmp_path):
+
+def test_distill_from_is_the_distillation_shorthand_and_resumes_exactly(tiny_task, tmp_path):
+  """--distill_from: Distillation(teacher, 'cross_entropy', data='target') at the teacher's
+  temperature, through the shared loop; an interrupted run resumes to the uninterrupted one."""
+  del tiny_task
   teacher_dir = tmp_path / "teacher" / training.EXPORT_DIR
-  teacher_params = network.init_params(TINY, jax.random.PRNGKey(7))
-  checkpoints.save_model(teacher_dir, teacher_params, TINY)
-  vocabulary = tasks.get_vocabulary(str(TEST_VOCABULARY_PATH))
-  relabel = training.make_teacher_targets(teacher_dir, vocabulary, temperature=0.0, seed=0)
-  batch = training.eval_set(tiny_task, "train", LENGTHS, batch_size=4).batches[0]
-  relabeled = relabel(batch, 0)
-  teacher = models.EncoderDecoderModel(network.Transformer(TINY), vocabulary, vocabulary)
-  expected, _ = teacher.jit_predict()(teacher_params, batch, jax.random.PRNGKey(0), 0.0)
-  np.testing.assert_array_equal(relabeled["decoder_target_tokens"], expected)
-  np.testing.assert_array_equal(relabeled["decoder_input_tokens"][:, 1:], expected[:, :-1])
-  np.testing.assert_array_equal(relabeled["decoder_input_tokens"][:, 0], 0)
-  np.testing.assert_array_equal(relabeled["encoder_input_tokens"], batch["encoder_input_tokens"])
-
+  checkpoints.save_model(teacher_dir, network.init_params(TINY, jax.random.PRNGKey(7)), TINY)
   with pytest.raises(ValueError, match="training.train.pack = False"):
     run(tmp_path / "packed", 1, distill_from=str(teacher_dir))
-  distilled = run(tmp_path / "student", 2, pack=False, distill_from=str(teacher_dir))
-  assert distilled["steps"] == 2 and distilled["distill_from"] == str(teacher_dir)
-  assert np.isfinite(distilled["train"]["loss"])
+  distill = dict(pack=False, distill_from=str(teacher_dir), checkpoint_period=2)
+  straight = run(tmp_path / "straight", 4, **distill)
+  assert straight["steps"] == 4 and straight["drafter"] == "T5Drafter"
+  assert straight["distillation"] == {
+      "target_dir": str(teacher_dir),
+      "divergence": "cross_entropy",
+      "data": "target",
+      "data_temperature": 0.0,
+      "divergence_temperature": 1.0,
+      "mix_fraction": 0.5,
+  }
+  assert np.isfinite(straight["train"]["loss"]) and 0 <= straight["train"]["beta"] <= 1
+  assert straight["train"]["on_policy"] == 0.0
+
+  # What a run killed during step 3 leaves: checkpoint 2, no checkpoint 4, summary or export.
+  interrupted = tmp_path / "interrupted"
+  shutil.copytree(tmp_path / "straight", interrupted)
+  for path in (training.CHECKPOINTS_DIR + "/4", training.SUMMARY_FILE, training.EXPORT_DIR):
+    shutil.rmtree(interrupted / path) if (interrupted / path).is_dir() else (
+        interrupted / path
+    ).unlink()
+  resumed = run(interrupted, 4, **distill)
+  assert [h["step"] for h in resumed["history"]] == [3, 4]
+  expected, _ = checkpoints.restore_model(tmp_path / "straight" / training.EXPORT_DIR)
+  actual, config = checkpoints.restore_model(interrupted / training.EXPORT_DIR)
+  assert config == TINY
+  for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_train_refuses_conflicting_settings_before_building_anything(tiny_task, tmp_path):
+  del tiny_task
+  target = distillation.Distillation(tmp_path / "target")
+  cases = [
+      (
+          dict(distill_from="/runs/target", distillation=target),
+          "both distill_from and distillation",
+      ),
+      (dict(distill_temperature=1.0), "distill_temperature = 1.0 without distill_from"),
+      (dict(drafter=drafters.T5Drafter(TINY)), "drafter is trained by distillation only"),
+      (dict(model_config=None), "needs model_config"),
+      (dict(distillation=target, pack=False, label_smoothing=0.1), "label_smoothing = 0.1"),
+      (
+          dict(distillation=target, pack=False, drafter=drafters.T5Drafter(tiny_config(26))),
+          "both a drafter \\(T5Drafter\\) and a model_config it does not run",
+      ),
+      (dict(distillation=target, pack=False), "is not a directory written by save_model"),
+  ]
+  for settings, message in cases:
+    with pytest.raises(gin_utils.ConfigError, match=message):
+      run(tmp_path / "run", 1, **settings)
+  assert not (tmp_path / "run").exists()
 
 
 def test_make_optimizer_rejects_unknown_names():
