@@ -179,13 +179,6 @@ def load_setup() -> BenchmarkSetup:
         "network (c and the verification cost come from their decode steps); include "
         "configs/drafters/t5.gin and set DRAFTER_CONFIG."
     )
-  if drafter.network_encoder_emb_dim is not None:
-    raise gin_utils.ConfigError(
-        f"DRAFTER is {drafter!r}, whose network reads the target's encoder output: "
-        "scripts/benchmark.py's sweep builds T5 drafters with their own encoder from "
-        "DRAFTER_CONFIG (report.sweep); measure this drafter with scripts/measure_alpha.py and "
-        "scripts/calibrate_draft_length.py, or include configs/drafters/t5.gin."
-    )
   if not (setup.pair.drafter_checkpoint_path or setup.random_drafters):
     raise gin_utils.ConfigError(
         "no DRAFTER_CHECKPOINT_PATH and no " "BenchmarkSetup.random_drafters: nothing to benchmark."
@@ -197,16 +190,23 @@ def load_models(setup: BenchmarkSetup) -> tuple[pairs.Pair, dict[str, tuple]]:
   """-> the pair (`pairs.load_pair`), {drafter label: (config, params)}: the checkpointed
   drafter, else one per kind in `setup.random_drafters`."""
   pair = pairs.load_pair(setup.pair, EOS_ID)
-  drafter_config = pair.drafter.network_config
   if setup.pair.drafter_checkpoint_path:
     name = pathlib.PurePath(str(setup.pair.drafter_checkpoint_path).rstrip("/")).name
-    return pair, {name: (drafter_config, pair.drafter_params)}
+    return pair, {name: (pair.drafter, pair.drafter_params)}
   return pair, {
       RANDOM_DRAFTER_LABELS.get(kind, kind): benchmark.random_drafter(
-          kind, pair.target_config, pair.target_params, drafter_config, pair.drafter_params
+          kind, pair.target_config, pair.target_params, pair.drafter, pair.drafter_params
       )
       for kind in setup.random_drafters
   }
+
+
+def _network_record(drafter) -> dict:
+  """The network a drafter step runs, for results.json: its T5Config's fields, plus
+  encoder_emb_dim for a decoder reading the target's encoder output."""
+  config, encoder_emb_dim = benchmark.drafter_network(drafter)
+  record = dataclasses.asdict(config)
+  return record if encoder_emb_dim is None else {**record, "encoder_emb_dim": encoder_emb_dim}
 
 
 def write_costs(output_dir: pathlib.Path, costs_by_temperature, setup: BenchmarkSetup) -> None:
@@ -316,7 +316,7 @@ def main(argv):
       "warmup": FLAGS.warmup,
       "cost_rounds": result.cost_rounds,
       "target_config": dataclasses.asdict(pair.target_config),
-      "drafter_configs": {n: dataclasses.asdict(c) for n, (c, _) in drafters.items()},
+      "drafter_configs": {n: _network_record(d) for n, (d, _) in drafters.items()},
       "checkpoint_path": setup.pair.checkpoint_path,
       "drafter_checkpoint_path": setup.pair.drafter_checkpoint_path,
       "weights": pair.sources,

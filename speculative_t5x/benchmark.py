@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
 
@@ -149,16 +150,17 @@ def random_drafter(
     kind: str,
     target_config: network.T5Config,
     target_params: dict,
-    drafter_config: network.T5Config,
+    drafter: network.T5Config | drafters_lib.Drafter,
     drafter_params: dict,
-) -> tuple[network.T5Config, dict]:
-  """A random-weight drafter of one of RANDOM_DRAFTER_KINDS -> (config, params).
+) -> tuple[network.T5Config | drafters_lib.Drafter, dict]:
+  """A random-weight drafter of one of RANDOM_DRAFTER_KINDS -> (drafter, params).
 
-  'independent' is the drafter with its own (random) parameters; 'copy' is the target's config
+  'independent' is `drafter` (a T5 drafter's config or a `drafters.Drafter`) with its own
+  (random) parameters; 'copy' is the target's config
   and its very parameters (alpha ~ 1: the drafter proposes what the target would sample).
   """
   if kind == "independent":
-    return drafter_config, drafter_params
+    return drafter, drafter_params
   if kind == "copy":
     return target_config, target_params
   raise ValueError(f"unknown random drafter kind {kind!r}: use one of {RANDOM_DRAFTER_KINDS}.")
@@ -588,10 +590,26 @@ class DecodeCosts:
     }
 
 
+def drafter_network(
+    drafter: network.T5Config | drafters_lib.Drafter,
+) -> tuple[network.T5Config, int | None]:
+  """The network one drafter step runs -> (its config, E_target or None): a T5Config is a T5
+  drafter's; a `drafters.Drafter` gives `network_config` and `network_encoder_emb_dim` (a
+  shared-encoder drafter's decoder reads the target's encoder output)."""
+  if isinstance(drafter, network.T5Config):
+    return drafter, None
+  if not isinstance(drafter, drafters_lib.Drafter) or drafter.network_config is None:
+    raise ValueError(
+        f"the benchmark times drafters that run a T5 network (a network.T5Config or a "
+        f"drafters.Drafter with a network_config), got {drafter!r}."
+    )
+  return drafter.network_config, drafter.network_encoder_emb_dim
+
+
 def cost_steps(
     target_config: network.T5Config,
     target_params: dict,
-    drafters: Mapping[str, tuple[network.T5Config, dict]],
+    drafters: Mapping[str, tuple[network.T5Config | drafters_lib.Drafter, dict]],
     gammas: Sequence[int],
 ) -> dict[Hashable, list[Stage]]:
   """The decode steps Theorem 3.8's costs need, name -> stages (see `decode_step_call`).
@@ -602,19 +620,20 @@ def cost_steps(
   gamma, one iteration's network work together (`DecodeCosts.iteration`).
 
   Args:
-    drafters: name -> (config, params).
+    drafters: name -> (a T5 drafter's config or a `drafters.Drafter`, params).
   """
   if not gammas or min(gammas) < 1:
     raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
   gammas = sorted({int(g) for g in gammas})
   steps = {("target", 1): [Stage(target_config, target_params, 1)]}
   steps.update({("target", g + 1): [Stage(target_config, target_params, g + 1)] for g in gammas})
-  for name, (config, params) in drafters.items():
-    if not (config == target_config and params is target_params):
-      steps[("drafter", name)] = [Stage(config, params, 1)]
+  for name, (drafter, params) in drafters.items():
+    config, encoder_emb_dim = drafter_network(drafter)
+    if not (config == target_config and encoder_emb_dim is None and params is target_params):
+      steps[("drafter", name)] = [Stage(config, params, 1, encoder_emb_dim=encoder_emb_dim)]
     for g in gammas:
       steps[("iteration", name, g)] = [
-          Stage(config, params, 1, g),
+          Stage(config, params, 1, g, encoder_emb_dim),
           Stage(target_config, target_params, g + 1),
       ]
   return steps

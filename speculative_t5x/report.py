@@ -73,6 +73,7 @@ import tqdm
 from speculative_t5x import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import draft_length
+from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import speculative
@@ -501,7 +502,9 @@ class Setting:
   params: Any
 
 
-Drafters = Mapping[str, tuple[network.T5Config, Any]]
+# name -> (a T5 drafter's config, or any `drafters.Drafter` running a T5 network, e.g. a
+# shared-encoder drafter; its params).
+Drafters = Mapping[str, tuple[network.T5Config | drafters_lib.Drafter, Any]]
 
 
 Verifiers = Mapping[str, speculative.Verifier]
@@ -564,11 +567,11 @@ def build_settings(
     draft_trees: DraftTrees | None = None,
 ) -> dict[Hashable, Setting]:
   """BASELINE and (setting label, gamma) -> Setting (labels: `setting_labels`, gammas:
-  `setting_gammas`); drafters of one config share compiled functions per verifier, rule and tree
-  (their parameters are arguments).
+  `setting_gammas`); drafters of one config (or one Drafter object) share compiled functions per
+  verifier, rule and tree (their parameters are arguments).
 
   Args:
-    drafters: name -> (config, params) of a T5 drafter.
+    drafters: name -> (a T5 drafter's config or a `drafters.Drafter`, params).
     verifiers: label -> speculative.Verifier (default: Algorithm 1 alone).
     draft_stops: label -> a `draft_length` rule or None (default: static gamma alone).
     draft_trees: label -> `trees.DraftTree`, each run at its depth (default: none).
@@ -580,13 +583,13 @@ def build_settings(
   labels = setting_labels(drafters, verifiers, draft_stops, draft_trees)
   for label, spec in labels.items():
     name, verifier, stop, tree = spec
-    drafter_config, drafter_params = drafters[name]
+    drafter, drafter_params = drafters[name]
     for gamma in setting_gammas(spec, gammas):
-      key = (drafter_config, gamma, verifier, stop, tree)
+      key = (drafter, gamma, verifier, stop, tree)
       if key not in functions:
         model = models.SpeculativeEncoderDecoderModel(
             target,
-            network.Transformer(drafter_config),
+            drafter,
             vocabulary,
             vocabulary,
             gamma=gamma,
@@ -719,7 +722,8 @@ def _check_sweep(
 ) -> None:
   if not drafters:
     raise ValueError("no drafters to sweep: give at least one name -> (config, params).")
-  for name, (config, _) in drafters.items():
+  for name, (drafter, _) in drafters.items():
+    config = benchmark.drafter_network(drafter)[0]
     if config.vocab_size != target_config.vocab_size:
       raise ValueError(
           f"drafter {name!r} has vocab_size {config.vocab_size} but the target has "
@@ -773,7 +777,8 @@ def sweep(
   temperature's standardization and draw).
 
   Args:
-    drafters: name -> (config, params) of a T5 drafter.
+    drafters: name -> (a T5 drafter's config or a `drafters.Drafter` running a T5 network, e.g.
+      a shared-encoder drafter; params).
     encoder_inputs: [examples, B, Le] int32: each example a batch of B rows (1 for Table 2).
     decode_length: tokens decoded per row (the decoder input length).
     vocabulary: the models' output vocabulary (its eos_id ends the decodes).

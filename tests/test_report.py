@@ -11,6 +11,7 @@ import seqio
 
 from speculative_t5x import benchmark
 from speculative_t5x import decoding
+from speculative_t5x import drafters
 from speculative_t5x import network
 from speculative_t5x import report
 
@@ -244,6 +245,57 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   assert row.speedup == pytest.approx(2.5) and row.loop_speedup == pytest.approx(3.0)
   assert [len(sweep.results[0.0][key]) for key in (report.BASELINE, ("copy", 2))] == [2, 2]
   assert sweep.costs[0.0]["copy"].verify_cost(2) == 1.5
+
+
+def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
+  """A drafters.SharedEncoderDrafter (narrower than the target) in the sweep: its drafter step is
+  timed as its own decoder on a cache made from an encoder output of the target's width, and its
+  greedy decodes (real ones; only the timers are replaced) equal the baseline's."""
+  stages = {}
+
+  def decode_step_calls(steps, geometry, temperature, batch):
+    stages.update(steps)
+    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
+
+  monkeypatch.setattr(
+      benchmark, "time_calls", lambda calls, repeats, warmup: {key: ms(1.0) for key in calls}
+  )
+  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(
+      benchmark,
+      "time_rounds",
+      lambda calls, repeats, warmup, compiled: {
+          (name, passes): np.full(repeats, passes * 1e-3) for name, passes in calls
+      },
+  )
+  config, params = _tiny_pair()
+  drafter_config = config.replace(emb_dim=6, num_heads=1, mlp_dim=8)
+  drafter = drafters.SharedEncoderDrafter(drafter_config, encoder_emb_dim=config.emb_dim)
+  drafter_params = network.shared_encoder_init_params(
+      drafter_config, config.emb_dim, jax.random.PRNGKey(3)
+  )
+  inputs = benchmark.random_inputs(config.vocab_size, 3, 6, seed=1)
+  sweep = report.sweep(
+      config,
+      params,
+      {"shared": (drafter, drafter_params)},
+      [2],
+      [0.0],
+      inputs[:, None],
+      6,
+      vocabulary=seqio.PassThroughVocabulary(config.vocab_size, eos_id=1),
+      task="random",
+      repeats=1,
+      warmup=0,
+      cost_repeats=1,
+      steps_per_call=1,
+  )
+  (drafter_stage,) = stages["drafter", "shared"]
+  assert (drafter_stage.config, drafter_stage.encoder_emb_dim) == (drafter_config, config.emb_dim)
+  assert stages["iteration", "shared", 2][0].encoder_emb_dim == config.emb_dim
+  (row,) = sweep.rows
+  assert (row.drafter, row.gamma, row.outputs_match_baseline) == ("shared", 2, 1.0)
+  assert 0.0 <= row.alpha < 1.0  # a random drafter: some drafts rejected
 
 
 def test_sweep_rejects_bad_arguments_before_compiling():
