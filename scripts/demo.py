@@ -172,15 +172,16 @@ def main(argv):
     )
   gamma = _GAMMA.value
   print(
-      f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} layers, "
-      f"drafter {drafter.emb_dim}d x {drafter.num_decoder_layers} layers, gamma {gamma}, "
+      f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} decoder layers, "
+      f"drafter {type(pair.drafter).__name__} {drafter.emb_dim}d x "
+      f"{drafter.num_decoder_layers} decoder layers, gamma {gamma}, "
       f"{len(encoder_tokens)} examples at batch 1, backend {jax.default_backend()}"
   )
 
   result = report.sweep(
       target,
       pair.target_params,
-      {DRAFTER: (drafter, pair.drafter_params)},
+      {DRAFTER: (pair.drafter, pair.drafter_params)},
       [gamma],
       list(temperatures),
       encoder_tokens[:, None],

@@ -568,7 +568,8 @@ def train(
   (0: never; with `eval_before_training` also at step 0 of a fresh run, as T5X's
   run_eval_before_training: the baseline a run improves on), exports the final parameters to
   `model_dir/model` and writes `model_dir/train_summary.json` (config, distillation settings,
-  steps, wall time, losses, eval metrics). Settings are checked before anything is built
+  steps, wall time, losses, eval metrics) with every checkpoint and at the end, so a run that is
+  stopped keeps its history up to its last checkpoint. Settings are checked before anything is built
   (gin_utils.ConfigError).
   """
   model_dir = os.path.abspath(os.fspath(model_dir))
@@ -602,7 +603,9 @@ def train(
   state = restore_latest(manager, init_state(params, optimizer))
   start = int(state.step)
   summary = _read_summary(model_dir) if start else {}
-  history = summary.get("history", [])
+  # The summary is written with every checkpoint: entries past the restored step are from steps
+  # this run repeats.
+  history = [entry for entry in summary.get("history", []) if entry["step"] <= start]
   step_fn = make_train_step(trainee.loss_fn, optimizer)
   batches = train_batches(mixture_or_task_name, lengths, batch_size, seed, pack, start)
   rng = jax.random.PRNGKey(seed + 1)
@@ -616,6 +619,25 @@ def train(
       mininterval=5.0,
       desc=os.path.basename(model_dir),
   )
+
+  def write_summary(params: Any, step: int, seconds: float) -> dict:
+    summary = {
+        **trainee.summary,
+        "parameters": int(sum(np.size(x) for x in jax.tree.leaves(params))),
+        "task": mixture_or_task_name,
+        "task_feature_lengths": lengths,
+        "batch_size": batch_size,
+        "pack": pack,
+        "init_from": None if init_from is None else os.fspath(init_from),
+        "steps": step,
+        "train_seconds": seconds,
+        "train": last_train,
+        "eval": last_eval,
+        "history": history,
+    }
+    with open(os.path.join(model_dir, SUMMARY_FILE), "w") as f:
+      json.dump(summary, f, indent=1)
+    return summary
 
   def run_eval(step: int, params: Any) -> dict:
     metrics, note = trainee.evaluate(params)
@@ -636,28 +658,13 @@ def train(
       history.append({"step": step, **{f"train_{k}": v for k, v in last_train.items()}})
       shown = trainee.shown
       bar.set_postfix({"loss": f"{last_train['loss']:.3f}", shown: f"{last_train[shown]:.3f}"})
-    if step % checkpoint_period == 0 or step == num_steps:
-      save_state(manager, state)
     if trainee.evaluate is not None and (step % eval_period == 0 or step == num_steps):
       last_eval = run_eval(step, state.params)
+    if step % checkpoint_period == 0 or step == num_steps:
+      save_state(manager, state)
+      write_summary(state.params, step, seconds + time.perf_counter() - started)
   bar.close()
-  seconds += time.perf_counter() - started
   trainee.export(os.path.join(model_dir, EXPORT_DIR), jax.device_get(state.params))
-  summary = {
-      **trainee.summary,
-      "parameters": int(sum(np.size(x) for x in jax.tree.leaves(state.params))),
-      "task": mixture_or_task_name,
-      "task_feature_lengths": lengths,
-      "batch_size": batch_size,
-      "pack": pack,
-      "init_from": None if init_from is None else os.fspath(init_from),
-      "steps": int(state.step),
-      "train_seconds": seconds,
-      "train": last_train,
-      "eval": last_eval,
-      "history": history,
-  }
-  with open(os.path.join(model_dir, SUMMARY_FILE), "w") as f:
-    json.dump(summary, f, indent=1)
+  summary = write_summary(state.params, int(state.step), seconds + time.perf_counter() - started)
   manager.close()
   return summary

@@ -4,8 +4,8 @@ cross-entropy distillation shorthand through the same loop, conflicting settings
 anything is built, and demo_models/ decodes greedily the same with and without speculation.
 (speculative_t5x/distillation.py itself: tests/test_distillation.py.)"""
 
+import json
 import pathlib
-import shutil
 
 import gin
 import jax
@@ -94,9 +94,12 @@ def test_training_lowers_the_loss_and_resumes_exactly(tiny_task, tmp_path):
   assert continued["history"][0]["train_loss"] < 0.8 * losses[0], (continued, losses)
 
 
-def test_distill_from_is_the_distillation_shorthand_and_resumes_exactly(tiny_task, tmp_path):
+def test_distill_from_is_the_distillation_shorthand_and_resumes_exactly(
+    tiny_task, tmp_path, monkeypatch
+):
   """--distill_from: Distillation(teacher, 'cross_entropy', data='target') at the teacher's
-  temperature, through the shared loop; an interrupted run resumes to the uninterrupted one."""
+  temperature, through the shared loop; an interrupted run keeps its history up to its last
+  checkpoint and resumes to the uninterrupted one."""
   del tiny_task
   teacher_dir = tmp_path / "teacher" / training.EXPORT_DIR
   checkpoints.save_model(teacher_dir, network.init_params(TINY, jax.random.PRNGKey(7)), TINY)
@@ -116,15 +119,26 @@ def test_distill_from_is_the_distillation_shorthand_and_resumes_exactly(tiny_tas
   assert np.isfinite(straight["train"]["loss"]) and 0 <= straight["train"]["beta"] <= 1
   assert straight["train"]["on_policy"] == 0.0
 
-  # What a run killed during step 3 leaves: checkpoint 2, no checkpoint 4, summary or export.
+  # A run killed before its step-4 checkpoint: it leaves checkpoint 2 and the summary written with
+  # it (the history up to step 2), and no export.
   interrupted = tmp_path / "interrupted"
-  shutil.copytree(tmp_path / "straight", interrupted)
-  for path in (training.CHECKPOINTS_DIR + "/4", training.SUMMARY_FILE, training.EXPORT_DIR):
-    shutil.rmtree(interrupted / path) if (interrupted / path).is_dir() else (
-        interrupted / path
-    ).unlink()
+  save_state = training.save_state
+
+  def killed_at_step_4(manager, state):
+    if int(state.step) == 4:
+      raise KeyboardInterrupt
+    save_state(manager, state)
+
+  monkeypatch.setattr(training, "save_state", killed_at_step_4)
+  with pytest.raises(KeyboardInterrupt):
+    run(interrupted, 4, **distill)
+  monkeypatch.undo()
+  left = json.loads((interrupted / training.SUMMARY_FILE).read_text())
+  assert left["steps"] == 2 and [h["step"] for h in left["history"]] == [1, 2]
+  assert not (interrupted / training.EXPORT_DIR).exists()
   resumed = run(interrupted, 4, **distill)
-  assert [h["step"] for h in resumed["history"]] == [3, 4]
+  assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4]
+  assert resumed["history"][:2] == left["history"]
   expected, _ = checkpoints.restore_model(tmp_path / "straight" / training.EXPORT_DIR)
   actual, config = checkpoints.restore_model(interrupted / training.EXPORT_DIR)
   assert config == TINY
