@@ -44,6 +44,10 @@ REQUIRED_VALUES = {
     "DRAFTER_CONFIG": "@network.T5Config()",
     "DRAFTER": "@drafters.BigramDrafter()",
     "MODEL_CONFIG": "@network.T5Config()",
+    "REFERENCES_DRAFTER": "'/checkpoints/references_drafter'",
+    "DISTILLED_DRAFTER": "'/checkpoints/distilled_drafter'",
+    "DISTILLSPEC_DRAFTER": "'/checkpoints/distillspec_drafter'",
+    "SHARED_ENCODER_DRAFTER": "'/checkpoints/shared_encoder_drafter'",
 }
 T5_CONFIG_DEFAULTS = ["network.T5Config.vocab_size = 32"]
 # (paper file, task, drafter emb_dim, temperature, gamma): Table 2 of the paper, row by row.
