@@ -4,17 +4,20 @@ r"""Assembles the demo pair from two training runs and measures what its model c
     --pair_dir=demo_models --output_dir=/tmp/demo_eval
 
 With --target_run and --drafter_run (scripts/train.py model dirs), it first writes the pair with
-`checkpoints.save_pair` into --pair_dir (float32 parameters and config.json per member, plus each
-run's train_summary.json) and copies the corpus vocabulary beside it. Then, on the pair in
---pair_dir, it measures
+`checkpoints.save_pair` into --pair_dir (parameters stored as --storage_dtype, float32 or bfloat16
+at half the size, and config.json per member, plus each run's train_summary.json) and copies the
+corpus vocabulary beside it. The drafter run may hold a T5 drafter or a shared-encoder drafter
+(`drafters.read_drafter`). Then, on the pair in --pair_dir, restored as float32, it measures
   - BLEU of the target's and the drafter's greedy decodes on the demo task's --split, with their
-    teacher-forced loss and accuracy (`training.evaluate`);
+    teacher-forced loss and accuracy (`training.evaluate`); a drafter that reads the target's
+    encoder output (not a T5 drafter) cannot translate on its own, so it gets no BLEU, only a note;
   - whether greedy speculative decoding (every gamma in --gammas) reproduces the baseline's greedy
     output token for token on the first --check_examples examples, with its alpha and tokens
     per target call;
-and writes OUTPUT_DIR/evaluation.json, plus OUTPUT_DIR/test_inputs.txt: the first --num_inputs
-source sentences of the split with the task prefix, for the timed batch-1 runs of
-scripts/benchmark.py (configs/demo/benchmark.gin), which measure alpha, c and the speedup.
+and writes OUTPUT_DIR/evaluation.json (with the dtypes each member stores), plus
+OUTPUT_DIR/test_inputs.txt: the first --num_inputs source sentences of the split with the task
+prefix, for the timed batch-1 runs of scripts/benchmark.py (configs/demo/benchmark.gin), which
+measure alpha, c and the speedup.
 """
 
 import json
@@ -31,6 +34,7 @@ import numpy as np
 
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
+from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
@@ -40,6 +44,8 @@ from speculative_t5x import training
 from speculative_t5x import validation
 
 MEMBERS = ("target", "drafter")
+RESTORE_DTYPE = "float32"  # The compute dtype of the demo pair's config.json files.
+NOT_STANDALONE = "reads the target's encoder output: not a standalone translation model"
 FEATURE_LENGTHS = {"inputs": 48, "targets": 48}  # configs/runs/train.gin's TASK_FEATURE_LENGTHS
 
 FLAGS = flags.FLAGS
@@ -47,6 +53,13 @@ flags.DEFINE_string("pair_dir", "demo_models", "Directory of the pair (checkpoin
 flags.DEFINE_string("target_run", None, "scripts/train.py model dir of the target to export.")
 flags.DEFINE_string("drafter_run", None, "scripts/train.py model dir of the drafter to export.")
 flags.DEFINE_bool("overwrite", False, "Replace an existing pair in --pair_dir when exporting.")
+flags.DEFINE_enum(
+    "storage_dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "dtype the export stores the floating-point parameters in (bfloat16: half the size); the "
+    "pair is restored as float32 either way, and config.json's compute dtype is kept.",
+)
 flags.DEFINE_string(
     "output_dir",
     "/tmp/speculative_t5x/demo_eval",
@@ -64,20 +77,29 @@ flags.DEFINE_integer(
 )
 
 
-def export_pair(pair_dir: pathlib.Path, target_run: str, drafter_run: str) -> None:
-  """save_pair of the two runs' exported models, their summaries, and the task vocabulary."""
-  members = []
-  for run in (target_run, drafter_run):
-    params, config = checkpoints.restore_model(os.path.join(run, training.EXPORT_DIR))
-    members += [params, config]
-  checkpoints.save_pair(pair_dir, *members, overwrite=FLAGS.overwrite)
+def export_pair(
+    pair_dir: pathlib.Path, target_run: str, drafter_run: str, storage_dtype: str = "float32"
+) -> None:
+  """save_pair of the two runs' exported models (the drafter a T5 or a shared-encoder drafter,
+  as its config.json records), their floating-point parameters cast to `storage_dtype`; then
+  their summaries and the task vocabulary."""
+  target_params, target_config = checkpoints.restore_model(
+      os.path.join(target_run, training.EXPORT_DIR), dtype=storage_dtype
+  )
+  drafter_dir = os.path.join(drafter_run, training.EXPORT_DIR)
+  drafter = drafters.read_drafter(drafter_dir)
+  drafter_params = drafter.restore_params(drafter_dir, dtype=storage_dtype)
+  checkpoints.save_pair(
+      pair_dir, target_params, target_config, drafter_params, drafter, overwrite=FLAGS.overwrite
+  )
   for member, run in zip(MEMBERS, (target_run, drafter_run)):
     shutil.copy(os.path.join(run, training.SUMMARY_FILE), pair_dir / member)
   shutil.copy(tasks.demo_data_dir() / tasks.DEMO_VOCABULARY_FILE, pair_dir)
 
 
 def greedy_check(pair: pairs.Pair, examples: training.EvalSet, vocabulary, gammas) -> dict:
-  """Greedy speculative decodes vs the baseline's on `examples.batches[0]`, per gamma."""
+  """Greedy speculative decodes vs the baseline's on `examples.batches[0]`, per gamma, with
+  `pair.drafter` of either kind (a shared-encoder drafter reads the target's encoder output)."""
   batch, n = examples.batches[0], examples.rows[0]
   target = network.Transformer(pair.target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
@@ -99,6 +121,38 @@ def greedy_check(pair: pairs.Pair, examples: training.EvalSet, vocabulary, gamma
     }
     print(f"gamma {gamma}: {results[gamma]}", file=sys.stderr)
   return results
+
+
+def evaluate_member(
+    member: str, config: network.T5Config, params, examples: training.EvalSet, vocabulary
+) -> dict:
+  """BLEU, loss and accuracy of `network.Transformer(config)` (a T5 with its own encoder) on
+  `examples` (`training.evaluate`), its parameter count and 5 sample predictions."""
+  model = models.EncoderDecoderModel(network.Transformer(config), vocabulary, vocabulary)
+  metrics, predictions = training.evaluate(model, params, examples)
+  print(f"{member}: {metrics}", file=sys.stderr)
+  return {
+      "parameters": _num_parameters(params),
+      **metrics,
+      "examples": len(examples.references),
+      "samples": [
+          {"reference": r, "prediction": p}
+          for r, p in zip(examples.references[:5], predictions[:5])
+      ],
+  }
+
+
+def _num_parameters(params) -> int:
+  return int(sum(np.size(x) for x in jax.tree.leaves(params)))
+
+
+def _floating_dtypes(params) -> set[str]:
+  """The dtype names of the floating-point leaves of `params`."""
+  return {
+      np.dtype(x.dtype).name
+      for x in jax.tree.leaves(params)
+      if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
+  }
 
 
 def check_flags() -> list[int]:
@@ -136,31 +190,41 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO.
   pair_dir = pathlib.Path(FLAGS.pair_dir)
   if FLAGS.target_run:
-    export_pair(pair_dir, FLAGS.target_run, FLAGS.drafter_run)
+    export_pair(pair_dir, FLAGS.target_run, FLAGS.drafter_run, FLAGS.storage_dtype)
   vocabulary = tasks.get_vocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
-  pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(pair_dir), vocabulary.eos_id)
+  pair = pairs.load_pair(
+      pairs.PairConfig.from_pair_dir(pair_dir, restore_dtype=RESTORE_DTYPE), vocabulary.eos_id
+  )
   task = tasks.register_demo_task(vocabulary=vocabulary)
 
-  report = {"pair_dir": str(pair_dir), "split": FLAGS.split}
+  report = {"pair_dir": str(pair_dir), "split": FLAGS.split, "stored_dtypes": {}}
+  for member, params in (("target", pair.target_params), ("drafter", pair.drafter_params)):
+    stored = sorted(checkpoints.stored_dtypes(pair_dir / member))
+    report["stored_dtypes"][member] = stored
+    print(
+        f"{member}: stored as {', '.join(stored)}, restored as "
+        f"{', '.join(sorted(_floating_dtypes(params)))}",
+        file=sys.stderr,
+    )
   examples = training.eval_set(
       task, FLAGS.split, FEATURE_LENGTHS, FLAGS.batch_size, FLAGS.max_examples
   )
-  for member, params, config in (
-      ("target", pair.target_params, pair.target_config),
-      ("drafter", pair.drafter_params, pair.drafter.config),
-  ):
-    model = models.EncoderDecoderModel(network.Transformer(config), vocabulary, vocabulary)
-    metrics, predictions = training.evaluate(model, params, examples)
-    report[member] = {
-        "parameters": int(sum(np.size(x) for x in jax.tree.leaves(params))),
-        **metrics,
-        "examples": len(examples.references),
-        "samples": [
-            {"reference": r, "prediction": p}
-            for r, p in zip(examples.references[:5], predictions[:5])
-        ],
+  report["target"] = evaluate_member(
+      "target", pair.target_config, pair.target_params, examples, vocabulary
+  )
+  if isinstance(pair.drafter, drafters.T5Drafter):
+    report["drafter"] = evaluate_member(
+        "drafter", pair.drafter.config, pair.drafter_params, examples, vocabulary
+    )
+  else:  # It has no encoder of its own: recorded as such, never silently skipped.
+    kind = type(pair.drafter).__name__
+    report["drafter"] = {
+        "parameters": _num_parameters(pair.drafter_params),
+        "kind": kind,
+        "bleu": None,
+        "note": NOT_STANDALONE,
     }
-    print(f"{member}: {metrics}", file=sys.stderr)
+    print(f"drafter: no BLEU: the {kind} {NOT_STANDALONE}", file=sys.stderr)
 
   check = training.eval_set(
       task, FLAGS.split, FEATURE_LENGTHS, FLAGS.check_examples, FLAGS.check_examples
@@ -179,7 +243,7 @@ def main(argv):
   (output_dir / "evaluation.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
   print(
       json.dumps(
-          {m: {k: report[m][k] for k in ("parameters", "bleu", "eval_loss")} for m in MEMBERS},
+          {m: {k: report[m].get(k) for k in ("parameters", "bleu", "eval_loss")} for m in MEMBERS},
           indent=1,
       )
   )

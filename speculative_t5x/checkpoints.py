@@ -22,8 +22,9 @@ checkpoints on GCS go through orbax's own path handling (etils.epath).
 
 Writing: `save_model` / `restore_model` keep one model's params and `T5Config`, `save_pair` /
 `restore_pair` a (target, drafter) pair in one directory, each as orbax params plus
-`config.json`. A shared-encoder drafter (`save_shared_encoder_drafter`, a decoder reading the
-target's encoder output) has the same layout; its config.json adds to the T5Config fields the entry
+`config.json`; `stored_dtypes` reads the dtypes a directory stores without restoring it. A
+shared-encoder drafter (`save_shared_encoder_drafter`, a decoder reading the target's encoder
+output) has the same layout; its config.json adds to the T5Config fields the entry
 "drafter": {"kind": "shared_encoder", "encoder_emb_dim": E_target} (`read_drafter_config`).
 
 Damaged weights are refused, never loaded: a file that fails what its format checks (gzip's CRC
@@ -806,6 +807,35 @@ def restore_model(
   config = read_config(directory)
   params = restore_params(config, _epath(directory), dtype=dtype, check_finite=check_finite)
   return params, config
+
+
+def stored_dtypes(directory: str | os.PathLike) -> set[str]:
+  """The dtype names (e.g. {'float32'} or {'bfloat16'}) of the floating-point arrays stored under
+  `directory/params` by `save_model`, `save_shared_encoder_drafter` or a drafter's `save_params`,
+  read from orbax's array metadata (each array's zarr `.zarray`, where tensorstore records
+  bfloat16 as "bfloat16") without restoring the arrays."""
+  location = _epath(directory) / _PARAMS_DIR
+  if not (location / _ORBAX_METADATA).exists():
+    raise FileNotFoundError(
+        f"{location / _ORBAX_METADATA} does not exist: {directory} is not a directory written by "
+        "save_model (or a drafter's save_params)."
+    )
+  try:
+    metadata = ocp.PyTreeCheckpointer().metadata(location).item_metadata
+    if metadata is None:
+      raise ValueError("its tree metadata cannot be read (missing, or its chunk is damaged)")
+  except (ValueError, OSError) as e:
+    raise ValueError(
+        f"cannot read the array metadata of the orbax checkpoint at {location}: {e}. A damaged or "
+        "incomplete copy: copy the checkpoint again"
+    ) from e
+  leaves = traverse_util.flatten_dict(dict(metadata.tree)).values()
+  dtypes = [getattr(leaf, "dtype", None) for leaf in leaves]  # None: a leaf without an array.
+  return {
+      np.dtype(dtype).name
+      for dtype in dtypes
+      if dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.floating)
+  }
 
 
 def save_pair(

@@ -246,6 +246,26 @@ def test_orbax_model_round_trip_is_exact(tmp_path, small_params):
     checkpoints.save_model(tmp_path / "m", small_params, SMALL)
 
 
+def test_stored_dtypes_reads_the_storage_dtype_and_bfloat16_restores_as_float32(
+    tmp_path, small_params
+):
+  checkpoints.save_model(tmp_path / "f32", small_params, SMALL)
+  assert checkpoints.stored_dtypes(tmp_path / "f32") == {"float32"}
+  half = jax.tree.map(lambda x: jax.numpy.asarray(x, jax.numpy.bfloat16), small_params)
+  checkpoints.save_model(tmp_path / "bf16", half, SMALL)
+  assert checkpoints.stored_dtypes(tmp_path / "bf16") == {"bfloat16"}
+  restored, config = checkpoints.restore_model(tmp_path / "bf16", dtype="float32")
+  assert config == SMALL
+  expected = {  # Rounded to bfloat16 and back by numpy and ml_dtypes alone.
+      name: np.asarray(value, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+      for name, value in _flat(small_params).items()
+  }
+  assert any(not np.array_equal(expected[k], v) for k, v in _flat(small_params).items())
+  _assert_trees_equal(restored, traverse_util.unflatten_dict(expected, sep="/"))
+  with pytest.raises(FileNotFoundError, match="not a directory written by save_model"):
+    checkpoints.stored_dtypes(tmp_path)
+
+
 def test_orbax_pair_round_trip_is_exact(tmp_path, small_params):
   drafter_config = SMALL.replace(
       num_decoder_layers=1, mlp_activations=("relu",), logits_via_embedding=True, dtype="bfloat16"
