@@ -31,6 +31,7 @@ import jax  # noqa: E402
 import seqio  # noqa: E402
 
 from speculative_t5x import benchmark  # noqa: E402
+from speculative_t5x import checkpoints  # noqa: E402
 from speculative_t5x import drafters  # noqa: E402
 from speculative_t5x import gin_utils  # noqa: E402
 from speculative_t5x import network  # noqa: E402
@@ -42,6 +43,7 @@ from speculative_t5x import validation  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DRAFTER = "demo drafter"
+MEMBERS = ("target", "drafter")  # checkpoints.save_pair's directories
 EOS_ID = 1
 RANDOM_INPUT_LENGTH = 16
 
@@ -101,7 +103,7 @@ def check_flags() -> tuple[float, ...]:
       )
     return temperatures
   pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
-  needed = ("target", "drafter", tasks.DEMO_VOCABULARY_FILE)
+  needed = (*MEMBERS, tasks.DEMO_VOCABULARY_FILE)
   missing = [name for name in needed if not (pair_dir / name).exists()]
   if missing:
     problem = "does not exist" if not pair_dir.is_dir() else f"has no {', '.join(missing)}"
@@ -119,10 +121,20 @@ def _demo_pair() -> tuple[pairs.Pair, seqio.Vocabulary | None, str]:
     return _random_pair()
   pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
   vocabulary = seqio.SentencePieceVocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
+  # Parameters may be stored in bfloat16 (demo_models/ is, to halve its size); they are restored
+  # in the compute dtype the target's config.json records (float32 for the demo pair).
+  compute_dtype = checkpoints.read_config(pair_dir / "target").dtype
+  stored = sorted(
+      set().union(*(checkpoints.stored_dtypes(pair_dir / member) for member in MEMBERS))
+  )
   return (
-      pairs.load_pair(pairs.PairConfig.from_pair_dir(pair_dir), vocabulary.eos_id),
+      pairs.load_pair(
+          pairs.PairConfig.from_pair_dir(pair_dir, restore_dtype=compute_dtype),
+          vocabulary.eos_id,
+      ),
       vocabulary,
-      f"trained demo pair from {pair_dir}",
+      f"trained demo pair from {pair_dir} (stored as {', '.join(stored)}, restored as "
+      f"{compute_dtype})",
   )
 
 
