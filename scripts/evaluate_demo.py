@@ -7,7 +7,8 @@ With --target_run and --drafter_run (scripts/train.py model dirs), it first writ
 `checkpoints.save_pair` into --pair_dir (parameters stored as --storage_dtype, float32 or bfloat16
 at half the size, and config.json per member, plus each run's train_summary.json) and copies the
 corpus vocabulary beside it. The drafter run may hold a T5 drafter or a shared-encoder drafter
-(`drafters.read_drafter`). Then, on the pair in --pair_dir, restored as float32, it measures
+(`drafters.read_drafter`). Then, on the pair in --pair_dir, restored in its compute dtype, it
+measures
   - BLEU of the target's and the drafter's greedy decodes on the demo task's --split, with their
     teacher-forced loss and accuracy (`training.evaluate`); a drafter that reads the target's
     encoder output (not a T5 drafter) cannot translate on its own, so it gets no BLEU, only a note;
@@ -44,7 +45,6 @@ from speculative_t5x import training
 from speculative_t5x import validation
 
 MEMBERS = ("target", "drafter")
-RESTORE_DTYPE = "float32"  # The compute dtype of the demo pair's config.json files.
 NOT_STANDALONE = "reads the target's encoder output: not a standalone translation model"
 FEATURE_LENGTHS = {"inputs": 48, "targets": 48}  # configs/runs/train.gin's TASK_FEATURE_LENGTHS
 
@@ -58,7 +58,7 @@ flags.DEFINE_enum(
     "float32",
     ["float32", "bfloat16"],
     "dtype the export stores the floating-point parameters in (bfloat16: half the size); the "
-    "pair is restored as float32 either way, and config.json's compute dtype is kept.",
+    "pair is restored in config.json's compute dtype (float32 for the demo) either way.",
 )
 flags.DEFINE_string(
     "output_dir",
@@ -192,8 +192,11 @@ def main(argv):
   if FLAGS.target_run:
     export_pair(pair_dir, FLAGS.target_run, FLAGS.drafter_run, FLAGS.storage_dtype)
   vocabulary = tasks.get_vocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
+  # Restored in the compute dtype the target's config.json records (float32 for the demo pair),
+  # whatever the storage dtype, as scripts/demo.py does.
+  compute_dtype = checkpoints.read_config(pair_dir / "target").dtype
   pair = pairs.load_pair(
-      pairs.PairConfig.from_pair_dir(pair_dir, restore_dtype=RESTORE_DTYPE), vocabulary.eos_id
+      pairs.PairConfig.from_pair_dir(pair_dir, restore_dtype=compute_dtype), vocabulary.eos_id
   )
   task = tasks.register_demo_task(vocabulary=vocabulary)
 
