@@ -193,11 +193,8 @@ def main(argv):
     export_pair(pair_dir, FLAGS.target_run, FLAGS.drafter_run, FLAGS.storage_dtype)
   vocabulary = tasks.get_vocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
   # Restored in the compute dtype the target's config.json records (float32 for the demo pair),
-  # whatever the storage dtype, as scripts/demo.py does.
-  compute_dtype = checkpoints.read_config(pair_dir / "target").dtype
-  pair = pairs.load_pair(
-      pairs.PairConfig.from_pair_dir(pair_dir, restore_dtype=compute_dtype), vocabulary.eos_id
-  )
+  # whatever the storage dtype (from_pair_dir's default), as scripts/demo.py does.
+  pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(pair_dir), vocabulary.eos_id)
   task = tasks.register_demo_task(vocabulary=vocabulary)
 
   report = {"pair_dir": str(pair_dir), "split": FLAGS.split, "stored_dtypes": {}}

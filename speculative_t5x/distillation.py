@@ -223,9 +223,11 @@ class Distillation:
       ) from e
 
   def restore_target(self) -> tuple[dict, network.T5Config]:
-    """(params, config) of the frozen target (`checkpoints.restore_model`)."""
-    self.target_config()
-    return checkpoints.restore_model(self.path)
+    """(params, config) of the frozen target (`checkpoints.restore_model`), the parameters in the
+    compute dtype its config records, whatever they are stored in (demo_models/target is stored
+    in bfloat16 and computes in float32)."""
+    config = self.target_config()
+    return checkpoints.restore_model(self.path, dtype=config.dtype)
 
   def as_dict(self) -> dict:
     """The settings, for a run's summary."""

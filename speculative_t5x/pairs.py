@@ -113,7 +113,12 @@ class PairConfig:
   ) -> "PairConfig":
     """The pair written by `checkpoints.save_pair` into `directory` (target/ and drafter/, each
     with its config.json): a T5 target and the drafter drafter/config.json records
-    (`drafters.read_drafter`: a `T5Drafter` or a `SharedEncoderDrafter`)."""
+    (`drafters.read_drafter`: a `T5Drafter` or a `SharedEncoderDrafter`).
+
+    restore_dtype: None restores the parameters in the compute dtype target/config.json records,
+    whatever dtype they are stored in (the demo pair is stored in bfloat16 and computes in
+    float32); a dtype name restores them in that one.
+    """
     directory = gin_utils.resolve_path(directory)
     target, drafter = (os.path.join(directory, member) for member in ("target", "drafter"))
     for member in (target, drafter):
@@ -122,12 +127,13 @@ class PairConfig:
             f"{member} does not exist: {directory} is not a pair written by "
             "checkpoints.save_pair (it needs target/ and drafter/)."
         )
+    target_config = checkpoints.read_config(target)
     return cls(
-        target_config=checkpoints.read_config(target),
+        target_config=target_config,
         drafter=drafters_lib.read_drafter(drafter),
         checkpoint_path=target,
         drafter_checkpoint_path=drafter,
-        restore_dtype=restore_dtype,
+        restore_dtype=restore_dtype or target_config.dtype,
     )
 
 

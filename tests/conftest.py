@@ -67,6 +67,41 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "t5x"
 
 
+SCRIPT_ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def script_process(script: str, *flags: str, cwd=None, timeout: int = 600):
+  """Runs scripts/`script` with `flags` in a fresh interpreter on the CPU (in `cwd`, default the
+  current directory) -> its subprocess.CompletedProcess (text stdout and stderr)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  return subprocess.run(
+      [sys.executable, str(REPO_ROOT / "scripts" / script), *flags],
+      cwd=cwd,
+      env=SCRIPT_ENV,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
+
+
+def run_script(script: str, *flags: str, cwd=None, timeout: int = 600) -> str:
+  """`script_process`, asserting that the script exits with status 0 (showing the end of its
+  stderr if not) -> its stdout."""
+  completed = script_process(script, *flags, cwd=cwd, timeout=timeout)
+  assert completed.returncode == 0, completed.stderr[-4000:]
+  return completed.stdout
+
+
+def require_demo_pair() -> pathlib.Path:
+  """demo_models/, which is part of the repository: its absence is a failure, not a skip."""
+  pair = REPO_ROOT / "demo_models"
+  if not (pair / "target").exists():
+    pytest.fail("demo_models/ is missing: it is part of the repository.")
+  return pair
+
+
 def fixture_path(name: str) -> pathlib.Path:
   """Path of a T5X fixture; skips the calling test where ../shared/fixtures/t5x is absent."""
   path = FIXTURES / name

@@ -321,6 +321,19 @@ def test_bad_settings_name_the_problem_and_the_fix(changes, message):
     distillation.Distillation(**settings)
 
 
+def test_a_bfloat16_stored_target_is_restored_in_its_compute_dtype(tmp_path):
+  """demo_models/target is stored in bfloat16 and computes in float32: the frozen target comes
+  back in float32, with the stored values."""
+  config = tiny_config(V)
+  stored = jax.tree.map(lambda x: np.asarray(x, jnp.bfloat16), t5_params(config, 0))
+  checkpoints.save_model(tmp_path / "target", stored, config)
+  params, restored_config = distillation.Distillation(tmp_path / "target").restore_target()
+  assert restored_config == config and config.dtype == "float32"
+  for restored, original in zip(jax.tree.leaves(params), jax.tree.leaves(stored), strict=True):
+    assert restored.dtype == np.float32
+    np.testing.assert_array_equal(restored, np.asarray(original, np.float32))
+
+
 def test_the_drafter_and_the_target_are_checked_before_anything_is_built(tmp_path):
   target_config = tiny_config(V)
   checkpoints.save_model(tmp_path / "target", t5_params(target_config, 0), target_config)

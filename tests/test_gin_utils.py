@@ -215,7 +215,7 @@ def test_a_misspelt_macro_in_a_gin_file_is_named(tmp_path, monkeypatch):
 
 # Shipped files alone, as overlays and with the command lines their comments and the scripts'
 # docstrings document: no macro is reported. (Command lines that bind macros only the scripts'
-# configurables read run in tests/test_scripts.py and tests/test_infer.py.)
+# configurables read run in the scripts' own tests, e.g. tests/test_measure_alpha.py.)
 DOCUMENTED = [
     ([path], [])
     for path in sorted(str(p.relative_to(REPO_ROOT)) for p in REPO_ROOT.glob("configs/**/*.gin"))

@@ -73,13 +73,26 @@ def test_from_pair_dir(saved, tmp_path, monkeypatch):
   assert (config.checkpoint_path, config.drafter_checkpoint_path, config.restore_dtype) == (
       str(directory / "target"),
       str(directory / "drafter"),
-      None,
+      "float32",  # TARGET's compute dtype, read from target/config.json
   )
   pair = pairs.load_pair(config, EOS)
   _leaves_equal(pair.params["drafter"], drafter, np.dtype("float32"))
+  assert pairs.PairConfig.from_pair_dir(directory, "bfloat16").restore_dtype == "bfloat16"
   (tmp_path / "lonely" / "target").mkdir(parents=True)
   with pytest.raises(FileNotFoundError, match="drafter does not exist: .*save_pair"):
     pairs.PairConfig.from_pair_dir(tmp_path / "lonely")
+
+
+def test_from_pair_dir_restores_a_bfloat16_pair_in_its_compute_dtype(saved, tmp_path):
+  """A pair stored in bfloat16 (as demo_models/ is) comes back in the float32 its configs
+  compute in, not as stored."""
+  _, target, drafter = saved
+  target, drafter = jax.tree.map(lambda x: np.asarray(x, jax.numpy.bfloat16), (target, drafter))
+  checkpoints.save_pair(tmp_path, target, TARGET, drafter, DRAFTER)
+  assert checkpoints.stored_dtypes(tmp_path / "target") == {"bfloat16"}
+  pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(tmp_path), EOS)
+  for member in ("target", "drafter"):
+    assert {x.dtype for x in jax.tree.leaves(pair.params[member])} == {np.dtype("float32")}
 
 
 def test_shared_encoder_drafter_from_pair_dir(saved, tmp_path):

@@ -178,10 +178,12 @@ def test_make_optimizer_rejects_unknown_names():
 
 
 def test_demo_pair_greedy_speculative_equals_baseline():
-  (target_params, target_config), (drafter_params, drafter_config) = checkpoints.restore_pair(
-      DEMO_PAIR
+  """The shipped pair (stored in bfloat16, restored in the float32 it computes in): a target and
+  the drafter its config.json records (the shared-encoder drafter)."""
+  (target_params, target_config), (drafter_params, drafter) = checkpoints.restore_pair(
+      DEMO_PAIR, "float32"
   )
-  assert target_config.vocab_size == drafter_config.vocab_size
+  assert drafters.as_drafter(drafter).vocab_size == target_config.vocab_size
   vocabulary = tasks.get_vocabulary(str(DEMO_PAIR / tasks.DEMO_VOCABULARY_FILE))
   sentences = ["Open file", "The file could not be saved.", "Show hidden files", "Invalid argument"]
   inputs = np.zeros((len(sentences), 48), np.int32)
@@ -193,7 +195,7 @@ def test_demo_pair_greedy_speculative_equals_baseline():
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
   expected, _ = baseline(target_params, batch, jax.random.PRNGKey(0), 0.0)
   speculative = models.SpeculativeEncoderDecoderModel(
-      target, network.Transformer(drafter_config), vocabulary, vocabulary, gamma=4
+      target, drafter, vocabulary, vocabulary, gamma=4
   ).jit_predict()
   params = {"target": target_params, "drafter": drafter_params}
   decodes, aux = speculative(params, batch, jax.random.PRNGKey(0), 0.0)

@@ -1,0 +1,54 @@
+"""scripts/demo.py, the README's main command: the shipped demo pair end to end, and every bad
+flag refused before anything loads."""
+
+import subprocess
+import sys
+
+from conftest import REPO_ROOT, SCRIPT_ENV, require_demo_pair, run_script
+
+
+def test_demo_translates_and_checks_greedy_equality():
+  require_demo_pair()
+  out = run_script(
+      "demo.py",
+      "--num_examples=2",
+      "--show=2",
+      "--repeats=1",
+      "--cost_repeats=2",
+      "--decode_length=24",
+  )
+  assert "trained demo pair" in out
+  assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2
+  assert "| task | drafter | temp | gamma | alpha | tokens/call | c | verify cost |" in out
+  for temperature in (0, 1):
+    assert f"| demo_ende | demo drafter | {temperature} | 1 |" in out  # the default gamma
+  assert "identical to the baseline on all 2 examples: True" in out
+
+
+def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
+  """No random pair in place of a missing one (that is --random_pair), and every bad flag an
+  error with exit status 1 before anything loads; all cases run at once."""
+  (tmp_path / "incomplete" / "target").mkdir(parents=True)
+  cases = {
+      f"--pair_dir={tmp_path / 'nowhere'}": f"--pair_dir={tmp_path / 'nowhere'} does not exist: "
+      "give a directory written by checkpoints.save_pair with its sentencepiece.model (the "
+      "shipped demo_models/ is the default), or --random_pair for a tiny random pair",
+      f"--pair_dir={tmp_path / 'incomplete'}": f"--pair_dir={tmp_path / 'incomplete'} has no "
+      "drafter, sentencepiece.model: give a directory",
+      "--temperatures=0,-1": "--temperatures=0,-1 (0.0, -1.0): temperature must be >= 0 and finite",
+  }
+  runs = {
+      flags: subprocess.Popen(
+          [sys.executable, str(REPO_ROOT / "scripts" / "demo.py"), *flags.split()],
+          env=SCRIPT_ENV,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for flags in cases
+  }
+  for flags, message in cases.items():
+    stdout, stderr = runs[flags].communicate(timeout=300)
+    assert runs[flags].returncode == 1, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith(f"demo.py: configuration error: {message}")
+    assert "Traceback" not in stderr and "[demo]" not in stdout  # Nothing loaded or decoded.
