@@ -33,8 +33,9 @@ ROW_KEYS = {
 
 def test_benchmark_script_end_to_end(tmp_path):
   """The default tiny random pair, 1 example, 3 repeats (medians: a single timing of a short
-  decode can fall below its prefill's on a busy machine), gamma 2, temperatures 0 and 1 (each
-  setting compiles its own loop: the suite keeps them few). A step of the tiny networks takes
+  decode can fall below its prefill's on a busy machine), gamma 2, temperature 0 (each setting
+  compiles its own loop: the suite keeps them few; temperature 1 goes through the same report.sweep
+  in tests/test_demo.py, and its step costs in test_benchmark_costs_only). A step of the tiny networks takes
   tens of microseconds, so the step costs are resolved from 64 extra steps (16 per call, the most
   a 16-token decode's cache admits) in 5 rounds: 16 extra steps were lost in the noise of a
   loaded machine."""
@@ -47,7 +48,7 @@ def test_benchmark_script_end_to_end(tmp_path):
       "--cost_repeats=5",
       "--steps_per_call=16",
       "--gammas=2",
-      "--temperatures=0,1",
+      "--temperatures=0",
       "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 16}",
       cwd=tmp_path,
   )
@@ -60,15 +61,14 @@ def test_benchmark_script_end_to_end(tmp_path):
   assert settings == {
       (d, t, g)
       for d in ("random, independent", "random, copy of target")
-      for t in (0.0, 1.0)
+      for t in (0.0,)
       for g in (2,)
   }
   for row in rows:
     assert ROW_KEYS <= set(row)
     assert 0.0 <= row["alpha"] <= 1.0 and row["tokens_per_target_call"] >= 1.0
     assert row["c"] > 0 and row["verify_cost"] > 0
-    if row["temperature"] == 0:  # greedy speculative decoding reproduces the baseline exactly.
-      assert row["outputs_match_baseline"] == 1.0
+    assert row["outputs_match_baseline"] == 1.0  # greedy: identical to the baseline's output.
     assert row["iteration_cost"] > 0 and row["loop_speedup"] > 0
     predicted_in_situ = theory.expected_tokens(row["alpha"], row["gamma"]) / row["iteration_cost"]
     assert row["efficiency_in_situ"] == pytest.approx(row["loop_speedup"] / predicted_in_situ)
@@ -82,10 +82,10 @@ def test_benchmark_script_end_to_end(tmp_path):
     )
     assert row["speedup_per_example"] == pytest.approx(np.mean(np.divide(base, spec)))
   for row in rows:
-    if row["drafter"] == "random, copy of target" and row["temperature"] == 0:
+    if row["drafter"] == "random, copy of target":
       assert row["alpha"] > 0.9  # the drafter is the target: its argmax is the target's.
-  assert set(results["costs"]) == {"t=0", "t=1"}
-  assert set(results["costs"]["t=1"]["random, copy of target"]["verify_cost"]) == {"2"}
+  assert set(results["costs"]) == {"t=0"}
+  assert set(results["costs"]["t=0"]["random, copy of target"]["verify_cost"]) == {"2"}
   table = (tmp_path / "results.md").read_text()
   assert "| task | drafter | temp | gamma | alpha |" in table
 

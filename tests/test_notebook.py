@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "speculative_decoding.ipynb"
 KERNEL_NAME = "speculative_t5x_test"
-TIMEOUT_SECONDS = 600  # per cell; the quick run takes about a minute on 2 CPU cores.
+TIMEOUT_SECONDS = 600  # per cell; the quick run takes about three minutes on 2 CPU cores.
 
 
 @pytest.fixture
@@ -82,11 +82,12 @@ def test_runs_and_shows_figure1_and_the_sweep(kernel_name):
   assert len(pngs) == 1
   text = "".join(output.get("text", "") for output in _outputs(notebook, "stream"))
   assert "identical to the baseline on all 2 sentences: True" in text
-  # The sweep's table is report.markdown_table: a Table-2 row per gamma and temperature.
+  # The sweep's table is report.markdown_table: a Table-2 row per gamma and temperature (QUICK
+  # sweeps GAMMA = 4 alone).
   tables = "".join(
       output.data.get("text/markdown", "") for output in _outputs(notebook) if "data" in output
   )
   assert "| task | drafter | temp | gamma | alpha | tokens/call |" in tables
-  for gamma in (1, 4):
-    for temperature in (0, 1):
-      assert f"| demo_ende | drafter | {temperature} | {gamma} |" in tables
+  for temperature in (0, 1):
+    assert f"| demo_ende | drafter | {temperature} | 4 |" in tables
+  assert "| demo_ende | drafter | 0 | 1 |" not in tables
