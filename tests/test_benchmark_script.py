@@ -140,7 +140,7 @@ def test_benchmark_inputs_from_a_task_split(tmp_path):
       "--num_examples=2",
       "--repeats=1",
       "--warmup=0",
-      "--cost_repeats=5",
+      "--cost_repeats=2",
       "--steps_per_call=16",
       "--gammas=2",
       "--temperatures=0",
