@@ -7,8 +7,8 @@ With --target_run and --drafter_run (scripts/train.py model dirs), it first writ
 `checkpoints.save_pair` into --pair_dir (parameters stored as --storage_dtype, float32 or bfloat16
 at half the size, and config.json per member, plus each run's train_summary.json) and copies the
 corpus vocabulary beside it. The drafter run may hold a T5 drafter or a shared-encoder drafter
-(`drafters.read_drafter`). Then, on the pair in --pair_dir, restored in its compute dtype, it
-measures
+(`drafters.read_drafter`). Then, on the pair in --pair_dir (restored in its compute dtype), it
+measures:
   - BLEU of the target's and the drafter's greedy decodes on the demo task's --split, with their
     teacher-forced loss and accuracy (`training.evaluate`); a drafter that reads the target's
     encoder output (not a T5 drafter) cannot translate on its own, so it gets no BLEU, only a note;
