@@ -24,8 +24,6 @@ Usage (T5X's flags; --gin.NAME=value is short for --gin_bindings='NAME = value')
     --gin.INFER_OUTPUT_DIR="'/tmp/infer_tiny'"            # random weights: the mechanics only
 """
 
-import pathlib
-
 from absl import app
 from absl import flags
 import gin
@@ -43,21 +41,17 @@ flags.DEFINE_multi_string(
 flags.DEFINE_multi_string(
     "gin_bindings", [], "Gin bindings, applied after the files; " "--gin.NAME=value is a shorthand."
 )
-CONFIG_FILE = "config.gin"
 
 
 def main(argv):
-  """Parses the gin configuration, checks the task, writes config.gin and runs the inference."""
+  """Parses the gin configuration, checks it and runs the inference, which writes config.gin
+  once the task, the weights and the settings have passed their checks."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings)
   config = inference.InferConfig()
-  inference.get_task(config)  # before anything is written
-  output_dir = pathlib.Path(config.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  with inference.atomic_writer(output_dir / CONFIG_FILE) as f:
-    f.write(gin.config_str())
-  inference.infer(config)
+  inference.get_task(config)  # before anything is loaded
+  inference.infer(config, gin_config=gin.config_str())
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ own decodes, Distillation(target_dir, divergence='cross_entropy', data='target')
 Writes orbax checkpoints to MODEL_DIR/checkpoints, the final parameters to MODEL_DIR/model (a
 model's checkpoints.save_model, a distilled drafter's Drafter.save_params), the summary to
 MODEL_DIR/train_summary.json and the gin config to MODEL_DIR/config.gin. See
-speculative_t5x/training.py for what `train` does.
+speculative_t5x/training.py for what `train` does. A flag or setting that `train` refuses (a
+ValueError, before anything is built) ends the run with nothing written: config.gin is written
+after `train` has passed its checks, when the run ends or fails.
 """
 
 import os
@@ -52,6 +54,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_float("distill_temperature", None, "Teacher sampling temperature (0: greedy).")
 flags.mark_flags_as_required(["gin_file", "model_dir"])
+CONFIG_FILE = "config.gin"
 
 
 def check_flags() -> None:
@@ -77,6 +80,13 @@ def check_flags() -> None:
     raise gin_utils.ConfigError(f"--model_dir={FLAGS.model_dir} is a file: give a directory")
 
 
+def write_config(config: str) -> None:
+  """The run's gin configuration to MODEL_DIR/config.gin."""
+  os.makedirs(FLAGS.model_dir, exist_ok=True)
+  with open(os.path.join(FLAGS.model_dir, CONFIG_FILE), "w") as f:
+    f.write(config)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -91,10 +101,15 @@ def main(argv):
   if FLAGS.distill_temperature is not None:
     bindings.append(f"training.train.distill_temperature = {FLAGS.distill_temperature}")
   gin_utils.parse_gin_flags(FLAGS.gin_file, bindings)
-  os.makedirs(FLAGS.model_dir, exist_ok=True)
-  with open(os.path.join(FLAGS.model_dir, "config.gin"), "w") as f:
-    f.write(gin.config_str())
-  summary = training.train(FLAGS.model_dir)
+  config = gin.config_str()
+  try:
+    summary = training.train(FLAGS.model_dir)
+  except ValueError:
+    raise  # a setting refused (train checks them before building anything): nothing to record
+  except BaseException:
+    write_config(config)  # the record of a run that failed or was stopped during its work
+    raise
+  write_config(config)
   print(
       f"{summary['steps']} steps in {summary['train_seconds']:.0f} s: train loss "
       f"{summary['train'].get('loss', float('nan')):.4f}, eval {summary['eval']}; model in "

@@ -45,16 +45,24 @@ def teacher_forced_betas(
   decoder_inputs = shift_right(sequences)
   target = network.Transformer(target_config)
   encoded = target.apply({"params": target_params}, encoder_input_tokens, method=target.encode)
-  target_logits = target.apply(
+  reads_features = drafter.reads_target_features
+  target_out = target.apply(
       {"params": target_params},
       encoded,
       encoder_input_tokens,
       decoder_inputs,
       jnp.ones_like(decoder_inputs),  # as `network.teacher_forced_logits`: 0 is a token here.
+      return_features=reads_features,
       method=target.teacher_forced,
   )
+  # A drafter reading the target's features gets them at the same positions (its first draft).
+  target_logits, features = target_out if reads_features else (target_out, None)
   drafter_logits = drafter.teacher_forced_logits(
-      drafter_params, encoder_input_tokens, decoder_inputs, target_encoded=encoded
+      drafter_params,
+      encoder_input_tokens,
+      decoder_inputs,
+      target_encoded=encoded,
+      **({"target_features": features} if reads_features else {}),
   )
   p = sampling.distribution(target_logits, temperature, topk, topp)
   q = sampling.distribution(drafter_logits, temperature, topk, topp)

@@ -26,7 +26,7 @@ gamma beside it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,12 +36,17 @@ from speculative_t5x import alpha
 from speculative_t5x import draft_length
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
+from speculative_t5x import validation
+
+# Float32 sums of min(p, q) may pass 1 by a rounding error; a probability beyond this is refused.
+_ROUNDING = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)
 class Positions:
   """Per generated position of each sequence: confidence [n_s] and beta [n_s] (lists of arrays,
-  one per sequence, positions up to and including EOS)."""
+  one per sequence, positions up to and including EOS). Both are probabilities: real numbers in
+  [0, 1] (up to float32 rounding), NaN refused (a ValueError at construction)."""
 
   confidence: list[np.ndarray]
   beta: list[np.ndarray]
@@ -58,6 +63,12 @@ class Positions:
             f"confidence and beta of a sequence must be 1-D of one length, got "
             f"{np.shape(c)} and {np.shape(b)}."
         )
+    for name, arrays, meaning in (
+        ("confidence", self.confidence, "the drafter's largest probability"),
+        ("beta", self.beta, "sum_x min(p(x), q(x)), a draft's acceptance probability"),
+    ):
+      for s, values in enumerate(arrays):
+        _check_probabilities(values, f"{name} of sequence {s}", meaning)
 
   @property
   def count(self) -> int:
@@ -67,6 +78,21 @@ class Positions:
   def concatenate(cls, parts: Sequence["Positions"]) -> "Positions":
     return cls(
         [c for part in parts for c in part.confidence], [b for part in parts for b in part.beta]
+    )
+
+
+def _check_probabilities(values, name: str, meaning: str) -> None:
+  """A ValueError unless `values` holds real numbers in [0, 1] (up to _ROUNDING)."""
+  values = np.asarray(values)
+  if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
+    raise ValueError(f"{name} must hold real numbers ({meaning}), got dtype {values.dtype}.")
+  bad = ~((values >= -_ROUNDING) & (values <= 1 + _ROUNDING))  # NaN compares False
+  if np.any(bad):
+    i = int(np.argmax(bad))
+    raise ValueError(
+        f"{name} holds {values[i]:.6g} at position {i}: it must be a probability in [0, 1] "
+        f"({meaning}); {int(bad.sum())} position(s) are NaN or out of range. Measure them with "
+        "score_positions, or fix the values given."
     )
 
 
@@ -147,9 +173,12 @@ class Prediction:
 def predict(
     positions: Positions, gamma: int, threshold: float, c: float, verify_cost: float
 ) -> Prediction:
-  """The module docstring's model at one (gamma, threshold), c and verify_cost(gamma)."""
-  if c < 0 or verify_cost <= 0:
-    raise ValueError(f"need c >= 0 and verify_cost > 0 (time ratios), got {c} and {verify_cost}.")
+  """The module docstring's model at one (gamma, threshold), c and verify_cost(gamma); each is
+  checked (a ValueError naming it)."""
+  gamma = validation.check_integer(gamma, "gamma", 1, meaning="the most drafts per target call")
+  threshold = _check_threshold(threshold)
+  c = validation.check_number(c, "c", 0, meaning="drafter step time over target step time")
+  verify_cost = _check_verify_cost(verify_cost, gamma)
   drafts, accepted = zip(
       *(
           _blocks(c_s, b_s, threshold, gamma)
@@ -160,7 +189,7 @@ def predict(
   tokens_per_call = float(np.mean(np.concatenate(accepted))) + 1.0
   return Prediction(
       gamma,
-      float(threshold),
+      threshold,
       drafts_per_call,
       tokens_per_call,
       tokens_per_call / (c * drafts_per_call + verify_cost),
@@ -183,6 +212,31 @@ class Calibration:
     }
 
 
+def _check_threshold(threshold) -> float:
+  return validation.check_number(
+      threshold, "threshold", 0, 1, meaning="a confidence: 0 never stops, i.e. static gamma"
+  )
+
+
+def _check_verify_cost(verify_cost, gamma: int) -> float:
+  name, meaning = (
+      f"verify_cost({gamma})",
+      "the target's time on gamma + 1 tokens over its time on 1",
+  )
+  value = validation.check_number(verify_cost, name, meaning=meaning)
+  if value <= 0:
+    raise ValueError(f"{name} must be > 0 ({meaning}), got {value}.")
+  return value
+
+
+def _non_empty(values, name: str, wanted: str) -> list:
+  """`values`, a non-empty sequence (not a string) -> a list."""
+  listed = list(values) if isinstance(values, Iterable) and not isinstance(values, str) else []
+  if not listed:
+    raise ValueError(f"{name} must be a non-empty sequence of {wanted}, got {values!r}.")
+  return listed
+
+
 def calibrate(
     positions: Positions,
     gammas: Sequence[int],
@@ -197,19 +251,43 @@ def calibrate(
     positions: the measured confidences and betas.
     gammas: candidate most-drafts settings (integers >= 1).
     c: drafter step time over target step time.
-    verify_cost: gamma -> the target's time on gamma + 1 tokens over its time on 1.
+    verify_cost: gamma -> the target's time on gamma + 1 tokens over its time on 1 (a
+      mapping needs an entry for every gamma).
+    thresholds: candidate thresholds, each in [0, 1].
+
+  Every argument is checked before the search (a ValueError naming it): c finite and >= 0, each
+  threshold in [0, 1], each verify cost finite and > 0.
   """
-  if not gammas or any(isinstance(g, bool) or int(g) != g or g < 1 for g in gammas):
-    raise ValueError(f"gammas must be integers >= 1, got {list(gammas)}.")
-  cost = verify_cost.__getitem__ if isinstance(verify_cost, Mapping) else verify_cost
+  if not isinstance(positions, Positions):
+    raise ValueError(f"positions must be a calibration.Positions, got {type(positions).__name__}.")
+  gammas = [
+      validation.check_integer(g, "each of gammas", 1, meaning="the most drafts per target call")
+      for g in _non_empty(gammas, "gammas", "integers >= 1, e.g. (1, 2, 4)")
+  ]
+  c = validation.check_number(c, "c", 0, meaning="drafter step time over target step time")
+  if isinstance(verify_cost, Mapping):
+    missing = [int(g) for g in gammas if g not in verify_cost]
+    if missing:
+      raise ValueError(
+          f"verify_cost has no entry for gamma {missing} (it has {list(verify_cost)}): measure "
+          "the target's time on gamma + 1 tokens for every gamma searched, or search fewer gammas."
+      )
+    costs = {g: _check_verify_cost(verify_cost[g], g) for g in gammas}
+  elif callable(verify_cost):
+    costs = {g: _check_verify_cost(verify_cost(g), g) for g in gammas}
+  else:
+    raise ValueError(
+        f"verify_cost must be a mapping or a function gamma -> cost, got {verify_cost!r}."
+    )
   if thresholds is None:
     measured = np.concatenate(positions.confidence)
     thresholds = [0.0] + sorted({float(x) for x in np.percentile(measured, range(5, 100, 5))})
-  predictions = [
-      predict(positions, int(g), float(t), c, cost(int(g))) for g in gammas for t in thresholds
+  thresholds = [
+      _check_threshold(t) for t in _non_empty(thresholds, "thresholds", "numbers in [0, 1]")
   ]
+  predictions = [predict(positions, g, t, c, costs[g]) for g in gammas for t in thresholds]
   static = [p for p in predictions if p.threshold == 0.0] or [
-      predict(positions, int(g), 0.0, c, cost(int(g))) for g in gammas
+      predict(positions, g, 0.0, c, costs[g]) for g in gammas
   ]
   return Calibration(
       predictions,
@@ -220,7 +298,16 @@ def calibrate(
 
 def confidence_buckets(positions: Positions, edges: Sequence[float]) -> list[dict]:
   """alpha per confidence bucket [edges[i], edges[i+1]): rows {'low', 'high', 'positions',
-  'share', 'alpha'} (alpha None for an empty bucket); the last bucket includes its high edge."""
+  'share', 'alpha'} (alpha None for an empty bucket); the last bucket includes its high edge.
+  edges: at least two finite numbers, increasing (a ValueError otherwise)."""
+  edges = [
+      validation.check_number(e, "each of edges") for e in _non_empty(edges, "edges", "numbers")
+  ]
+  if len(edges) < 2 or any(high <= low for low, high in zip(edges[:-1], edges[1:])):
+    raise ValueError(
+        f"edges must be at least two increasing numbers (bucket i is [edges[i], edges[i+1])), "
+        f"got {edges}."
+    )
   confidence = np.concatenate(positions.confidence)
   beta = np.concatenate(positions.beta)
   rows = []

@@ -52,6 +52,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 
 from speculative_t5x import network
+from speculative_t5x import validation
 
 _MSGPACK_FILE = "checkpoint"
 _ORBAX_METADATA = "_METADATA"
@@ -447,7 +448,9 @@ def load_t5x_checkpoint(
     path: a model directory (the latest `checkpoint_<step>` is read, or `step`), a checkpoint
       directory, or the msgpack `checkpoint` file itself; local or `gs://`.
     step: which `checkpoint_<step>` of a model directory to read.
-    restore_dtype: if given (e.g. 'bfloat16'), floating-point arrays under 'target' are cast to it.
+    restore_dtype: if given (e.g. 'bfloat16'), floating-point arrays under 'target' are cast to it;
+      a name that is not a floating-point dtype is refused before anything is read
+      (`validation.check_restore_dtype`, an InvalidInputError).
     template: nested dict (same paths as the result) of arrays or `jax.ShapeDtypeStruct`s; only
       consulted for arrays stored with neither a `.zarray` file nor a spec (old orbax copies).
     check_finite: raise `NonFiniteWeightsError` if a floating-point array (parameters and
@@ -465,6 +468,7 @@ def load_t5x_checkpoint(
 def _load(
     path, step, restore_dtype, template: Mapping[str, Any], only_target: bool, check_finite: bool
 ) -> dict:
+  dtype = validation.check_restore_dtype(restore_dtype)  # before anything is read
   kind, location = _find_checkpoint(path, step)
   if kind == "project":
     tree = {"target": _orbax_numpy_restore(location.join(_PARAMS_DIR))}
@@ -478,8 +482,7 @@ def _load(
     tree = {"target": tree.get("target", {})}
   tree.setdefault("target", {})
   tree.setdefault("state", {})
-  if restore_dtype is not None:
-    dtype = np.dtype(restore_dtype)
+  if dtype is not None:
     tree["target"] = _map_leaves(  # jax's issubdtype counts bfloat16 as floating; numpy's does not.
         lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x,
         tree["target"],
@@ -607,14 +610,16 @@ def restore_params(
   """Parameters for `network.Transformer(config)` from a T5X or project checkpoint at `path`.
 
   Reads only the 'target' of `path` (see `load_t5x_checkpoint`), casts floating-point
-  parameters to `dtype` if given (e.g. 'bfloat16' for the real sizes), refuses NaN and inf
+  parameters to `dtype` if given (e.g. 'bfloat16' for the real sizes; a dtype that is not
+  floating-point is refused before anything is read), refuses NaN and inf
   (`NonFiniteWeightsError`, unless check_finite=False) and checks the tree against
   `network.param_shapes(config)` (one ValueError lists every problem). The result is on the
   default device (jax arrays): numpy parameters would be copied to the device at every call of
   a jitted function.
   """
+  validation.check_restore_dtype(dtype)  # before the shapes are traced and anything is read
   shapes = network.param_shapes(config)
-  return _restore_checked(shapes, path, dtype, step, check_finite, f"checkpoint {path}")
+  return restore_checked(shapes, path, dtype, f"checkpoint {path}", step, check_finite)
 
 
 def restore_shared_encoder_params(
@@ -629,18 +634,27 @@ def restore_shared_encoder_params(
   encoder_emb_dim, from a checkpoint at `path` (a `save_shared_encoder_drafter` directory, or any
   layout `restore_params` reads), cast, refused and checked as by `restore_params` against
   `network.shared_encoder_param_shapes(config, encoder_emb_dim)`."""
+  validation.check_restore_dtype(dtype)  # before the shapes are traced and anything is read
   shapes = network.shared_encoder_param_shapes(config, encoder_emb_dim)
   source = (
       f"checkpoint {path} (a shared-encoder drafter reading encoder outputs of width "
       f"encoder_emb_dim={encoder_emb_dim})"
   )
-  return _restore_checked(shapes, path, dtype, step, check_finite, source)
+  return restore_checked(shapes, path, dtype, source, step, check_finite)
 
 
-def _restore_checked(
-    shapes: Mapping, path, dtype, step: int | None, check_finite: bool, source: str
+def restore_checked(
+    shapes: Mapping,
+    path,
+    dtype: Any = None,
+    source: str | None = None,
+    step: int | None = None,
+    check_finite: bool = True,
 ) -> dict:
-  """The 'target' of the checkpoint at `path`, checked against `shapes`, on the device."""
+  """The 'target' of the checkpoint at `path`, cast to `dtype` (floating-point leaves), refused
+  where not finite, checked against `shapes` (nested dict of tuples, e.g. a drafter's) and put
+  on the device; `source` names it in errors."""
+  source = source or f"checkpoint {path}"
   template = {"target": _map_leaves(lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes)}
   params = _load(path, step, dtype, template, only_target=True, check_finite=check_finite)["target"]
   check_params(params, shapes, source=source)
@@ -757,6 +771,36 @@ def save_shared_encoder_drafter(
   _save(directory, params, shapes, config_to_json(config, entry), overwrite)
 
 
+def save_drafter(
+    directory: str | os.PathLike,
+    params: Mapping,
+    shapes: Mapping,
+    config: network.T5Config,
+    entry: Mapping[str, Any],
+    overwrite: bool = False,
+) -> None:
+  """Writes a drafter of any kind: orbax params (checked against `shapes`) under
+  `directory/params`, and `directory/config.json` holding its network's T5Config fields and its
+  'drafter' entry (`entry`: at least {"kind": ...}, what `read_drafter_entry` gives back)."""
+  if not isinstance(entry.get("kind"), str):
+    raise ValueError(f"a drafter entry needs a 'kind' string, got {dict(entry)!r}.")
+  _save(directory, params, shapes, config_to_json(config, entry), overwrite)
+
+
+def read_drafter_entry(directory: str | os.PathLike) -> tuple[network.T5Config, dict | None]:
+  """(config, the 'drafter' entry of config.json or None) of a drafter's directory; None for a
+  T5 drafter (a `save_model` directory). The entry's kind is its drafter class's to read."""
+  fields, source = _read_config_file(directory)
+  entry = fields.pop(_DRAFTER_ENTRY, None)
+  config = _t5_config(fields, source)
+  if entry is not None and not (isinstance(entry, dict) and isinstance(entry.get("kind"), str)):
+    raise ValueError(
+        f"{source} has the '{_DRAFTER_ENTRY}' entry {entry!r}, which names no kind: save the "
+        'drafter again (its save_params writes {"kind": ..., ...}).'
+    )
+  return config, entry
+
+
 def _read_config_file(directory: str | os.PathLike) -> tuple[dict, str]:
   """(the fields of directory/config.json, its path)."""
   config_file = _epath(directory) / _CONFIG_FILE
@@ -804,6 +848,7 @@ def restore_model(
 ) -> tuple[dict, network.T5Config]:
   """(params, config) written by `save_model`, params cast to `dtype` if given and checked as by
   `restore_params`."""
+  validation.check_restore_dtype(dtype)  # before config.json is read
   config = read_config(directory)
   params = restore_params(config, _epath(directory), dtype=dtype, check_finite=check_finite)
   return params, config
@@ -872,6 +917,7 @@ def restore_pair(
   restored by `restore_model`. drafter: the drafter's `network.T5Config` for a T5 drafter (as
   `restore_model` gives it), else the `drafters.SharedEncoderDrafter` that config.json records;
   `drafters.as_drafter` and `models.SpeculativeEncoderDecoderModel` take either."""
+  validation.check_restore_dtype(dtype)  # before anything is read
   directory = _epath(directory)
   target = restore_model(directory / _PAIR_MEMBERS[0], dtype, check_finite)
   location = directory / _PAIR_MEMBERS[1]

@@ -401,6 +401,18 @@ class SpeculativeLoopState:
   trace: SpeculativeTrace | None  # fields [rows, L(, gamma)], or None when not traced
 
 
+def _score_block(
+    target_logits_fn: Callable, drafter: drafters_lib.Drafter, tokens, cache, index, **tree
+) -> tuple[jax.Array, jax.Array | None, Any]:
+  """One target call on the block tokens [rows, k] -> (logits [rows, k, V], the decoder features
+  [rows, k, E] when the drafter reads them, else None, cache). Features are asked for only
+  then, so other drafters compile to the program they always did."""
+  if not drafter.reads_target_features:
+    logits, cache = target_logits_fn(tokens, cache, index, **tree)
+    return logits, None, cache
+  return target_logits_fn(tokens, cache, index, return_features=True, **tree)
+
+
 def validate_speculative(
     gamma,
     temperature,
@@ -503,7 +515,9 @@ def speculative_sample(
       supported here).
     target_cache: the target's cache at batch B, length at least L + gamma + 1.
     target_logits_fn: (tokens [rows, k], cache, cache_index [rows]) -> (logits [rows, k, V], cache),
-      the target's k-token cached decode.
+      the target's k-token cached decode; with return_features=True (asked for only when the
+      drafter `reads_target_features`) -> (logits, decoder features [rows, k, E], cache), whose
+      accepted positions the loop hands the drafter (`Drafter.observe_features`).
     drafter: a `drafters.Drafter`; drafter_params its parameters; drafter_state its state at
       batch B (from `drafter.init_state`).
     eos_id: end-of-sequence id; tokens accepted after it are dropped.
@@ -582,8 +596,8 @@ def speculative_sample(
     pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
     in_vocabulary = jnp.where((drafts >= 0) & (drafts < drafter.vocab_size), drafts, 0)
     tokens = jnp.concatenate([pending, in_vocabulary], axis=1)  # [rows, M+1]
-    logits, target_cache = target_logits_fn(
-        tokens, state.target_cache, state.length, tree=draft_tree
+    logits, features, target_cache = _score_block(
+        target_logits_fn, drafter, tokens, state.target_cache, state.length, tree=draft_tree
     )
     if standardize.greedy:
       p = None
@@ -600,6 +614,9 @@ def speculative_sample(
     along = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)[..., None]
     logits = jnp.take_along_axis(logits, along, axis=1)
     p = None if p is None else jnp.take_along_axis(p, along, axis=1)
+    if features is not None:  # the path's features, at positions length .. length + D.
+      features = jnp.take_along_axis(features, along, axis=1)
+      drafter_state = drafter.observe_features(drafter_state, features, state.length)
     path_drafts = jnp.take_along_axis(tokens, path, axis=1)
     return path_drafts, n, token, beta, logits, p, target_cache, drafter_state, drafts
 
@@ -630,9 +647,15 @@ def speculative_sample(
     # An out-of-vocabulary draft (a broken drafter) never reaches the target's embedding: it is
     # scored as 0 and rejected by the verifier.
     in_vocabulary = jnp.where((drafts >= 0) & (drafts < drafter.vocab_size), drafts, 0)
-    logits, target_cache = target_logits_fn(
-        jnp.concatenate([pending, in_vocabulary], axis=1), state.target_cache, state.length
+    logits, features, target_cache = _score_block(
+        target_logits_fn,
+        drafter,
+        jnp.concatenate([pending, in_vocabulary], axis=1),
+        state.target_cache,
+        state.length,
     )
+    if features is not None:  # positions length .. length + gamma; past the accepted, unused.
+      drafter_state = drafter.observe_features(drafter_state, features, state.length)
     if standardize.greedy:
       p = None
       n, token, beta = verifier.verify_greedy(sampling.argmax(logits), drafts)

@@ -47,6 +47,7 @@ import numpy as np
 from speculative_t5x import alpha as alpha_lib
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -96,6 +97,21 @@ def tvd(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
 _DIVERGENCE_FNS = {"forward_kl": forward_kl, "reverse_kl": reverse_kl, "jsd": jsd, "tvd": tvd}
 
 
+def _check_divergence_temperature(temperature: Any) -> None:
+  """A ValueError unless a concrete `temperature` is a finite number > 0 (a scalar)."""
+  if not validation.is_concrete(temperature):
+    return
+  value = np.asarray(temperature)
+  numeric = np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)
+  if value.ndim or not numeric or not np.isfinite(value) or value <= 0:
+    raise ValueError(
+        f"the divergence temperature tau is {temperature!r}: give a finite number > 0 (p and q "
+        "are softmax(logits / tau), NaN at tau = 0; 1 compares the distributions sampling at "
+        "temperature 1 uses). For agreement of the greedy choices, measure alpha at temperature "
+        "0 (speculative_t5x.alpha)."
+    )
+
+
 def token_divergence(
     name: str,
     target_logits: jax.Array,
@@ -109,10 +125,16 @@ def token_divergence(
     name: one of DIVERGENCES.
     target_logits, drafter_logits: [B, L, V].
     targets: [B, L] the sequence's own next tokens y_t, for 'cross_entropy' (-log q_t(y_t)).
-    temperature: the divergence temperature tau (> 0).
+    temperature: the divergence temperature tau: a finite number > 0, for every divergence
+      alike (as `Distillation.divergence_temperature`). At tau = 0, logits / tau is infinite
+      (NaN where a logit is 0) and every divergence would be NaN; its limit, between one-hot
+      argmax distributions, has no gradient to train on. So a concrete tau <= 0 or not finite
+      is a ValueError (a traced tau is not checked). Agreement of the greedy choices is Table
+      3's alpha at temperature 0 (`speculative_t5x.alpha`).
   Returns:
     [B, L] float32.
   """
+  _check_divergence_temperature(temperature)
   log_q = log_probs(drafter_logits, temperature)
   if name == "cross_entropy":
     if targets is None:
@@ -146,6 +168,14 @@ class Distillation:
     only.
   divergence_temperature: tau > 0 in p = softmax(z^p / tau), q = softmax(z^q / tau).
   mix_fraction: with data='mixed', the probability that a batch is on-policy (else the target's).
+  unroll_steps: for a drafter that reads the target's features (`Drafter.reads_target_features`),
+    how many draft steps each position unrolls on the drafter's own predicted features
+    (training-time test, EAGLE-3 / HASS); 1 trains the first draft only.
+  step_decay: step j's loss weighs step_decay^(j-1) (EAGLE-3's 0.8).
+  feature_loss_weight: the weight of the SmoothL1 regression of the predicted features on the
+    target's (EAGLE's feature loss), per step; 0: off.
+  feature_noise: uniform noise U(-a, a) added to the true features the first step reads (EAGLE's
+    0.2-scale noise); 0: off.
 
   Every field is checked on construction (gin_utils.ConfigError naming the field and the fix);
   the target directory is read only by `target_config` and `restore_target`.
@@ -157,6 +187,15 @@ class Distillation:
   data_temperature: float = 1.0
   divergence_temperature: float = 1.0
   mix_fraction: float = 0.5
+  unroll_steps: int = 1
+  step_decay: float = 0.8
+  feature_loss_weight: float = 0.0
+  feature_noise: float = 0.0
+
+  @property
+  def uses_features(self) -> bool:
+    """Whether a setting only a drafter reading the target's features can use is on."""
+    return self.unroll_steps != 1 or self.feature_loss_weight != 0 or self.feature_noise != 0
 
   def __post_init__(self):
     def fail(problem: str) -> None:
@@ -184,6 +223,15 @@ class Distillation:
           f"divergence_temperature is {self.divergence_temperature}: give tau > 0 (p and q are "
           "softmax(logits / tau); 1 compares the distributions sampling at temperature 1 uses)."
       )
+    steps = self.unroll_steps
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+      fail(f"unroll_steps is {steps!r}: give an integer >= 1 (1: the first draft only).")
+    for name in ("step_decay", "feature_loss_weight", "feature_noise"):
+      value = getattr(self, name)
+      if not _is_number(value) or not np.isfinite(value) or value < 0:
+        fail(f"{name} is {value!r}: give a finite number >= 0.")
+    if not 0 < self.step_decay <= 1:
+      fail(f"step_decay is {self.step_decay}: give a weight in (0, 1] (EAGLE-3 uses 0.8).")
     if not 0 <= self.mix_fraction <= 1:
       fail(f"mix_fraction is {self.mix_fraction}: give a probability in [0, 1].")
     default = {f.name: f.default for f in dataclasses.fields(self)}
@@ -311,10 +359,12 @@ def target_logits(
     encoded: jax.Array,
     encoder_input_tokens: jax.Array,
     decoder_input_tokens: jax.Array,
-) -> jax.Array:
+    return_features: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
   """`network.teacher_forced_logits` from the encoder output `encoded` [B, Le, E] (not run
-  again): encoder_input_tokens [B, Le], decoder_input_tokens [B, L] -> logits [B, L, V]. The
-  decoder mask comes from all-ones targets: a 0 after position 0 is a token."""
+  again): encoder_input_tokens [B, Le], decoder_input_tokens [B, L] -> logits [B, L, V], and
+  with return_features the decoder features [B, L, E] too. The decoder mask comes from all-ones
+  targets: a 0 after position 0 is a token."""
   module = network.Transformer(config)
   return module.apply(
       {"params": params},
@@ -322,8 +372,16 @@ def target_logits(
       encoder_input_tokens,
       decoder_input_tokens,
       jnp.ones_like(decoder_input_tokens),
+      return_features=return_features,
       method=module.teacher_forced,
   )
+
+
+def smooth_l1(predicted: jax.Array, target: jax.Array) -> jax.Array:
+  """EAGLE's feature loss: SmoothL1 (Huber, delta 1) averaged over the feature axis
+  [..., E] -> [...]."""
+  error = jnp.abs(predicted.astype(jnp.float32) - target.astype(jnp.float32))
+  return jnp.mean(jnp.where(error < 1.0, 0.5 * jnp.square(error), error - 0.5), axis=-1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -382,6 +440,12 @@ def checked_drafter(
         f"{type(drafter).__name__} has no checkpoint format (Drafter.save_params), so distilled "
         "parameters could not be exported: distil a drafter with one (T5Drafter, "
         "SharedEncoderDrafter)."
+    )
+  if settings.uses_features and not drafter.reads_target_features:
+    raise gin_utils.ConfigError(
+        f"Distillation.unroll_steps, feature_loss_weight and feature_noise train a drafter that "
+        f"reads the target's features, but {type(drafter).__name__} does not: leave them at "
+        "1, 0 and 0, or distil a feature_drafter.FeatureDrafter."
     )
   abstract = jax.eval_shape(lambda: drafter.init_params(jax.random.PRNGKey(0), input_shapes))
   check_trainable(drafter, abstract)
@@ -482,23 +546,23 @@ class Distiller:
       weights = features["decoder_loss_weights"]
       metrics["on_policy"] = on_policy.astype(jnp.float32)
     weights = weights * jnp.any(encoder_tokens > 0, axis=1, keepdims=True)
-    p_logits = jax.lax.stop_gradient(
-        target_logits(self.target_config, target_params, encoded, encoder_tokens, inputs)
-    )
-    q_logits = self.drafter.teacher_forced_logits(
-        params, encoder_tokens, inputs, target_encoded=encoded
-    )
-    divergence = token_divergence(
-        self.settings.divergence,
-        p_logits,
-        q_logits,
-        targets,
-        self.settings.divergence_temperature,
-    )
     tokens = jnp.sum(weights)
     mean = lambda x: jnp.sum(x * weights) / jnp.maximum(tokens, 1.0)
+    if self.drafter.reads_target_features:
+      loss, q_logits, p_logits, feature_metrics = self._feature_loss(
+          params, target_params, encoder_tokens, encoded, inputs, targets, weights, rng
+      )
+      metrics.update(feature_metrics)
+    else:
+      p_logits = jax.lax.stop_gradient(
+          target_logits(self.target_config, target_params, encoded, encoder_tokens, inputs)
+      )
+      q_logits = self.drafter.teacher_forced_logits(
+          params, encoder_tokens, inputs, target_encoded=encoded
+      )
+      loss = mean(self._divergence(p_logits, q_logits, targets))
     z = self.z_loss * jnp.square(jax.nn.logsumexp(q_logits.astype(jnp.float32), axis=-1))
-    loss = mean(divergence + z)
+    loss = loss + mean(z)
     p, q = jax.nn.softmax(p_logits), jax.lax.stop_gradient(jax.nn.softmax(q_logits))
     agreement = sampling.argmax(p_logits) == sampling.argmax(q_logits)
     metrics.update(
@@ -509,6 +573,60 @@ class Distiller:
         tokens=tokens,
     )
     return loss, metrics
+
+  def _divergence(self, p_logits, q_logits, targets):
+    return token_divergence(
+        self.settings.divergence, p_logits, q_logits, targets, self.settings.divergence_temperature
+    )
+
+  def _feature_loss(
+      self, params, target_params, encoder_tokens, encoded, inputs, targets, weights, rng
+  ) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
+    """The loss of a drafter reading the target's features, unrolled `unroll_steps` steps on its
+    own predictions -> (loss, the first step's logits [B, L, V], the target's [B, L, V],
+    metrics).
+
+    Position t is supervised at step j when t >= j - 1 (a chain started at t - j + 1 >= 0) and
+    y_t is a target token (weights [B, L]): the drafter's output at position t, read from
+    f_{t-1} and x_t, predicts y_t = x_{t+1} against p_t and f_t of the same index t. Step j
+    weighs step_decay^(j-1); each step's divergence and SmoothL1 feature loss are means over
+    its supervised positions."""
+    settings = self.settings
+    p_logits, features = jax.lax.stop_gradient(
+        target_logits(
+            self.target_config, target_params, encoded, encoder_tokens, inputs, return_features=True
+        )
+    )
+    noise = None
+    if settings.feature_noise:
+      a = settings.feature_noise
+      noise = jax.random.uniform(jax.random.fold_in(rng, 1), features.shape, minval=-a, maxval=a)
+    predicted, q_steps = self.drafter.unrolled(
+        params, encoder_tokens, inputs, encoded, features, settings.unroll_steps, noise
+    )
+    # A draft vocabulary: q lives on its N ids, so the divergence compares q with p restricted
+    # to them and renormalized (the q that maximizes sum_x min(p, q) there); beta and agreement
+    # below use the whole p.
+    draft_vocab = getattr(self.drafter, "draft_vocab", ())
+    p_draft = p_logits[..., np.asarray(draft_vocab)] if draft_vocab else p_logits
+    draft_targets = None
+    positions = jnp.arange(inputs.shape[1])[None]
+    total, norm, metrics = 0.0, 0.0, {}
+    for j in range(settings.unroll_steps):
+      supervised = weights * (positions >= j)
+      count = jnp.maximum(jnp.sum(supervised), 1.0)
+      divergence = self._divergence(p_draft, q_steps[j], draft_targets)
+      divergence = jnp.sum(divergence * supervised) / count
+      regression = jnp.sum(smooth_l1(predicted[j], features) * supervised) / count
+      weight = settings.step_decay**j
+      total = total + weight * (divergence + settings.feature_loss_weight * regression)
+      norm += weight
+      metrics[f"step{j + 1}_divergence"] = divergence
+      metrics[f"step{j + 1}_feature_loss"] = regression
+    first = q_steps[0]
+    if draft_vocab:
+      first = feature_drafter.scatter_draft_logits(first, draft_vocab, p_logits.shape[-1])
+    return total / norm, first, p_logits, metrics
 
   def make_evaluate(self, decode_length: int, seed: int = 0, temperatures=EVAL_TEMPERATURES):
     """A function `evaluate(params, target_params, batches, rows) -> metrics` over fixed

@@ -214,6 +214,11 @@ class Drafter(abc.ABC):
   vocab_size: int
   eos_id: int | None
 
+  # Whether it reads the target's decoder features (`observe_features`, and `target_features` in
+  # `teacher_forced_logits`). The loop asks the target for them only then, so a drafter that
+  # does not compiles to the program it compiled to before features existed.
+  reads_target_features = False
+
   # ---- parameters
   def init_params(self, rng: jax.Array, input_shapes: Mapping[str, tuple]) -> Any:
     """Untrained parameters at the given feature shapes (seqio's `encoder_input_tokens`,
@@ -243,6 +248,12 @@ class Drafter(abc.ABC):
         f"{type(self).__name__} has no checkpoint format, so there is nothing to write to "
         f"{directory}: its parameters come from fitting or need none (see `restore_params`)."
     )
+
+  def init_from_target(self, params: Any, target_params: Any) -> Any:
+    """Fresh `params` with what the drafter shares with the target copied in (training calls it
+    once, before the first step against a frozen target); the default shares nothing."""
+    del target_params
+    return params
 
   @property
   def learns_from_targets(self) -> bool:
@@ -358,6 +369,14 @@ class Drafter(abc.ABC):
         "draft_tree=None, or a T5, unigram or bigram drafter for trees."
     )
 
+  def observe_features(self, state: Any, features: jax.Array, start: jax.Array) -> Any:
+    """For a drafter that `reads_target_features`: the state after the target scored positions
+    start[b] .. start[b] + W - 1 with decoder features [B, W, E] (the loop calls it after each
+    verification with the accepted block's features; those past the accepted positions are
+    the target's at rejected drafts, which the drafter must not keep)."""
+    del state, features, start
+    raise ValueError(f"{type(self).__name__} does not read the target's features.")
+
   @property
   def steps_per_draft(self) -> int:
     """How many drafter calls one proposal of gamma tokens makes, per drafted token (1 or 0);
@@ -395,14 +414,38 @@ def as_drafter(drafter: "Drafter | network.Transformer | network.T5Config") -> D
   )
 
 
+# Readers of saved drafters by the 'kind' of their config.json entry (`Drafter.save_params`):
+# (the network's T5Config, the entry) -> the Drafter. A drafter class in another module adds its
+# own (`register_kind`).
+_KIND_READERS: dict[str, Callable[[network.T5Config, dict], "Drafter"]] = {}
+
+
+def register_kind(kind: str, reader: Callable[[network.T5Config, dict], "Drafter"]) -> None:
+  """Lets `read_drafter` read directories whose config.json entry has this kind."""
+  _KIND_READERS[kind] = reader
+
+
 def read_drafter(directory: str | os.PathLike) -> Drafter:
   """The drafter whose checkpoint `save_params` (or `checkpoints.save_pair`) wrote to `directory`,
-  from its config.json (`checkpoints.read_drafter_config`): a `SharedEncoderDrafter` where it
-  records one, else the `T5Drafter` of its config."""
-  config, encoder_emb_dim = checkpoints.read_drafter_config(directory)
-  if encoder_emb_dim is None:
+  from its config.json: the reader registered for its entry's kind (`register_kind`), or the
+  `T5Drafter` of its config where it has no entry."""
+  config, entry = checkpoints.read_drafter_entry(directory)
+  if entry is None:
     return T5Drafter(config)
-  return SharedEncoderDrafter(config, encoder_emb_dim)
+  reader = _KIND_READERS.get(entry["kind"])
+  if reader is None:
+    raise ValueError(
+        f"{directory}/config.json records a drafter of kind {entry['kind']!r}, which no imported "
+        f"module reads (known: {sorted(_KIND_READERS)}): import the module that defines it "
+        "(e.g. speculative_t5x.feature_drafter), or save the drafter again."
+    )
+  try:
+    return reader(config, entry)
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(
+        f"{directory}/config.json's drafter entry {entry!r} cannot be read ({e}): save the "
+        "drafter again."
+    ) from e
 
 
 @flax.struct.dataclass
@@ -665,6 +708,12 @@ class SharedEncoderDrafter(_CachedDecoderDrafter):
         encoder_input_tokens,
         decoder_input_tokens,
     )
+
+
+register_kind(
+    checkpoints.SHARED_ENCODER_KIND,
+    lambda config, entry: SharedEncoderDrafter(config, entry["encoder_emb_dim"]),
+)
 
 
 def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:

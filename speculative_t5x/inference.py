@@ -15,7 +15,9 @@ writes to `output_dir`:
                      (texts as in the task; stats as below);
   metrics.json       the task's metrics, the aggregate decoding statistics (speculative: alpha,
                      acceptance rate, tokens per target call, by `decoding.SpeculativeStats`), the
-                     truncation counts, where the weights came from, and the settings.
+                     truncation counts, where the weights came from, and the settings;
+  config.gin         the run's gin configuration, if `infer` is given it (scripts/infer.py does),
+                     written once the run has passed its checks, before decoding.
 Each file is written to a temporary file in `output_dir` and renamed into place, so an
 interrupted run leaves no half-written file.
 
@@ -64,6 +66,7 @@ DECODERS = ("speculative", "baseline")
 FEATURES = ("inputs", "targets")
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.gin"
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -356,8 +359,13 @@ def _summary(stats: Sequence[Mapping[str, float]], speculative: bool) -> dict:
   return {name: float(np.sum(values)) for name, values in totals.items()}
 
 
-def infer(config: InferConfig) -> dict:
-  """Decodes the configured split, writes predictions.jsonl and metrics.json; returns the latter."""
+def infer(config: InferConfig, gin_config: str | None = None) -> dict:
+  """Decodes the configured split, writes predictions.jsonl and metrics.json; returns the latter.
+
+  gin_config: the run's gin configuration (`gin.config_str()`), written to output_dir/config.gin
+  once everything that can refuse the run has been checked (the task and its split, the weights,
+  the sampling settings), before the first batch is decoded; a refused run writes nothing.
+  """
   task = get_task(config)
   lengths = dict(config.task_feature_lengths)
   truncation = tasks.count_truncated(task, config.split, lengths, config.max_examples)
@@ -378,6 +386,9 @@ def infer(config: InferConfig) -> dict:
   temperature = jnp.float32(config.temperature)
   output_dir = pathlib.Path(config.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
+  if gin_config is not None:
+    with atomic_writer(output_dir / CONFIG_FILE) as f:
+      f.write(gin_config)
 
   targets, predictions, all_stats = [], [], []
   start = time.perf_counter()

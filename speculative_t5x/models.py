@@ -214,9 +214,15 @@ class EncoderDecoderModel:
         {"params": params}, encoder_tokens, cache_length, method=self.module.prefill
     )
 
-  def _target_decode(self, params, tokens, cache, index, tree=None):
+  def _target_decode(self, params, tokens, cache, index, tree=None, return_features=False):
     return self.module.apply(
-        {"params": params}, tokens, cache, index, tree=tree, method=self.module.decode
+        {"params": params},
+        tokens,
+        cache,
+        index,
+        tree=tree,
+        return_features=return_features,
+        method=self.module.decode,
     )
 
   def prefill(self, params, batch: Batch) -> Any:

@@ -480,7 +480,7 @@ class DecoderLayer(nn.Module):
     return x, new_cache
 
 
-def _attention_mask(query_valid: Array, key_valid: Array) -> Array:
+def attention_mask(query_valid: Array, key_valid: Array) -> Array:
   """[B, q] bool, [B, l] bool -> [B, 1, q, l] bool."""
   return (query_valid[:, :, None] & key_valid[:, None, :])[:, None]
 
@@ -511,7 +511,7 @@ class Encoder(nn.Module):
     positions = jnp.arange(tokens.shape[1])[None]
     bias = relpos(positions, positions)
     valid = tokens > 0
-    mask = _attention_mask(valid, valid) & _segment_mask(segment_ids, segment_ids)
+    mask = attention_mask(valid, valid) & _segment_mask(segment_ids, segment_ids)
     dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     x = dropout(self.shared_embedding(tokens), deterministic=deterministic).astype(dtype)
     for i in range(cfg.num_encoder_layers):
@@ -541,10 +541,13 @@ class Decoder(nn.Module):
       self.logits_dense = Dense(cfg.vocab_size, jnp.float32, ("embed", "vocab"))
 
   def _logits(self, x: Array, deterministic: bool) -> Array:
-    x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
+    return self._logits_of_features(self.dropout(self.decoder_norm(x), deterministic=deterministic))
+
+  def _logits_of_features(self, features: Array) -> Array:
+    """The logits layer: final-normed hidden states [..., E] -> logits [..., V] float32."""
     if self.config.logits_via_embedding:
-      return self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1])
-    return self.logits_dense(x)
+      return self.shared_embedding.attend(features) / jnp.sqrt(features.shape[-1])
+    return self.logits_dense(features)
 
   def __call__(
       self,
@@ -555,17 +558,19 @@ class Decoder(nn.Module):
       encoder_segment_ids,
       decoder_segment_ids,
       deterministic,
+      return_features=False,
   ):
-    """Teacher-forced decoder: -> logits [B, l, V] float32."""
+    """Teacher-forced decoder: -> logits [B, l, V] float32; with return_features, (logits,
+    features [B, l, E]), the final-normed hidden states the logits layer reads."""
     length = decoder_input_tokens.shape[1]
     target_valid = decoder_target_tokens > 0
     causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
     self_mask = (
-        _attention_mask(target_valid, target_valid)
+        attention_mask(target_valid, target_valid)
         & causal
         & _segment_mask(decoder_segment_ids, decoder_segment_ids)
     )
-    cross_mask = _attention_mask(target_valid, encoder_tokens > 0) & _segment_mask(
+    cross_mask = attention_mask(target_valid, encoder_tokens > 0) & _segment_mask(
         decoder_segment_ids, encoder_segment_ids
     )
     positions = jnp.arange(length)[None]
@@ -574,22 +579,13 @@ class Decoder(nn.Module):
     x = x.astype(self.config.activation_dtype)
     for layer in self.layers:
       x = layer(x, encoded, self_mask, bias, cross_mask, deterministic)
+    if return_features:
+      features = self.dropout(self.decoder_norm(x), deterministic=deterministic)
+      return self._logits_of_features(features), features
     return self._logits(x, deterministic)
 
   def init_cache(self, encoded: Array, encoder_tokens: Array, cache_length: int) -> dict:
-    cfg = self.config
-    batch = encoded.shape[0]
-    cache = {"encoder_valid": encoder_tokens > 0}
-    for i, layer in enumerate(self.layers):
-      cross_key, cross_value = layer.cross_key_value(encoded)
-      zeros = jnp.zeros((batch, cache_length, cfg.num_heads, cfg.head_dim), cfg.activation_dtype)
-      cache[f"layers_{i}"] = {
-          "self_key": zeros,
-          "self_value": zeros,
-          "cross_key": cross_key,
-          "cross_value": cross_value,
-      }
-    return cache
+    return init_layer_caches(self.config, self.layers, encoded, encoder_tokens, cache_length)
 
   def decode(
       self,
@@ -598,30 +594,18 @@ class Decoder(nn.Module):
       cache_index: Array,
       tree: trees.DraftTree | None = None,
       slots: tuple[int, int] | None = None,
-  ) -> tuple[Array, dict]:
+      return_features: bool = False,
+  ) -> tuple[Array, dict] | tuple[Array, Array, dict]:
     """tokens [B, k] -> (logits [B, k, V], cache): a chain at cache_index + (0..k-1), or the
-    block slots slots[0]..slots[1]-1 of `tree` (inputs checked by `Transformer.decode`)."""
+    block slots slots[0]..slots[1]-1 of `tree` (inputs checked by `Transformer.decode`). With
+    return_features, (logits, features [B, k, E], cache): features are the final-normed hidden
+    states that the logits layer reads (what a feature-level drafter consumes)."""
     cache_length = cache["layers_0"]["self_key"].shape[1]
-    cache_slots = jnp.arange(cache_length)
-    if tree is None:
-      positions = cache_index[:, None] + jnp.arange(tokens.shape[1])[None]  # [B, k]
-      self_mask = (cache_slots[None, None, :] <= positions[:, :, None])[:, None]
-      key_positions = cache_slots[None]
-      write_index = cache_index
-    else:
-      start, stop = slots
-      depths = jnp.asarray(tree.depths)
-      positions = cache_index[:, None] + depths[start:stop][None]  # [B, k]
-      block_slot = cache_slots[None] - cache_index[:, None]  # [B, L]: the block slot held there
-      in_block = (block_slot >= 0) & (block_slot < tree.width)
-      block_slot = jnp.clip(block_slot, 0, tree.width - 1)
-      key_positions = jnp.where(in_block, cache_index[:, None] + depths[block_slot], cache_slots)
-      visible = jnp.take(jnp.asarray(tree.visible[start:stop]), block_slot, axis=1)  # [k, B, L]
-      sees_block = in_block[:, None, :] & jnp.transpose(visible, (1, 0, 2))
-      self_mask = ((cache_slots[None, None, :] < cache_index[:, None, None]) | sees_block)[:, None]
-      write_index = cache_index + start
+    positions, key_positions, self_mask, write_index = decode_placement(
+        cache_length, cache_index, tokens.shape[1], tree, slots
+    )
     query_valid = jnp.ones(tokens.shape, bool)
-    cross_mask = _attention_mask(query_valid, cache["encoder_valid"])
+    cross_mask = attention_mask(query_valid, cache["encoder_valid"])
     bias = self.relpos_bias(positions, key_positions)
     x = self.shared_embedding(tokens).astype(self.config.activation_dtype)
     new_cache = {"encoder_valid": cache["encoder_valid"]}
@@ -629,7 +613,69 @@ class Decoder(nn.Module):
       x, new_cache[f"layers_{i}"] = layer.decode(
           x, cache[f"layers_{i}"], write_index, self_mask, bias, cross_mask
       )
+    if return_features:
+      features = self.decoder_norm(x)
+      return self._logits_of_features(features), features, new_cache
     return self._logits(x, True), new_cache
+
+
+def init_layer_caches(
+    config: T5Config,
+    layers: Sequence[DecoderLayer],
+    encoded: Array,
+    encoder_tokens: Array,
+    cache_length: int,
+) -> dict:
+  """The decode cache of a stack of `DecoderLayer`s: zero self-attention keys and values
+  [B, cache_length, H, D] and cross-attention keys and values [B, Le, H, D] computed once from
+  `encoded` [B, Le, E_enc] -> {'encoder_valid': [B, Le] bool, 'layers_i': {...}}."""
+  batch = encoded.shape[0]
+  cache = {"encoder_valid": encoder_tokens > 0}
+  for i, layer in enumerate(layers):
+    cross_key, cross_value = layer.cross_key_value(encoded)
+    zeros = jnp.zeros(
+        (batch, cache_length, config.num_heads, config.head_dim), config.activation_dtype
+    )
+    cache[f"layers_{i}"] = {
+        "self_key": zeros,
+        "self_value": zeros,
+        "cross_key": cross_key,
+        "cross_value": cross_value,
+    }
+  return cache
+
+
+def decode_placement(
+    cache_length: int,
+    cache_index: Array,
+    k: int,
+    tree: trees.DraftTree | None = None,
+    slots: tuple[int, int] | None = None,
+) -> tuple[Array, Array, Array, Array]:
+  """Where a cached decode of k tokens sits: a chain at cache_index [B] + (0..k-1), or the block
+  slots slots[0]..slots[1]-1 of `tree` (see `Transformer.decode`).
+
+  Returns:
+    positions [B, k] (the queries' relative positions), key_positions [B, L] (each cache slot's),
+    self_mask [B, 1, k, L] (which slots each query sees) and write_index [B] (the cache slot the
+    first token is written at).
+  """
+  cache_slots = jnp.arange(cache_length)
+  if tree is None:
+    positions = cache_index[:, None] + jnp.arange(k)[None]  # [B, k]
+    self_mask = (cache_slots[None, None, :] <= positions[:, :, None])[:, None]
+    return positions, cache_slots[None], self_mask, cache_index
+  start, stop = slots
+  depths = jnp.asarray(tree.depths)
+  positions = cache_index[:, None] + depths[start:stop][None]  # [B, k]
+  block_slot = cache_slots[None] - cache_index[:, None]  # [B, L]: the block slot held there
+  in_block = (block_slot >= 0) & (block_slot < tree.width)
+  block_slot = jnp.clip(block_slot, 0, tree.width - 1)
+  key_positions = jnp.where(in_block, cache_index[:, None] + depths[block_slot], cache_slots)
+  visible = jnp.take(jnp.asarray(tree.visible[start:stop]), block_slot, axis=1)  # [k, B, L]
+  sees_block = in_block[:, None, :] & jnp.transpose(visible, (1, 0, 2))
+  self_mask = ((cache_slots[None, None, :] < cache_index[:, None, None]) | sees_block)[:, None]
+  return positions, key_positions, self_mask, cache_index + start
 
 
 def _check_tokens(name: str, tokens: Any) -> None:
@@ -680,10 +726,12 @@ class _CachedDecoderModel(nn.Module):
       decoder_segment_ids: Array | None = None,
       *,
       enable_dropout: bool = False,
-  ) -> Array:
+      return_features: bool = False,
+  ) -> Array | tuple[Array, Array]:
     """encoded [B, Le, E_enc] of encoder_input_tokens [B, Le], decoder_input_tokens and
     decoder_target_tokens [B, l] -> logits [B, l, V] float32 (token 0 is padding; the decoder
-    mask comes from decoder_target_tokens, as in T5X)."""
+    mask comes from decoder_target_tokens, as in T5X); with return_features, (logits, features
+    [B, l, E]): the final-normed hidden states the logits layer reads."""
     for name, tokens in (
         ("encoder_input_tokens", encoder_input_tokens),
         ("decoder_input_tokens", decoder_input_tokens),
@@ -705,6 +753,7 @@ class _CachedDecoderModel(nn.Module):
         encoder_segment_ids,
         decoder_segment_ids,
         not enable_dropout,
+        return_features,
     )
 
   def init_decode_cache(
@@ -725,7 +774,8 @@ class _CachedDecoderModel(nn.Module):
       cache_index: Array,
       tree: trees.DraftTree | None = None,
       slots: tuple[int, int] | None = None,
-  ) -> tuple[Array, dict]:
+      return_features: bool = False,
+  ) -> tuple[Array, dict] | tuple[Array, Array, dict]:
     """Scores decoder_tokens [B, k] at positions cache_index[b] + (0..k-1), or as draft-tree slots.
 
     Writes their keys/values into the cache by overwrite; each query sees cached positions
@@ -740,6 +790,9 @@ class _CachedDecoderModel(nn.Module):
     an earlier call at the same cache_index wrote them (feeding a tree one depth at a time, e.g.
     slots=tree.levels[d], gives the logits of one whole-tree call). The block needs cache slots up
     to cache_index + stop - 1. After accepting a path, see `move_cache_slots`.
+
+    With return_features, returns (logits, features [B, k, E], cache): the final-normed hidden
+    states the logits layer reads, which a feature-level drafter consumes.
     """
     _check_tokens("decoder_tokens", decoder_tokens)
     cache_length = cache["layers_0"]["self_key"].shape[1]
@@ -776,7 +829,7 @@ class _CachedDecoderModel(nn.Module):
             f"(max_decode_len + {spare}) or roll cache_index back."
         )
     return self.decoder.decode(
-        decoder_tokens, cache, jnp.asarray(cache_index, jnp.int32), tree, slots
+        decoder_tokens, cache, jnp.asarray(cache_index, jnp.int32), tree, slots, return_features
     )
 
 

@@ -31,8 +31,10 @@ import numpy as np
 
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import feature_drafter  # noqa: F401  (reads saved feature drafters)
 from speculative_t5x import gin_utils
 from speculative_t5x import network
+from speculative_t5x import validation
 
 RANDOM_WEIGHTS = "RANDOM weights (seed {seed}), not a trained model"
 _FEATURE_SHAPES = {"encoder_input_tokens": (1, 1), "decoder_input_tokens": (1, 1)}
@@ -48,12 +50,15 @@ class PairConfig:
   target_config: the target's `network.T5Config`.
   drafter: a `drafters.Drafter` (e.g. `@drafters.T5Drafter()` in gin), or None for the target
     alone (the baseline). Its vocab_size must be the target's (or 0: take the target's).
-  checkpoint_path, drafter_checkpoint_path: checkpoints; None means random weights for a model
-    that needs a checkpoint (then random_init_seed must be set), and no checkpoint for a drafter
-    that does not (n-gram tables are fitted, prompt lookup has no weights).
+  checkpoint_path, drafter_checkpoint_path: checkpoints, as strings (a path-like becomes one);
+    None means random weights for a model that needs a checkpoint (then random_init_seed must be
+    set), and no checkpoint for a drafter that does not (n-gram tables are fitted, prompt lookup
+    has no weights).
   restore_dtype: floating-point parameters are cast to it ('bfloat16' for the real sizes, as
-    T5X's RestoreCheckpointConfig; 'float32' for tiny models; None keeps them as stored).
-  random_init_seed: seed of random weights (the target's; the drafter's is seed + 1).
+    T5X's RestoreCheckpointConfig; 'float32' for tiny models; None keeps them as stored). A name
+    that is not a floating-point dtype ('int8' would truncate every weight) is refused.
+  random_init_seed: seed of random weights, an integer >= 0 (the target's; the drafter's is
+    seed + 1).
 
   Raises `gin_utils.ConfigError`, naming the macro, at construction: before any model is built.
   """
@@ -71,6 +76,26 @@ class PairConfig:
           f"TARGET_CONFIG must be a network.T5Config (include a "
           f"configs/models/ file), got {self.target_config!r}"
       )
+    _check_restore_dtype(self.restore_dtype, "RESTORE_DTYPE")
+    for field, macro in (
+        ("checkpoint_path", "CHECKPOINT_PATH"),
+        ("drafter_checkpoint_path", "DRAFTER_CHECKPOINT_PATH"),
+    ):
+      path = getattr(self, field)
+      if isinstance(path, os.PathLike):
+        object.__setattr__(self, field, os.fspath(path))
+      elif path is not None and not isinstance(path, str):
+        raise gin_utils.ConfigError(
+            f"{macro} must be a checkpoint's path as a string (e.g. "
+            f"--gin.{macro}=\"'gs://your-bucket/model/checkpoint_N'\"), or None, got {path!r}"
+        )
+    if self.random_init_seed is not None:
+      try:
+        validation.check_integer(
+            self.random_init_seed, "RANDOM_INIT_SEED", 0, meaning="None: weights from checkpoints"
+        )
+      except validation.InvalidInputError as e:
+        raise gin_utils.ConfigError(str(e)) from e
     if self.drafter is not None:
       check_drafter(self.drafter)
     vocab_size = self.target_config.vocab_size
@@ -117,8 +142,10 @@ class PairConfig:
 
     restore_dtype: None restores the parameters in the compute dtype target/config.json records,
     whatever dtype they are stored in (the demo pair is stored in bfloat16 and computes in
-    float32); a dtype name restores them in that one.
+    float32); a dtype name restores them in that one (a floating-point one, checked before
+    anything is read).
     """
+    _check_restore_dtype(restore_dtype, "from_pair_dir's restore_dtype")
     directory = gin_utils.resolve_path(directory)
     target, drafter = (os.path.join(directory, member) for member in ("target", "drafter"))
     for member in (target, drafter):
@@ -135,6 +162,14 @@ class PairConfig:
         drafter_checkpoint_path=drafter,
         restore_dtype=restore_dtype or target_config.dtype,
     )
+
+
+def _check_restore_dtype(dtype: Any, name: str) -> None:
+  """A ConfigError naming the setting `name` unless `dtype` is None or a floating-point dtype."""
+  try:
+    validation.check_restore_dtype(dtype, name)
+  except validation.InvalidInputError as e:
+    raise gin_utils.ConfigError(str(e)) from e
 
 
 def check_drafter(drafter: Any, name: str = "DRAFTER") -> None:
@@ -175,8 +210,9 @@ class Pair:
 
 
 def cast(params: Any, dtype: str | None) -> Any:
-  """Floating-point leaves cast to `dtype` (None: unchanged)."""
-  if dtype is None:
+  """Floating-point leaves cast to `dtype`, a floating-point dtype (None: unchanged; another
+  dtype, which would truncate the weights, is refused: `validation.check_restore_dtype`)."""
+  if validation.check_restore_dtype(dtype) is None:
     return params
   return jax.tree.map(
       lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params

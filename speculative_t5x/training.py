@@ -355,7 +355,9 @@ def distillation_trainee(
 
   network_config = drafter.network_config
   return Trainee(
-      init_params=lambda rng: as_arrays(drafter.init_params(rng, shapes)),
+      init_params=lambda rng: as_arrays(
+          drafter.init_from_target(drafter.init_params(rng, shapes), target_params)
+      ),
       restore_params=lambda path: as_arrays(drafter.restore_params(path)),
       loss_fn=distiller.loss_fn,
       frozen=target_params,

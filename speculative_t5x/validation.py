@@ -48,6 +48,16 @@ def _is_integer(value: Any) -> bool:
   )
 
 
+def _requirement(wanted: str, minimum: Any, maximum: Any, meaning: str) -> str:
+  """'<name> must be <kind>' with its bounds and its meaning: the start of an error message."""
+  bounds = [
+      f"{op} {bound}" for op, bound in ((">=", minimum), ("<=", maximum)) if bound is not None
+  ]
+  if bounds:
+    wanted += " " + " and ".join(bounds)
+  return wanted + (f" ({meaning})" if meaning else "")
+
+
 def check_integer(
     value: Any,
     name: str,
@@ -57,19 +67,51 @@ def check_integer(
 ) -> int:
   """`value`, a Python or NumPy integer (not a bool) in [minimum, maximum] -> a Python int.
   `meaning` (what the number counts) goes into the message."""
-  bounds = [
-      f"{op} {bound}" for op, bound in ((">=", minimum), ("<=", maximum)) if bound is not None
-  ]
-  wanted = f"{name} must be an integer"
-  if bounds:
-    wanted += " " + " and ".join(bounds)
-  if meaning:
-    wanted += f" ({meaning})"
+  wanted = _requirement(f"{name} must be an integer", minimum, maximum, meaning)
   if not _is_integer(value):
     raise InvalidInputError(f"{wanted}, got {value!r} ({type(value).__name__}).")
   if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
     raise InvalidInputError(f"{wanted}, got {int(value)}.")
   return int(value)
+
+
+def check_number(
+    value: Any,
+    name: str,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    meaning: str = "",
+) -> float:
+  """`value`, a finite Python or NumPy real number (not a bool) in [minimum, maximum] -> a Python
+  float. `meaning` (what the number is) goes into the message."""
+  wanted = _requirement(f"{name} must be a finite number", minimum, maximum, meaning)
+  real = isinstance(value, (numbers.Real, np.floating, np.integer))
+  if isinstance(value, (bool, np.bool_)) or not real:
+    raise InvalidInputError(f"{wanted}, got {value!r} ({type(value).__name__}).")
+  if (
+      not np.isfinite(value)
+      or (minimum is not None and value < minimum)
+      or (maximum is not None and value > maximum)
+  ):
+    raise InvalidInputError(f"{wanted}, got {float(value)}.")
+  return float(value)
+
+
+def check_restore_dtype(dtype: Any, name: str = "restore dtype") -> np.dtype | None:
+  """None (parameters keep the dtypes they are stored in), or a floating-point dtype or its name
+  ('float32', 'bfloat16', 'float16') -> its np.dtype. Restoring casts the floating-point
+  parameters to it, so an integer or bool dtype would truncate every weight: refused, as is a
+  name that is no dtype."""
+  if dtype is None:
+    return None
+  fix = "use 'float32' or 'bfloat16' (or None to keep the stored dtypes)"
+  try:
+    resolved = np.dtype(dtype)
+  except (TypeError, ValueError) as e:
+    raise InvalidInputError(f"{name} {dtype!r} is not a dtype: {fix}.") from e
+  if not jnp.issubdtype(resolved, jnp.floating):  # numpy's issubdtype misses bfloat16
+    raise InvalidInputError(f"{name} {dtype!r} is not a floating type: {fix}.")
+  return resolved
 
 
 def check_boolean(value: Any, name: str) -> bool:

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from speculative_t5x import decoding
+from speculative_t5x import drafters
 
 ACCEPTED, REJECTED, CORRECTION = "accepted", "rejected", "correction"
 COLORS = {ACCEPTED: "#1a7f37", REJECTED: "#cf222e", CORRECTION: "#0969da"}
@@ -33,15 +34,20 @@ class Step:
   """One target call for one row.
 
   accepted: the drafts kept, in order.
-  rejected: the first draft Algorithm 1 rejected; None when all gamma drafts were accepted, or
-    when the row ended (EOS, length limit) before the target's token was kept.
+  rejected: the first draft Algorithm 1 rejected; None when every draft was accepted, or when
+    the row ended (EOS, length limit) before the target's token was kept.
   correction: the target's token after the accepted drafts: resampled after a rejection, or the
-    bonus token after gamma acceptances; None when the row ended before it.
+    bonus token after every draft was accepted; None when the row ended before it.
+  stopped: whether the drafter stopped before gamma drafts (adaptive draft length,
+    `draft_length`): the slots after its last draft were empty (`drafters.EMPTY`), which are
+    neither drafts nor rejections, so after all its drafts were accepted `rejected` is None and
+    `correction` is the target's token in the first empty slot.
   """
 
   accepted: tuple[int, ...]
   rejected: int | None
   correction: int | None
+  stopped: bool = False
 
   @property
   def tokens(self) -> tuple[int, ...]:
@@ -76,11 +82,13 @@ def trace_steps(trace: decoding.SpeculativeTrace, row: int) -> list[Step]:
     if kept == 0:  # the row had ended: every later iteration is empty too.
       break
     corrected = kept == n + 1
+    rejected = int(drafted[n]) if corrected and n < gamma else None
     steps.append(
         Step(
             accepted=tuple(int(t) for t in drafted[: min(n, kept)]),
-            rejected=int(drafted[n]) if corrected and n < gamma else None,
+            rejected=None if rejected == drafters.EMPTY else rejected,
             correction=int(target_token) if corrected else None,
+            stopped=bool(np.any(drafted == drafters.EMPTY)),
         )
     )
   return steps

@@ -28,7 +28,10 @@ import pytest
 import seqio
 
 from conftest import tiny_config
+from speculative_t5x import calibration
+from speculative_t5x import checkpoints
 from speculative_t5x import decoding
+from speculative_t5x import distillation
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import inference
@@ -1152,3 +1155,419 @@ def test_a_bad_flag_stops_the_script_before_anything_is_built(script, script_run
   assert process.returncode == 1, stderr[-3000:]
   assert any(line.startswith(SCRIPT_CASES[script][1]) for line in stderr.splitlines()), stderr
   assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- second round:
+# calibration, pairs, distillation settings and the scripts' flags (issue 26)
+
+
+_CONFIDENCE, _BETA = np.array([0.9, 0.2, 0.9]), np.array([0.5, 0.8, 1.0])
+
+
+def _calibrate(**changes):
+  """`calibration.calibrate` on one measured sequence, gamma 2, with `changes`."""
+  kwargs = dict(
+      positions=calibration.Positions([_CONFIDENCE], [_BETA]),
+      gammas=[2],
+      c=0.1,
+      verify_cost={2: 1.2},
+      thresholds=None,
+  )
+  return calibration.calibrate(**{**kwargs, **changes})
+
+
+def _positions(confidence=_CONFIDENCE, beta=_BETA, *more):
+  return calibration.Positions([confidence, *more[::2]], [beta, *more[1::2]])
+
+
+def _pair(**changes):
+  return pairs.PairConfig(**{"target_config": CONFIG, "random_init_seed": 0, **changes})
+
+
+def _distillation(**changes):
+  return distillation.Distillation(**{"target_dir": "/runs/target/model", **changes})
+
+
+def _divergence(temperature, name="tvd"):
+  logits = np.log(np.array([[[0.5, 0.3, 0.2], [0.25, 0.25, 0.5]]], np.float32))
+  return distillation.token_divergence(name, logits, logits[:, ::-1], None, temperature)
+
+
+THRESHOLD = r"threshold must be a finite number >= 0 and <= 1 \(a confidence: 0 never stops"
+C = r"c must be a finite number >= 0 \(drafter step time over target step time\)"
+PROBABILITY = r"it must be a probability in \[0, 1\]"
+NOT_FLOATING = r"is not a floating type: use 'float32' or 'bfloat16'"
+SEED = r"RANDOM_INIT_SEED must be an integer >= 0 \(None: weights from checkpoints\), got"
+TAU = r"the divergence temperature tau is {}: give a finite number > 0 \(p and q are softmax"
+CONFIG_ERROR = gin_utils.ConfigError
+
+MORE_CASES = [
+    # ---- calibration: calibrate, predict, Positions, confidence_buckets
+    (
+        "calibrate: a threshold above 1",
+        lambda: _calibrate(thresholds=[0.0, 1.5]),
+        ValueError,
+        THRESHOLD + r".*got 1\.5",
+    ),
+    (
+        "calibrate: a negative threshold",
+        lambda: _calibrate(thresholds=[-0.1]),
+        ValueError,
+        THRESHOLD + r".*got -0\.1",
+    ),
+    (
+        "calibrate: no thresholds",
+        lambda: _calibrate(thresholds=[]),
+        ValueError,
+        r"thresholds must be a non-empty sequence of numbers in \[0, 1\], got \[\]",
+    ),
+    ("calibrate: an infinite c", lambda: _calibrate(c=math.inf), ValueError, C + ", got inf"),
+    ("calibrate: c as text", lambda: _calibrate(c="0.1"), ValueError, C + r", got '0\.1' \(str\)"),
+    (
+        "calibrate: a fractional gamma",
+        lambda: _calibrate(gammas=[2.5], verify_cost=lambda g: 1.2),
+        ValueError,
+        r"each of gammas must be an integer >= 1 .*got 2\.5 \(float\)",
+    ),
+    (
+        "calibrate: gammas as one number",
+        lambda: _calibrate(gammas=2),
+        ValueError,
+        r"gammas must be a non-empty sequence of integers >= 1, e\.g\. \(1, 2, 4\), got 2",
+    ),
+    (
+        "calibrate: a NaN verify cost",
+        lambda: _calibrate(verify_cost={2: math.nan}),
+        ValueError,
+        r"verify_cost\(2\) must be a finite number \(the target's time on gamma \+ 1 tokens.*got nan",
+    ),
+    (
+        "calibrate: a zero verify cost from a function",
+        lambda: _calibrate(verify_cost=lambda g: 0.0),
+        ValueError,
+        r"verify_cost\(2\) must be > 0 \(the target's time on gamma \+ 1 tokens",
+    ),
+    (
+        "calibrate: verify_cost one number",
+        lambda: _calibrate(verify_cost=1.2),
+        ValueError,
+        "verify_cost must be a mapping or a function gamma -> cost, got 1.2",
+    ),
+    (
+        "calibrate: a cost table without a gamma",
+        lambda: _calibrate(gammas=[1, 2, 3]),
+        ValueError,
+        r"verify_cost has no entry for gamma \[1, 3\] \(it has \[2\]\): measure",
+    ),
+    (
+        "calibrate: positions as a dict",
+        lambda: _calibrate(positions={"confidence": [_CONFIDENCE]}),
+        ValueError,
+        "positions must be a calibration.Positions, got dict",
+    ),
+    (
+        "predict: gamma 0",
+        lambda: calibration.predict(_positions(), 0, 0.5, 0.1, 1.2),
+        ValueError,
+        r"gamma must be an integer >= 1 \(the most drafts per target call\), got 0",
+    ),
+    (
+        "predict: a NaN threshold",
+        lambda: calibration.predict(_positions(), 2, math.nan, 0.1, 1.2),
+        ValueError,
+        THRESHOLD + ".*got nan",
+    ),
+    (
+        "Positions: confidences as text",
+        lambda: _positions(np.array(["a", "b", "c"])),
+        ValueError,
+        r"confidence of sequence 0 must hold real numbers \(the drafter's largest probability\), got dtype <U1",
+    ),
+    (
+        "Positions: a confidence above 1",
+        lambda: _positions(np.array([0.9, 1.2, 0.9])),
+        ValueError,
+        "confidence of sequence 0 holds 1.2 at position 1: " + PROBABILITY,
+    ),
+    (
+        "Positions: NaN beta in the second sequence",
+        lambda: _positions(_CONFIDENCE, _BETA, _CONFIDENCE, np.array([math.nan, 0.5, 0.5])),
+        ValueError,
+        "beta of sequence 1 holds nan at position 0: " + PROBABILITY,
+    ),
+    (
+        "Positions: 2-D arrays",
+        lambda: _positions(_CONFIDENCE[None], _BETA[None]),
+        ValueError,
+        r"must be 1-D of one length, got \(1, 3\) and \(1, 3\)",
+    ),
+    (
+        "confidence_buckets: decreasing edges",
+        lambda: calibration.confidence_buckets(_positions(), [1.0, 0.5, 0.0]),
+        ValueError,
+        r"edges must be at least two increasing numbers \(bucket i is",
+    ),
+    (
+        "confidence_buckets: a NaN edge",
+        lambda: calibration.confidence_buckets(_positions(), [0.0, math.nan, 1.0]),
+        ValueError,
+        "each of edges must be a finite number, got nan",
+    ),
+    # ---- pairs: PairConfig, from_pair_dir, load_pair, the restore dtype
+    (
+        "PairConfig: RESTORE_DTYPE bool",
+        lambda: _pair(restore_dtype="bool"),
+        CONFIG_ERROR,
+        "RESTORE_DTYPE 'bool' " + NOT_FLOATING,
+    ),
+    (
+        "PairConfig: RESTORE_DTYPE complex64",
+        lambda: _pair(restore_dtype="complex64"),
+        CONFIG_ERROR,
+        "RESTORE_DTYPE 'complex64' " + NOT_FLOATING,
+    ),
+    (
+        "PairConfig: RESTORE_DTYPE a misspelt name",
+        lambda: _pair(restore_dtype="float33"),
+        CONFIG_ERROR,
+        "RESTORE_DTYPE 'float33' is not a dtype: use 'float32' or 'bfloat16'",
+    ),
+    (
+        "PairConfig: RESTORE_DTYPE a number",
+        lambda: _pair(restore_dtype=16),
+        CONFIG_ERROR,
+        "RESTORE_DTYPE 16 is not a dtype",
+    ),
+    (
+        "PairConfig: RANDOM_INIT_SEED as text",
+        lambda: _pair(random_init_seed="0"),
+        CONFIG_ERROR,
+        SEED + r" '0' \(str\)",
+    ),
+    (
+        "PairConfig: a negative RANDOM_INIT_SEED",
+        lambda: _pair(random_init_seed=-1),
+        CONFIG_ERROR,
+        SEED + " -1",
+    ),
+    (
+        "PairConfig: a fractional RANDOM_INIT_SEED",
+        lambda: _pair(random_init_seed=1.5),
+        CONFIG_ERROR,
+        SEED + r" 1\.5 \(float\)",
+    ),
+    (
+        "PairConfig: CHECKPOINT_PATH a number",
+        lambda: _pair(checkpoint_path=5),
+        CONFIG_ERROR,
+        "CHECKPOINT_PATH must be a checkpoint's path as a string .* or None, got 5",
+    ),
+    (
+        "PairConfig: DRAFTER_CHECKPOINT_PATH a list",
+        lambda: _pair(drafter=drafters.T5Drafter(CONFIG), drafter_checkpoint_path=["a"]),
+        CONFIG_ERROR,
+        r"DRAFTER_CHECKPOINT_PATH must be a checkpoint's path as a string .*got \['a'\]",
+    ),
+    (
+        "from_pair_dir: restore_dtype int16",
+        lambda: pairs.PairConfig.from_pair_dir("/nonexistent/pair", "int16"),
+        CONFIG_ERROR,
+        "from_pair_dir's restore_dtype 'int16' " + NOT_FLOATING,
+    ),
+    (
+        "from_pair_dir: not a pair",
+        lambda: pairs.PairConfig.from_pair_dir("/nonexistent/pair"),
+        FileNotFoundError,
+        r"/nonexistent/pair/target does not exist: .* is not a pair written by checkpoints\.save_pair",
+    ),
+    (
+        "restore_params: dtype int8 before the path is read",
+        lambda: checkpoints.restore_params(CONFIG, "/nonexistent/ckpt", dtype="int8"),
+        BAD,
+        "restore dtype 'int8' " + NOT_FLOATING,
+    ),
+    (
+        "restore_model: an unknown dtype before config.json is read",
+        lambda: checkpoints.restore_model("/nonexistent/model", dtype="bf16"),
+        BAD,
+        "restore dtype 'bf16' is not a dtype",
+    ),
+    # ---- distillation: token_divergence and the Distillation settings
+    (
+        "token_divergence: tvd at temperature 0",
+        lambda: _divergence(0.0),
+        ValueError,
+        TAU.format(r"0\.0"),
+    ),
+    (
+        "token_divergence: jsd at a negative temperature",
+        lambda: _divergence(-1.0, "jsd"),
+        ValueError,
+        TAU.format(r"-1\.0"),
+    ),
+    (
+        "token_divergence: a temperature per row",
+        lambda: _divergence([1.0, 2.0]),
+        ValueError,
+        TAU.format(r"\[1\.0, 2\.0\]"),
+    ),
+    (
+        "token_divergence: a temperature as text",
+        lambda: _divergence("1"),
+        ValueError,
+        TAU.format("'1'"),
+    ),
+    (
+        "Distillation: target_dir a number",
+        lambda: _distillation(target_dir=5),
+        CONFIG_ERROR,
+        "Distillation.target_dir is 5: give the frozen target's checkpoints.save_model directory",
+    ),
+    (
+        "Distillation: divergence in capitals",
+        lambda: _distillation(divergence="TVD"),
+        CONFIG_ERROR,
+        r"Distillation.divergence is 'TVD': use one of \('forward_kl'",
+    ),
+    (
+        "Distillation: divergence None",
+        lambda: _distillation(divergence=None),
+        CONFIG_ERROR,
+        "Distillation.divergence is None: use one of",
+    ),
+    (
+        "Distillation: data capitalised",
+        lambda: _distillation(data="Drafter"),
+        CONFIG_ERROR,
+        r"Distillation.data is 'Drafter': use one of \('references'",
+    ),
+    (
+        "Distillation: data_temperature a bool",
+        lambda: _distillation(data_temperature=True),
+        CONFIG_ERROR,
+        "Distillation.data_temperature is True: give a finite number",
+    ),
+    (
+        "Distillation: an infinite data_temperature",
+        lambda: _distillation(data_temperature=math.inf),
+        CONFIG_ERROR,
+        "Distillation.data_temperature is inf: give a finite number",
+    ),
+    (
+        "Distillation: a negative divergence_temperature",
+        lambda: _distillation(divergence_temperature=-1.0),
+        CONFIG_ERROR,
+        r"Distillation.divergence_temperature is -1\.0: give tau > 0",
+    ),
+    (
+        "Distillation: divergence_temperature an array",
+        lambda: _distillation(divergence_temperature=np.array([1.0])),
+        CONFIG_ERROR,
+        r"Distillation.divergence_temperature is array\(\[1\.\]\): give a finite number",
+    ),
+    (
+        "Distillation: a negative mix_fraction",
+        lambda: _distillation(data="mixed", mix_fraction=-0.1),
+        CONFIG_ERROR,
+        r"Distillation.mix_fraction is -0\.1: give a probability in \[0, 1\]",
+    ),
+    (
+        "Distillation: mix_fraction as text",
+        lambda: _distillation(data="mixed", mix_fraction="0.5"),
+        CONFIG_ERROR,
+        "Distillation.mix_fraction is '0.5': give a finite number",
+    ),
+]
+
+
+def test_the_second_rounds_cases_are_distinct_and_new():
+  names = [name for name, *_ in MORE_CASES]
+  assert len(set(names)) == len(names) >= 40 and not set(names) & {name for name, *_ in CASES}
+
+
+@pytest.mark.parametrize(
+    "make, error, message", [c[1:] for c in MORE_CASES], ids=[c[0] for c in MORE_CASES]
+)
+def test_bad_input_of_the_second_round_gets_a_clear_error_before_tracing(
+    make, error, message, unfiltered_tracebacks
+):
+  del unfiltered_tracebacks
+  _raise_before_tracing(make, error, message)
+
+
+_INFER_TINY = SCRIPT_CASES["infer.py"][0][:5]  # infer.gin, a unigram drafter, a tiny target
+_RANDOM = ["--gin.CHECKPOINT_PATH=None", "--gin.RANDOM_INIT_SEED=0"]
+_DISTILL = ["--gin_file=configs/demo/train_drafter.gin", "--distill_from=demo_models/target"]
+# (case, script, flags, the start of its error line). The fixture adds the output directory's
+# flag; a refused run must leave nothing there, config.gin included (which infer.py and train.py
+# wrote before their settings were checked).
+MORE_SCRIPT_CASES = [
+    (
+        "infer.py: RESTORE_DTYPE int8",
+        "infer.py",
+        [*_INFER_TINY, *_RANDOM, "--gin.RESTORE_DTYPE='int8'"],
+        "infer.py: configuration error: RESTORE_DTYPE 'int8' is not a floating type: use "
+        "'float32' or 'bfloat16'",
+    ),
+    (
+        "infer.py: RANDOM_INIT_SEED as text",
+        "infer.py",
+        [*_INFER_TINY, "--gin.CHECKPOINT_PATH=None", "--gin.RANDOM_INIT_SEED='0'"],
+        "infer.py: configuration error: RANDOM_INIT_SEED must be an integer >= 0",
+    ),
+    (
+        "infer.py: a missing CHECKPOINT_PATH",
+        "infer.py",
+        [*_INFER_TINY, "--gin.CHECKPOINT_PATH='/nonexistent/ckpt'"],
+        "infer.py: configuration error: CHECKPOINT_PATH '/nonexistent/ckpt': no checkpoint at",
+    ),
+    (
+        "train.py: label smoothing in a distillation",
+        "train.py",
+        [*_DISTILL, "--gin.training.train.label_smoothing=0.1"],
+        "train.py: configuration error: label_smoothing = 0.1 does not apply to distillation",
+    ),
+    (
+        "train.py: a gin distill_temperature without distill_from",
+        "train.py",
+        [
+            "--gin_file=configs/runs/train.gin",
+            "--gin_file=configs/models/t5_1_1_tiny.gin",
+            "--gin.MODEL_CONFIG=%T5_1_1_TINY",
+            "--gin.training.train.distill_temperature=0.5",
+        ],
+        "train.py: configuration error: distill_temperature = 0.5 without distill_from",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def more_script_runs(tmp_path_factory):
+  """Every case of MORE_SCRIPT_CASES started at once -> case -> (process, output directory)."""
+  runs = {}
+  for case, script, flags, _ in MORE_SCRIPT_CASES:
+    out = tmp_path_factory.mktemp("second_round") / "out"
+    output = f"--gin.INFER_OUTPUT_DIR='{out}'" if script == "infer.py" else f"--model_dir={out}"
+    command = [sys.executable, str(REPO / "scripts" / script), *flags, output]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs[case] = subprocess.Popen(command, cwd=REPO, env=env, **pipes), out
+  yield runs
+  for process, _ in runs.values():
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [(case, line) for case, _, _, line in MORE_SCRIPT_CASES],
+    ids=[case for case, *_ in MORE_SCRIPT_CASES],
+)
+def test_a_bad_setting_stops_the_script_before_it_writes_anything(case, expected, more_script_runs):
+  """config.gin included: infer.py and train.py wrote it before their settings were checked."""
+  process, out = more_script_runs[case]
+  _, stderr = process.communicate(timeout=300)
+  assert process.returncode == 1, stderr[-3000:]
+  assert any(line.startswith(expected) for line in stderr.splitlines()), stderr[-3000:]
+  assert not out.exists(), sorted(p.name for p in out.iterdir())

@@ -1,6 +1,8 @@
 """The draft-length calibration model on values worked out by hand, and the teacher-forced scores
 it reads."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,10 +74,43 @@ def test_confidence_buckets():
     [
         (lambda: calibration.Positions([CONFIDENCE], []), "one confidence and one beta"),
         (lambda: calibration.Positions([CONFIDENCE], [BETA[:2]]), "of one length"),
-        (lambda: calibration.predict(POSITIONS, 2, 0.5, -1.0, 1.0), "c >= 0"),
-        (lambda: calibration.predict(POSITIONS, 2, 0.5, 0.1, 0.0), "verify_cost > 0"),
-        (lambda: calibration.calibrate(POSITIONS, [], 0.1, {}), "gammas must be integers"),
-        (lambda: calibration.calibrate(POSITIONS, [0], 0.1, {0: 1.0}), "gammas must be integers"),
+        (
+            lambda: calibration.predict(POSITIONS, 2, 0.5, -1.0, 1.0),
+            "c must be a finite number >= 0",
+        ),
+        (lambda: calibration.predict(POSITIONS, 2, 0.5, 0.1, 0.0), r"verify_cost\(2\) must be > 0"),
+        (lambda: calibration.calibrate(POSITIONS, [], 0.1, {}), "gammas must be a non-empty"),
+        (
+            lambda: calibration.calibrate(POSITIONS, [0], 0.1, {0: 1.0}),
+            "each of gammas must be an integer >= 1",
+        ),
+        # NaN and out-of-range values, which gave NaN or impossible figures.
+        (
+            lambda: calibration.calibrate(
+                POSITIONS, [2], 0.1, {2: 1.2}, thresholds=[0.0, math.nan]
+            ),
+            r"threshold must be a finite number >= 0 and <= 1 \(a confidence.*got nan",
+        ),
+        (
+            lambda: calibration.calibrate(POSITIONS, [2], math.nan, {2: 1.2}),
+            r"c must be a finite number >= 0 \(drafter step time over target step time\), got nan",
+        ),
+        (
+            lambda: calibration.Positions([CONFIDENCE], [BETA + 0.6]),
+            r"beta of sequence 0 holds 1.1 at position 0: it must be a probability in \[0, 1\]",
+        ),
+        (
+            lambda: calibration.Positions([CONFIDENCE], [BETA - 0.6]),
+            r"beta of sequence 0 holds -0.1 at position 0: it must be a probability",
+        ),
+        (
+            lambda: calibration.Positions([np.array([0.9, math.nan, 0.9, 0.9])], [BETA]),
+            r"confidence of sequence 0 holds nan at position 1: .* 1 position\(s\) are NaN",
+        ),
+        (
+            lambda: calibration.calibrate(POSITIONS, [2, 4], 0.1, {2: 1.2}),
+            r"verify_cost has no entry for gamma \[4\] \(it has \[2\]\): measure",
+        ),
     ],
 )
 def test_bad_input_is_refused(make, message):

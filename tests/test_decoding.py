@@ -16,7 +16,8 @@ import pytest
 import seqio
 
 from conftest import FIXTURE_CONFIG, chisquare_pvalue, fixture_path, tiny_config
-from speculative_t5x import decoding, draft_length, drafters, models, network, sampling, speculative
+from speculative_t5x import decoding, draft_length, drafters, feature_drafter, models, network
+from speculative_t5x import sampling, speculative
 from speculative_t5x.decoding import STAT_NAMES
 
 SIGNIFICANCE = 1e-3
@@ -55,6 +56,12 @@ def _small_model_drafter(kind):
   the target's encoder output (of width 16, its own 8)."""
   if kind == "t5":
     return network.Transformer(SMALL_DRAFTER), _small_params()[1]
+  if kind == "feature":  # a draft vocabulary without token 3: q = 0 there.
+    drafter = feature_drafter.FeatureDrafter(
+        SMALL_DRAFTER, SMALL_TARGET.emb_dim, draft_vocab=(0, 1, 2)
+    )
+    params = drafter.init_params(jax.random.PRNGKey(3), {})
+    return drafter, drafter.init_from_target(params, _small_params()[0])
   params = network.shared_encoder_init_params(
       SMALL_DRAFTER, SMALL_TARGET.emb_dim, jax.random.PRNGKey(3)
   )
@@ -126,6 +133,8 @@ def _sample_small(model, drafter_params, temperature, topk=0, topp=0.0, seed=0):
         ("t5", 1, 1.0, 0, 0.8),
         ("shared_encoder", 3, 1.0, 0, 0.0),
         ("shared_encoder", 3, 0.7, 3, 0.0),
+        ("feature", 3, 1.0, 0, 0.0),
+        ("feature", 3, 0.7, 3, 0.0),
     ],
 )
 def test_model_drafters_sample_the_exact_target_distribution(kind, gamma, temperature, topk, topp):
@@ -204,6 +213,10 @@ def _tiny_drafter(kind):
     return network.Transformer(TINY), target
   if kind == "t5":
     return network.Transformer(TINY_DRAFTER), t5_params
+  if kind == "feature":
+    drafter = feature_drafter.FeatureDrafter(TINY_DRAFTER, TINY.emb_dim)
+    params = drafter.init_params(jax.random.PRNGKey(12), {})
+    return drafter, drafter.init_from_target(params, target)
   params = network.shared_encoder_init_params(TINY_DRAFTER, TINY.emb_dim, jax.random.PRNGKey(12))
   return drafters.SharedEncoderDrafter(TINY_DRAFTER, TINY.emb_dim), params
 
@@ -256,7 +269,9 @@ def test_greedy_equals_baseline_batch_1(gamma):
     np.testing.assert_array_equal(spec, base, err_msg=f"input {i}")
 
 
-@pytest.mark.parametrize("kind, gamma", [("t5", 1), ("t5", 4), ("t5", 8), ("shared_encoder", 4)])
+@pytest.mark.parametrize(
+    "kind, gamma", [("t5", 1), ("t5", 4), ("t5", 8), ("shared_encoder", 4), ("feature", 3)]
+)
 def test_greedy_equals_baseline_batch_3(kind, gamma):
   """Ragged rows (random input lengths) that accept different numbers of drafts."""
   inputs = _random_inputs(102, seed=100 + gamma)
@@ -753,6 +768,8 @@ def _broken_drafters():
   """name -> (drafter, params) of drafters that are broken but must not change the output."""
   _, t5_params = _small_params()
   nan_params = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), t5_params)
+  # Every feature it predicts is NaN: its q rows are NaN, which the verifier rejects.
+  feature, feature_params = _small_model_drafter("feature")
   return {
       "nan_weights": (network.Transformer(SMALL_DRAFTER), nan_params),
       "out_of_vocabulary": (
@@ -760,6 +777,10 @@ def _broken_drafters():
           _fitted_tables()["unigram"],
       ),
       "lookup_fallback_out_of_vocabulary": (_out_of_vocabulary_lookup(), {}),
+      "nan_feature_head": (
+          feature,
+          dict(feature_params, fuse_bias=feature_params["fuse_bias"] * jnp.nan),
+      ),
   }
 
 
@@ -770,6 +791,7 @@ def _broken_drafters():
         ("nan_weights", speculative.BlockVerifier()),
         ("out_of_vocabulary", speculative.TokenVerifier()),
         ("lookup_fallback_out_of_vocabulary", speculative.TokenVerifier()),
+        ("nan_feature_head", speculative.TokenVerifier()),
     ],
 )
 def test_a_broken_drafter_samples_the_exact_target_distribution(name, verifier):
@@ -793,6 +815,8 @@ def test_a_broken_drafter_samples_the_exact_target_distribution(name, verifier):
         ("out_of_vocabulary", None),
         ("lookup_fallback_out_of_vocabulary", None),
         ("nan_weights", (2, 1)),
+        ("nan_feature_head", None),
+        ("nan_feature_head", (2, 1)),
     ],
 )
 def test_a_broken_drafter_gives_the_baselines_greedy_output(name, tree):
@@ -1013,6 +1037,7 @@ def _tree_model(config, drafter, tree, verifier=TREE):
         ("bigram", (3, 2), 1.0, 0),
         ("bigram", (2, 2, 1), 0.7, 3),
         ("shared_encoder", (2, 2, 1), 0.7, 3),
+        ("feature", (2, 2, 1), 1.0, 0),
     ],
 )
 def test_a_draft_tree_samples_the_exact_target_distribution(kind, tree, temperature, topk):

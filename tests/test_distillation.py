@@ -433,3 +433,21 @@ def test_tvd_distillation_on_drafter_data_raises_alpha_on_held_out_inputs(held_o
   assert summary["drafter"] == "T5Drafter" and summary["train"]["on_policy"] == 1.0
   _, config = checkpoints.restore_model(tmp_path / "drafter" / training.EXPORT_DIR)
   assert config == drafter_config  # T5Drafter.save_params wrote a checkpoints.save_model dir.
+
+
+@pytest.mark.parametrize("name", distillation.DIVERGENCES)
+@pytest.mark.parametrize("temperature", [0.0, -1.0, math.nan, math.inf])
+def test_a_divergence_temperature_that_is_not_positive_and_finite_is_refused(name, temperature):
+  """At temperature 0 every divergence was NaN (logits / 0); now each refuses it, by name."""
+  logits = np.log(np.stack([P, Q]))
+  with pytest.raises(
+      ValueError, match=r"divergence temperature tau is .*: give a finite number > 0"
+  ):
+    divergence(name, logits, logits[::-1], targets=[2, 0], temperature=temperature)
+  # A traced temperature is not checked; a positive one gives the values of the tests above.
+  traced = jax.jit(
+      lambda t: distillation.token_divergence(
+          name, jnp.asarray(logits)[None], jnp.asarray(logits[::-1])[None], jnp.array([[2, 0]]), t
+      )
+  )(1.0)
+  np.testing.assert_allclose(traced[0], divergence(name, logits, logits[::-1], [2, 0]), rtol=1e-6)

@@ -277,3 +277,33 @@ def test_cast_changes_only_floating_leaves():
   cast = pairs.cast(tree, "bfloat16")
   assert (cast["w"].dtype, cast["ids"].dtype) == (np.dtype("bfloat16"), np.dtype("int32"))
   assert pairs.cast(tree, None) is tree
+
+
+@pytest.mark.parametrize(
+    "dtype, problem",
+    [
+        ("int8", "is not a floating type"),
+        ("int32", "is not a floating type"),
+        ("nope", "is not a dtype"),
+    ],
+)
+def test_a_restore_dtype_that_is_not_floating_is_refused_before_anything_is_read(
+    dtype, problem, tmp_path
+):
+  """int8 or int32 would truncate every weight; an unknown name was numpy's TypeError. Every
+  entry point that takes a dtype name refuses it first: the paths here do not exist."""
+  fix = r": use 'float32' or 'bfloat16' \(or None to keep the stored dtypes\)"
+  with pytest.raises(gin_utils.ConfigError, match=f"^RESTORE_DTYPE '{dtype}' {problem}{fix}"):
+    pairs.PairConfig(TARGET, random_init_seed=0, restore_dtype=dtype)
+  with pytest.raises(gin_utils.ConfigError, match=f"restore_dtype '{dtype}' {problem}{fix}"):
+    pairs.PairConfig.from_pair_dir(tmp_path / "nowhere", restore_dtype=dtype)
+  nowhere = tmp_path / "nowhere"
+  for restore in (
+      lambda: checkpoints.restore_params(TARGET, nowhere, dtype=dtype),
+      lambda: checkpoints.restore_model(nowhere, dtype=dtype),
+      lambda: checkpoints.restore_pair(nowhere, dtype=dtype),
+      lambda: checkpoints.load_t5x_checkpoint(nowhere, restore_dtype=dtype),
+      lambda: pairs.cast({"w": np.ones(2, np.float32)}, dtype),
+  ):
+    with pytest.raises(ValueError, match=f"^restore dtype '{dtype}' {problem}{fix}"):
+      restore()

@@ -8,7 +8,7 @@ import pytest
 import seqio
 
 from conftest import tiny_config
-from speculative_t5x import decoding, models, network, visualize
+from speculative_t5x import decoding, draft_length, drafters, models, network, visualize
 from speculative_t5x.visualize import Step
 
 EOS = 1
@@ -50,13 +50,37 @@ def test_length_limit_drops_the_correction_and_its_rejection():
   assert visualize.trace_steps(trace, 0) == [Step((5,), 6, 9), Step((8,), None, None)]
 
 
-def test_steps_replay_a_real_decode():
+def test_empty_slots_of_adaptive_draft_length_are_not_rejected_drafts():
+  """A row that stopped drafting leaves its later slots EMPTY (-1): after its drafts were all
+  accepted the target's token fills the first empty slot, and nothing was rejected."""
+  E = drafters.EMPTY
+  trace = _trace(
+      ([5, E, E], 1, 9, 2),  # one draft, accepted; 9 is drawn at the first empty slot
+      ([6, 7, E], 1, 8, 2),  # two drafts, 7 rejected: a real rejection
+      ([10, 11, 12], 3, 13, 4),  # a full block: not stopped
+      ([EOS, E, E], 1, 4, 1),
+  )
+  steps = visualize.trace_steps(trace, 0)
+  assert steps == [
+      Step((5,), None, 9, stopped=True),
+      Step((6,), 7, 8, stopped=True),
+      Step((10, 11, 12), None, 13),
+      Step((EOS,), None, None, stopped=True),
+  ]
+  page = visualize.steps_html(steps)
+  assert "-1" not in page and page.count('class="spec-rejected"') == 1
+
+
+@pytest.mark.parametrize("draft_stop", [None, draft_length.ConfidenceStop(1.0)])
+def test_steps_replay_a_real_decode(draft_stop):
+  """Also with adaptive draft length: threshold 1 stops every row after its first draft."""
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TARGET),
       network.Transformer(DRAFTER),
       seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS),
       seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS),
       gamma=3,
+      draft_stop=draft_stop,
   )
   params = {
       "target": network.init_params(TARGET, jax.random.PRNGKey(0)),
@@ -76,6 +100,8 @@ def test_steps_replay_a_real_decode():
     assert len(steps) == int(aux["speculative_stats"]["target_calls"][row])
     accepted = sum(len(step.accepted) for step in steps)
     assert accepted == int(aux["speculative_stats"]["accepted_tokens"][row])
+    assert all(step.stopped == (draft_stop is not None) for step in steps)
+    assert drafters.EMPTY not in [step.rejected for step in steps]
 
 
 def test_html_colours_every_token_and_escapes_text():

@@ -1,0 +1,564 @@
+"""A feature-level drafter for T5 encoder-decoders (EAGLE, Li et al. 2024, with cross-attention).
+
+The target's decoder feature f_t is its final-normed hidden state at position t: the input of its
+logits layer, from which p(y_t | x_0..x_t) comes. With decoder inputs x_0 = BOS, x_t = y_{t-1},
+the drafter's input at position t fuses the feature of the position before with the token there,
+
+    g_t = W_fuse [f_{t-1}; e(x_t)] + b      (f_{-1} = 0; e the target's token embedding, frozen)
+
+then runs T5 1.1 decoder layers of its own width d (self-attention over its own cache,
+cross-attention to the target's encoder output [B, Le, E]) and predicts the feature
+
+    f^_t = W_out RMSNorm(h_t),   q(. | x_0..x_t) = softmax(f^_t W_head)
+
+with W_head the target's logits kernel [E, V], frozen, restricted to a draft vocabulary of N
+tokens where one is given: the other tokens get MASK_VALUE logits, so q = 0 there and a verifier
+stays exact (they are never drafted).
+
+In decoding, the verification pass yields the target's features of the block it scored; the loop
+hands the drafter those of the accepted positions (`FeatureDrafter.observe_features`). A proposal
+at length L (x_0..x_L known, f_0..f_{L-1} true) first rebuilds the drafter's cache at positions
+L - gamma .. L from true features in one call (every entry written since the previous proposal
+from a predicted feature lies in that window), which gives the logits of the first draft; later
+drafts feed on the drafter's own predicted features. So after a rollback no predicted feature
+survives in the entries a query can see.
+
+Training (`distillation.Distiller`) unrolls the head for several steps on its own predictions,
+as at run time (`FeatureHead.unrolled`, EAGLE-3's and HASS's training-time test).
+
+Shapes: B batch, L decoder length (cache length S), k new tokens, E the target's emb_dim (the
+feature width), d the drafter's emb_dim, V the target's vocabulary, N the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import flax
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import checkpoints
+from speculative_t5x import drafters
+from speculative_t5x import network
+from speculative_t5x import tasks
+from speculative_t5x import trees
+
+FEATURE_KIND = "feature"
+_FUSE_AXES = ("embed", "mlp")
+_OUT_AXES = ("mlp", "embed")
+
+
+def shift_features(features: jax.Array) -> jax.Array:
+  """f_{t-1} at every position t: [B, L, E] -> [B, L, E], zeros at t = 0 (no feature before BOS)."""
+  return jnp.pad(features, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+
+
+def mixed_step_sources(length: int, step: int) -> np.ndarray:
+  """Which unrolled step's keys a query reads, in training-time test: [L, L] int, -1 where masked.
+
+  At unrolled step j (1-based), the query at position t stands for the j-th draft of a chain that
+  started at position t - j + 1 (from true features). The key at position s <= t was then
+  computed at step max(j - (t - s), 1): the drafts between s and t in that chain at their own
+  steps, everything at or before the chain's start from true features (step 1). Entries are
+  0-based step indices."""
+  t = np.arange(length)[:, None]
+  s = np.arange(length)[None, :]
+  return np.where(s <= t, np.maximum(step - (t - s), 1) - 1, -1)
+
+
+def scatter_draft_logits(logits: jax.Array, draft_vocab: tuple[int, ...], vocab_size: int):
+  """Logits over the draft vocabulary [..., N] -> [..., V], MASK_VALUE at the other ids."""
+  full = jnp.full(logits.shape[:-1] + (vocab_size,), network.MASK_VALUE)
+  return full.at[..., np.asarray(draft_vocab)].set(logits)
+
+
+class FeatureHead(nn.Module):
+  """The drafter's network. Parameters: 'embedding' [V, E] and 'head' [E, N] (copies of the
+  target's, frozen: gradients stop at them), 'fuse' {'kernel' [2E, d]}, 'fuse_bias' [d],
+  'relpos_bias', 'layers_i' (T5 1.1 `DecoderLayer`s of width d whose cross-attention reads
+  [B, Le, E]), 'feature_norm', 'feature_out' {'kernel' [d, E]}.
+
+  config: the body (emb_dim d, heads, mlp, num_decoder_layers; vocab_size V, the target's).
+  feature_dim: E. draft_vocab: the N token ids the head scores, or () for all V.
+  """
+
+  config: network.T5Config
+  feature_dim: int
+  draft_vocab: tuple[int, ...] = ()
+
+  def setup(self):
+    cfg = self.config
+    dtype = cfg.activation_dtype
+    width = len(self.draft_vocab) or cfg.vocab_size
+    self.embedding = self.param(
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
+        (cfg.vocab_size, self.feature_dim),
+        jnp.float32,
+    )
+    self.head = self.param(
+        "head",
+        nn.with_logical_partitioning(
+            nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"), ("embed", "vocab")
+        ),
+        (self.feature_dim, width),
+        jnp.float32,
+    )
+    self.fuse = network.Dense(cfg.emb_dim, dtype, _FUSE_AXES)
+    self.fuse_bias = self.param(
+        "fuse_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)), (cfg.emb_dim,)
+    )
+    self.relpos_bias = network.RelativePositionBiases(
+        cfg.relative_attention_num_buckets,
+        cfg.relative_attention_max_distance,
+        cfg.num_heads,
+        bidirectional=False,
+        dtype=dtype,
+    )
+    self.layers = [
+        network.DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)
+    ]
+    self.feature_norm = network.RMSNorm(dtype)
+    self.feature_out = network.Dense(self.feature_dim, dtype, _OUT_AXES)
+
+  def _fused(self, previous_features: jax.Array, tokens: jax.Array) -> jax.Array:
+    """g = W_fuse [f_prev; e(x)] + b: [B, k, E] and [B, k] -> [B, k, d]."""
+    dtype = self.config.activation_dtype
+    embedded = jnp.take(jax.lax.stop_gradient(self.embedding), tokens, axis=0)
+    x = jnp.concatenate([previous_features.astype(dtype), embedded.astype(dtype)], axis=-1)
+    return self.fuse(x) + jnp.asarray(self.fuse_bias, dtype)
+
+  def _outputs(self, x: jax.Array, full: bool = True) -> tuple[jax.Array, jax.Array]:
+    """Hidden states [..., d] -> (predicted features [..., E], logits [..., V] float32, or over
+    the draft vocabulary [..., N] when not `full`)."""
+    predicted = self.feature_out(self.feature_norm(x))
+    logits = jnp.dot(predicted.astype(jnp.float32), jax.lax.stop_gradient(self.head))
+    if self.draft_vocab and full:
+      logits = scatter_draft_logits(logits, self.draft_vocab, self.config.vocab_size)
+    return predicted, logits
+
+  def __call__(
+      self,
+      encoded: jax.Array,
+      encoder_input_tokens: jax.Array,
+      features: jax.Array,
+      decoder_input_tokens: jax.Array,
+  ) -> tuple[jax.Array, jax.Array]:
+    """One teacher-forced step from true features: the first draft at every position ->
+    (f^ [B, L, E], logits [B, L, V])."""
+    predicted, logits = self.unrolled(
+        encoded, encoder_input_tokens, features, decoder_input_tokens, 1
+    )
+    if self.draft_vocab:
+      logits = scatter_draft_logits(logits, self.draft_vocab, self.config.vocab_size)
+    return predicted[0], logits[0]
+
+  def unrolled(
+      self,
+      encoded: jax.Array,
+      encoder_input_tokens: jax.Array,
+      features: jax.Array,
+      decoder_input_tokens: jax.Array,
+      steps: int,
+      input_noise: jax.Array | None = None,
+  ) -> tuple[jax.Array, jax.Array]:
+    """Training-time test: `steps` unrolled steps at every position, each reading the previous
+    step's predicted features, with the keys each query would see at run time
+    (`mixed_step_sources`).
+
+    Args:
+      encoded: [B, Le, E], the target's encoder output of encoder_input_tokens [B, Le].
+      features: [B, L, E], the target's features f_t at the positions of decoder_input_tokens
+        [B, L] (BOS, then the sequence shifted right).
+      input_noise: [B, L, E] added to the true features f_{t-1} the first step reads, or None.
+    Returns:
+      (f^ [steps, B, L, E], logits [steps, B, L, N] over the draft vocabulary (V without one)):
+      step j's output at position t is the j-th draft of a chain started at t - j + 1
+      (meaningful for t >= j - 1).
+    """
+    length = decoder_input_tokens.shape[1]
+    query_valid = jnp.ones(decoder_input_tokens.shape, bool)
+    cross_mask = network.attention_mask(query_valid, encoder_input_tokens > 0)
+    positions = jnp.arange(length)[None]
+    bias = self.relpos_bias(positions, positions)
+    cross = [layer.cross_key_value(encoded) for layer in self.layers]
+    keys = [[] for _ in self.layers]
+    previous = shift_features(features)
+    if input_noise is not None:
+      previous = previous + input_noise
+    all_predicted, all_logits = [], []
+    for step in range(1, steps + 1):
+      sources = jnp.asarray(mixed_step_sources(length, step))
+      x = self._fused(previous, decoder_input_tokens)
+      for i, layer in enumerate(self.layers):
+        h = layer.pre_self_attention_layer_norm(x)
+        attention = layer.self_attention
+        keys[i].append(attention.project_key_value(h))
+        x = x + self._mixed_attention(attention, attention.project_query(h), keys[i], sources, bias)
+        x = layer._cross_and_mlp(x, *cross[i], cross_mask, True)  # noqa: SLF001
+      predicted, logits = self._outputs(x, full=False)
+      all_predicted.append(predicted)
+      all_logits.append(logits)
+      previous = shift_features(predicted)
+    return jnp.stack(all_predicted), jnp.stack(all_logits)
+
+  def _mixed_attention(self, attention, query, keys_values, sources, bias) -> jax.Array:
+    """Self-attention whose key at (t, s) comes from step sources[t, s]: query [B, L, H, D],
+    keys_values [(key, value) [B, L, H, D] per step so far], sources [L, L] -> [B, L, d]."""
+    cfg = self.config
+    scores = jnp.zeros((query.shape[0], cfg.num_heads) + sources.shape, jnp.float32)
+    for index, (key, _) in enumerate(keys_values):
+      step_scores = jnp.einsum(
+          "bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32)
+      )
+      scores = jnp.where(sources == index, step_scores, scores)
+    scores = jnp.where(sources >= 0, scores, network.MASK_VALUE) + bias.astype(jnp.float32)
+    weights = jax.nn.softmax(scores).astype(cfg.activation_dtype)
+    y = sum(
+        jnp.einsum("bhqk,bkhd->bqhd", jnp.where(sources == index, weights, 0.0), value)
+        for index, (_, value) in enumerate(keys_values)
+    )
+    return attention.out(y.reshape(y.shape[:2] + (-1,)))
+
+  def init_cache(
+      self, encoded: jax.Array, encoder_input_tokens: jax.Array, cache_length: int
+  ) -> dict:
+    """The decode cache (`network.init_layer_caches`) of the drafter's layers."""
+    return network.init_layer_caches(
+        self.config, self.layers, encoded, encoder_input_tokens, cache_length
+    )
+
+  def decode(
+      self,
+      previous_features: jax.Array,
+      tokens: jax.Array,
+      cache: dict,
+      cache_index: jax.Array,
+      tree: trees.DraftTree | None = None,
+      slots: tuple[int, int] | None = None,
+  ) -> tuple[jax.Array, jax.Array, dict]:
+    """Cached decoding of k inputs (f_{t-1} [B, k, E], x_t [B, k]) placed as
+    `network.Transformer.decode` places tokens (a chain at cache_index + 0..k-1, or tree block
+    slots) -> (f^ [B, k, E], logits [B, k, V], cache)."""
+    cache_length = cache["layers_0"]["self_key"].shape[1]
+    positions, key_positions, self_mask, write_index = network.decode_placement(
+        cache_length, cache_index, tokens.shape[1], tree, slots
+    )
+    cross_mask = network.attention_mask(jnp.ones(tokens.shape, bool), cache["encoder_valid"])
+    bias = self.relpos_bias(positions, key_positions)
+    x = self._fused(previous_features, tokens)
+    new_cache = {"encoder_valid": cache["encoder_valid"]}
+    for i, layer in enumerate(self.layers):
+      x, new_cache[f"layers_{i}"] = layer.decode(
+          x, cache[f"layers_{i}"], write_index, self_mask, bias, cross_mask
+      )
+    predicted, logits = self._outputs(x)
+    return predicted, logits, new_cache
+
+
+@flax.struct.dataclass
+class FeatureDrafterState:
+  """cache: the head's decoder cache [B, S, ...]; features [B, S, E]: the target's features by
+  position, true up to the decode's length - 1 (`FeatureDrafter.observe_features`)."""
+
+  cache: Any
+  features: jax.Array
+
+
+@gin.configurable
+def frequent_tokens(
+    mixture_or_task_name: str = gin.REQUIRED,
+    size: int = gin.REQUIRED,
+    split: str = "train",
+) -> tuple[int, ...]:
+  """The `size` most frequent target token ids of a seqio task's split (EOS included, padding
+  not), ties to the lower id, sorted ascending: a `FeatureDrafter.draft_vocab`."""
+  drafters._check_int("frequent_tokens", "size", size, 1)  # noqa: SLF001
+  task = tasks.get_task(mixture_or_task_name)
+  vocab_size = task.output_features["targets"].vocabulary.vocab_size
+  if size > vocab_size:
+    raise ValueError(
+        f"frequent_tokens.size {size} > the vocabulary's {vocab_size} pieces: give at most "
+        f"{vocab_size} (or no draft vocabulary at all for the full one)."
+    )
+  counts = np.zeros(vocab_size, np.int64)
+  for example in task.get_dataset(split=split, shuffle=False).as_numpy_iterator():
+    counts += np.bincount(np.asarray(example["targets"]), minlength=vocab_size)[:vocab_size]
+  counts[0] = -1  # padding is never a draft.
+  order = np.lexsort((np.arange(vocab_size), -counts))
+  return tuple(sorted(int(i) for i in order[:size]))
+
+
+@gin.configurable(module="drafters")
+@dataclasses.dataclass(frozen=True, eq=False)
+class FeatureDrafter(drafters.Drafter):
+  """An EAGLE-style drafter: reads the target's decoder features and encoder output, scores with
+  the target's logits layer (see the module docstring).
+
+  config: the head's T5Config (emb_dim d, heads, head_dim, mlp_dim, num_decoder_layers; its
+    vocab_size is the target's); num_encoder_layers is not used.
+  feature_dim: E, the target's emb_dim.
+  draft_vocab: the token ids it may draft (`frequent_tokens`), or () for the whole vocabulary.
+  """
+
+  config: network.T5Config = gin.REQUIRED
+  feature_dim: int = gin.REQUIRED
+  draft_vocab: tuple[int, ...] = ()
+  eos_id: int | None = None
+
+  reads_target_features = True
+
+  def __post_init__(self):
+    if not isinstance(self.config, network.T5Config):
+      raise ValueError(
+          f"FeatureDrafter needs a network.T5Config for its head, got {self.config!r}."
+      )
+    drafters._check_int("FeatureDrafter", "feature_dim", self.feature_dim, 1)  # noqa: SLF001
+    vocab = tuple(self.draft_vocab)
+    ids = np.asarray(vocab, np.int64)
+    if ids.size and (
+        np.any(ids < 0) or np.any(ids >= self.config.vocab_size) or np.any(np.diff(ids) <= 0)
+    ):
+      raise ValueError(
+          f"FeatureDrafter.draft_vocab must be distinct token ids in [0, "
+          f"{self.config.vocab_size}) in ascending order ({len(vocab)} given): build it with "
+          "feature_drafter.frequent_tokens."
+      )
+    object.__setattr__(self, "feature_dim", int(self.feature_dim))
+    object.__setattr__(self, "draft_vocab", tuple(int(i) for i in vocab))
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def module(self) -> FeatureHead:
+    return FeatureHead(self.config, self.feature_dim, self.draft_vocab)
+
+  # ---- parameters
+  def _boxed(self, rng: jax.Array) -> Any:
+    module = self.module
+    encoded = jnp.zeros((1, 2, self.feature_dim), jnp.float32)
+    tokens = jnp.ones((1, 2), jnp.int32)
+    return module.init(rng, encoded, tokens, encoded, tokens)["params"]
+
+  def init_params(self, rng, input_shapes):
+    del input_shapes  # its parameter shapes do not depend on them.
+    return nn.meta.unbox(self._boxed(rng))
+
+  def param_shapes(self) -> dict:
+    return jax.tree.map(
+        lambda x: tuple(x.shape),
+        jax.eval_shape(lambda: self.init_params(jax.random.PRNGKey(0), {})),
+    )
+
+  def init_from_target(self, params: Any, target_params: Any) -> Any:
+    """`params` with the target's token embedding and logits kernel (its draft-vocabulary
+    columns) copied in: the parts the head shares with the target."""
+    # Copies, not views: the target's arrays stay the target's (a training step donates the
+    # drafter's buffers while it reads the target's).
+    embedding = jnp.array(target_params["token_embedder"]["embedding"], jnp.float32, copy=True)
+    decoder = target_params["decoder"]
+    if "logits_dense" in decoder:
+      kernel = jnp.array(decoder["logits_dense"]["kernel"], jnp.float32, copy=True)
+    else:  # tied: logits = x @ embedding^T / sqrt(E) (`network.Decoder._logits_of_features`).
+      kernel = embedding.T / np.sqrt(self.feature_dim)
+    if self.draft_vocab:
+      kernel = kernel[:, np.asarray(self.draft_vocab)]
+    return {**params, "embedding": embedding, "head": kernel}
+
+  @property
+  def needs_checkpoint(self) -> bool:
+    return True
+
+  def _entry(self) -> dict:
+    return {
+        "kind": FEATURE_KIND,
+        "feature_dim": self.feature_dim,
+        "draft_vocab": list(self.draft_vocab),
+    }
+
+  def save_params(self, directory, params, overwrite=False):
+    checkpoints.save_drafter(
+        directory, params, self.param_shapes(), self.config, self._entry(), overwrite=overwrite
+    )
+
+  def restore_params(self, path, dtype=None):
+    return checkpoints.restore_checked(
+        self.param_shapes(), path, dtype, f"checkpoint {path} (a FeatureDrafter)"
+    )
+
+  @classmethod
+  def from_entry(cls, config: network.T5Config, entry: Mapping[str, Any]) -> "FeatureDrafter":
+    """The drafter a `save_params` directory's config.json describes (its 'drafter' entry)."""
+    return cls(config, int(entry["feature_dim"]), tuple(entry["draft_vocab"]))
+
+  def check_target(self, target_config):
+    problems = []
+    if target_config.emb_dim != self.feature_dim:
+      problems.append(
+          f"its feature_dim {self.feature_dim} != the target's emb_dim {target_config.emb_dim}: "
+          f"it reads the target's features and encoder output, so set feature_dim = "
+          f"{target_config.emb_dim} (with weights trained against this target)"
+      )
+    if target_config.vocab_size != self.config.vocab_size:
+      problems.append(
+          f"its vocab_size {self.config.vocab_size} != the target's {target_config.vocab_size}: "
+          "give the head's config the target's vocab_size"
+      )
+    if problems:
+      raise ValueError("FeatureDrafter cannot serve this target: " + "; and ".join(problems) + ".")
+
+  # ---- decoding
+  def _encoded(self, target_encoded: jax.Array | None, method: str) -> jax.Array:
+    shape = np.shape(target_encoded) if target_encoded is not None else None
+    if shape is None or len(shape) != 3 or shape[-1] != self.feature_dim:
+      raise ValueError(
+          f"FeatureDrafter.{method} needs target_encoded [B, Le, {self.feature_dim}], the "
+          f"target's encoder output, got {shape}: pass the target's `Transformer.encode` of the "
+          "same encoder_input_tokens."
+      )
+    return target_encoded
+
+  def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
+    module = self.module
+    encoded = self._encoded(target_encoded, "init_state")
+    cache = module.apply(
+        {"params": params}, encoded, encoder_input_tokens, cache_length, method=module.init_cache
+    )
+    batch = encoder_input_tokens.shape[0]
+    features = jnp.zeros((batch, cache_length, self.feature_dim), jnp.float32)
+    return FeatureDrafterState(cache, features)
+
+  def observe_features(self, state, features, start):
+    """Writes the target's features [B, W, E] of positions start[b] .. start[b] + W - 1."""
+    write = jax.vmap(lambda buf, new, i: jax.lax.dynamic_update_slice_in_dim(buf, new, i, 0))
+    return state.replace(
+        features=write(state.features, features.astype(state.features.dtype), start)
+    )
+
+  def _rebuild(self, params, state, sequences, length, width):
+    """Feeds positions max(length - width + 1, 0) .. + width - 1 from true features ->
+    (f^ [B, E] and logits [B, 1, V] at position `length`, cache)."""
+    module = self.module
+    start = jnp.maximum(length - width + 1, 0)
+    positions = start[:, None] + jnp.arange(width)[None]
+    tokens = drafters.decoder_inputs(sequences, positions)
+    previous = jnp.take_along_axis(state.features, jnp.maximum(positions - 1, 0)[..., None], axis=1)
+    previous = jnp.where((positions > 0)[..., None], previous, 0.0)
+    predicted, logits, cache = module.apply(
+        {"params": params}, previous, tokens, state.cache, start, method=module.decode
+    )
+    at = (length - start)[:, None, None]
+    first = jnp.take_along_axis(logits, at, axis=1)
+    return jnp.take_along_axis(predicted, at, axis=1)[:, 0], first, cache
+
+  def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
+    module = self.module
+    predicted, first, cache = self._rebuild(params, state, sequences, length, gamma + 1)
+
+    def step(carry, token, i):
+      cache, previous = carry
+      predicted, logits, cache = module.apply(
+          {"params": params},
+          previous[:, None],
+          token[:, None],
+          cache,
+          length + i,
+          method=module.decode,
+      )
+      return logits, (cache, predicted[:, 0])
+
+    drafts, q, (cache, _), _ = drafters.draft_chain(
+        first, step, (cache, predicted), gamma, u, standardize, stop
+    )
+    return drafts, q, state.replace(cache=cache)
+
+  def propose_tree(self, params, state, sequences, length, tree, u, standardize):
+    """The root from true features (as `propose`), then one call per depth under the tree's
+    attention mask, each node reading its parent's predicted feature."""
+    module = self.module
+    predicted, first, cache = self._rebuild(params, state, sequences, length, tree.depth + 1)
+    parents = np.asarray((0,) + tree.parents)  # block slot -> its parent's block slot
+    slot_features = jnp.zeros((length.shape[0], tree.width, self.feature_dim), predicted.dtype)
+    slot_features = slot_features.at[:, 0].set(predicted)
+
+    def level_logits(carry, tokens, slots):
+      cache, slot_features = carry
+      start, stop = slots
+      previous = slot_features[:, parents[start:stop]]
+      predicted, logits, cache = module.apply(
+          {"params": params},
+          previous,
+          tokens,
+          cache,
+          length,
+          tree=tree,
+          slots=slots,
+          method=module.decode,
+      )
+      return logits, (cache, slot_features.at[:, start:stop].set(predicted))
+
+    drafts, q, (cache, _) = drafters.draft_tree(
+        first, level_logits, (cache, slot_features), tree, u, standardize
+    )
+    return drafts, q, state.replace(cache=cache)
+
+  # ---- measurement and training
+  def teacher_forced_logits(
+      self,
+      params,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      target_encoded=None,
+      target_features=None,
+  ):
+    """The first draft's logits at every position, from the target's true features
+    target_features [B, L, E] (required) -> [B, L, V]."""
+    logits = self.unrolled(
+        params, encoder_input_tokens, decoder_input_tokens, target_encoded, target_features, 1
+    )[1][0]
+    if self.draft_vocab:
+      logits = scatter_draft_logits(logits, self.draft_vocab, self.vocab_size)
+    return logits
+
+  def unrolled(
+      self,
+      params,
+      encoder_input_tokens: jax.Array,
+      decoder_input_tokens: jax.Array,
+      target_encoded: jax.Array | None,
+      target_features: jax.Array | None,
+      steps: int,
+      input_noise: jax.Array | None = None,
+  ) -> tuple[jax.Array, jax.Array]:
+    """`FeatureHead.unrolled` -> (f^ [steps, B, L, E], logits [steps, B, L, N] over
+    `draft_vocab`, or [steps, B, L, V] without one)."""
+    encoded = self._encoded(target_encoded, "teacher_forced_logits")
+    shape = np.shape(target_features) if target_features is not None else None
+    want = tuple(np.shape(decoder_input_tokens)) + (self.feature_dim,)
+    if shape != want:
+      raise ValueError(
+          f"FeatureDrafter needs target_features {want}, the target's decoder features at the "
+          f"positions of decoder_input_tokens (network `teacher_forced(..., "
+          f"return_features=True)`), got {shape}."
+      )
+    module = self.module
+    return module.apply(
+        {"params": params},
+        encoded,
+        encoder_input_tokens,
+        target_features,
+        decoder_input_tokens,
+        steps,
+        input_noise,
+        method=module.unrolled,
+    )
+
+
+drafters.register_kind(FEATURE_KIND, FeatureDrafter.from_entry)
