@@ -429,6 +429,10 @@ def test_tvd_distillation_on_drafter_data_raises_alpha_on_held_out_inputs(held_o
       "data_temperature": 1.0,
       "divergence_temperature": 1.0,
       "mix_fraction": 0.5,
+      "unroll_steps": 1,
+      "step_decay": 0.8,
+      "feature_loss_weight": 0.0,
+      "feature_noise": 0.0,
   }
   assert summary["drafter"] == "T5Drafter" and summary["train"]["on_policy"] == 1.0
   _, config = checkpoints.restore_model(tmp_path / "drafter" / training.EXPORT_DIR)
