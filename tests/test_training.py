@@ -115,6 +115,10 @@ def test_distill_from_is_the_distillation_shorthand_and_resumes_exactly(
       "data_temperature": 0.0,
       "divergence_temperature": 1.0,
       "mix_fraction": 0.5,
+      "unroll_steps": 1,
+      "step_decay": 0.8,
+      "feature_loss_weight": 0.0,
+      "feature_noise": 0.0,
   }
   assert np.isfinite(straight["train"]["loss"]) and 0 <= straight["train"]["beta"] <= 1
   assert straight["train"]["on_policy"] == 0.0
