@@ -201,14 +201,6 @@ def load_models(setup: BenchmarkSetup) -> tuple[pairs.Pair, dict[str, tuple]]:
   }
 
 
-def _network_record(drafter) -> dict:
-  """The network a drafter step runs, for results.json: its T5Config's fields, plus
-  encoder_emb_dim for a decoder reading the target's encoder output."""
-  config, encoder_emb_dim = benchmark.drafter_network(drafter)
-  record = dataclasses.asdict(config)
-  return record if encoder_emb_dim is None else {**record, "encoder_emb_dim": encoder_emb_dim}
-
-
 def write_costs(output_dir: pathlib.Path, costs_by_temperature, setup: BenchmarkSetup) -> None:
   """--costs_only: costs.json and costs.md."""
   target = setup.pair.target_config
@@ -316,7 +308,7 @@ def main(argv):
       "warmup": FLAGS.warmup,
       "cost_rounds": result.cost_rounds,
       "target_config": dataclasses.asdict(pair.target_config),
-      "drafter_configs": {n: _network_record(d) for n, (d, _) in drafters.items()},
+      "drafter_configs": {n: benchmark.drafter_record(d) for n, (d, _) in drafters.items()},
       "checkpoint_path": setup.pair.checkpoint_path,
       "drafter_checkpoint_path": setup.pair.drafter_checkpoint_path,
       "weights": pair.sources,

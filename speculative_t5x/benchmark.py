@@ -347,6 +347,15 @@ class Stage:
   encoder_emb_dim: int | None = None
 
   @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def span(self) -> int:
+    """Cache positions past the step's first that its steps write."""
+    return self.k + self.repeats - 1
+
+  @property
   def module(self) -> network.Transformer | network.SharedEncoderDecoder:
     if self.encoder_emb_dim is None:
       return network.Transformer(self.config)
@@ -365,9 +374,78 @@ class Stage:
         variables, encoded, encoder_tokens, cache_length, method=module.init_decode_cache
     )
 
+  def run(self, params, cache, tokens, position, u, standardize, temperature):
+    """The stage's steps from cache index `position` [B] on the first k of tokens [B, width]
+    -> (tokens with their first k replaced by what the steps drew, cache); see
+    `decode_step_call`."""
+    module = self.module
+    for r in range(self.repeats):
+      logits, cache = module.apply(
+          {"params": params}, tokens[:, : self.k], cache, position + r, method=module.decode
+      )
+      if temperature is None:
+        drawn = _feedback_tokens(logits)
+      elif self.k == 1 or standardize.greedy:
+        drawn = standardize.draw_from_logits(u[:, : self.k], logits)[0]
+      else:
+        drawn = _verification_tokens(standardize, u[:, 0], logits)
+      tokens = tokens.at[:, : self.k].set(drawn)
+    return tokens, cache
+
+
+@dataclasses.dataclass(frozen=True)
+class ProposalStage:
+  """One proposal of `gamma` drafts by a drafter, as the loop makes it (`Drafter.propose`, its
+  state carried from call to call): for a drafter whose proposal is not `gamma` single steps of
+  one T5 network (`Drafter.network_config` None), e.g. a `feature_drafter.FeatureDrafter`, which
+  rebuilds gamma + 1 cache entries from the target's features and then steps on its own.
+
+  target_emb_dim: E_target, the width of the random encoder output [B, Le, E] its state is made
+  from (the target's encoder output in the loop); its feature buffer stays as `init_state` makes
+  it (the cost does not depend on the values).
+  """
+
+  drafter: drafters_lib.Drafter
+  params: Any
+  gamma: int
+  target_emb_dim: int
+
+  @property
+  def vocab_size(self) -> int:
+    return self.drafter.vocab_size
+
+  @property
+  def k(self) -> int:
+    return self.gamma
+
+  @property
+  def span(self) -> int:
+    return self.gamma + 1
+
+  def init_cache(self, params, encoder_tokens, cache_length, rng):
+    """-> (the drafter's `init_state`, a decoded sequence [B, cache_length] of random tokens)."""
+    rng_encoded, rng_tokens = jax.random.split(rng)
+    encoded = jax.random.normal(
+        rng_encoded, encoder_tokens.shape + (self.target_emb_dim,), jnp.float32
+    )
+    state = self.drafter.init_state(params, encoder_tokens, cache_length, target_encoded=encoded)
+    sequences = random_tokens(rng_tokens, self.vocab_size, (encoder_tokens.shape[0], cache_length))
+    return state, sequences
+
+  def run(self, params, carry, tokens, position, u, standardize, temperature):
+    """Writes tokens[:, 0] into the sequence at `position`, then proposes at length
+    position + gamma -> (tokens with the gamma drafts first, (state, sequence))."""
+    del temperature
+    state, sequences = carry
+    sequences = jax.lax.dynamic_update_slice(sequences, tokens[:, :1], (0, position[0]))
+    drafts, _, state = self.drafter.propose(
+        params, state, sequences, position + self.gamma, self.gamma, u[:, : self.gamma], standardize
+    )
+    return tokens.at[:, : self.gamma].set(drafts), (state, sequences)
+
 
 def decode_step_call(
-    stages: Sequence[Stage],
+    stages: Sequence[Stage | ProposalStage],
     geometry: DecodeGeometry,
     *,
     temperature: float | None = None,
@@ -388,18 +466,18 @@ def decode_step_call(
   the argmax of the logits at every position, as the greedy loops do. One stage
   [Stage(target, k)] is a step of the baseline (k = 1) or a verification (k = gamma + 1);
   [Stage(drafter, 1, gamma), Stage(target, gamma + 1)] is the network work of one speculative
-  iteration.
+  iteration, and [ProposalStage(drafter, gamma), Stage(target, gamma + 1)] that of a drafter
+  whose proposal is more than single network steps (it draws greedily when `temperature` is None).
   """
   width = max(stage.k for stage in stages)
   for stage in stages:
-    geometry.check(stage.k + stage.repeats - 1)
-  modules = [stage.module for stage in stages]
+    geometry.check(stage.span)
   rng_encoder, rng_tokens = jax.random.split(jax.random.PRNGKey(seed))
-  vocab = stages[0].config.vocab_size
-  if any(stage.config.vocab_size != vocab for stage in stages):
+  vocab = stages[0].vocab_size
+  if any(stage.vocab_size != vocab for stage in stages):
     raise ValueError(
         "the stages' networks must share one vocabulary (they feed each other "
-        f"tokens), got sizes {[stage.config.vocab_size for stage in stages]}."
+        f"tokens), got sizes {[stage.vocab_size for stage in stages]}."
     )
   encoder_tokens = random_tokens(rng_encoder, vocab, (batch, geometry.encoder_length))
   tokens = random_tokens(rng_tokens, vocab, (batch, width))
@@ -416,7 +494,7 @@ def decode_step_call(
   steps = geometry.steps_per_call
   u = sampling.uniforms(jax.random.PRNGKey(seed), (passes * steps, batch, width))
   # As in the loops: a greedy temperature is static (argmax only), any other one is traced.
-  greedy = temperature is not None and sampling.is_greedy(temperature)
+  greedy = temperature is None or sampling.is_greedy(temperature)
 
   @jax.jit
   def run(params, caches, tokens, u, temp):
@@ -424,19 +502,11 @@ def decode_step_call(
 
     def step(i, carry):
       caches, tokens = list(carry[0]), carry[1]
-      for s, (stage, module) in enumerate(zip(stages, modules)):
-        for r in range(stage.repeats):
-          index = jnp.full((batch,), geometry.position + r, jnp.int32) + i % steps
-          logits, caches[s] = module.apply(
-              {"params": params[s]}, tokens[:, : stage.k], caches[s], index, method=module.decode
-          )
-          if temperature is None:
-            drawn = _feedback_tokens(logits)
-          elif stage.k == 1 or greedy:
-            drawn = standardize.draw_from_logits(u[i, :, : stage.k], logits)[0]
-          else:
-            drawn = _verification_tokens(standardize, u[i, :, 0], logits)
-          tokens = tokens.at[:, : stage.k].set(drawn)
+      position = jnp.full((batch,), geometry.position, jnp.int32) + i % steps
+      for s, stage in enumerate(stages):
+        tokens, caches[s] = stage.run(
+            params[s], caches[s], tokens, position, u[i], standardize, temperature
+        )
       return caches, tokens
 
     return jax.lax.fori_loop(0, passes * steps, step, (caches, tokens))[1]
@@ -564,6 +634,14 @@ class DecodeCosts:
     gamma * c + verify_cost would be if the two networks did not slow each other down."""
     return self._get(self.iteration, gamma).median_ms / self.target_step.median_ms
 
+  def c_in_loop(self, gamma: int) -> float:
+    """What a draft costs inside the loop, in target steps: the iteration's time less the
+    verification's, over gamma; `c` is a drafter step timed alone."""
+    iteration = self._get(self.iteration, gamma).median_ms
+    return (
+        (iteration - self._get(self.verify, gamma).median_ms) / gamma / self.target_step.median_ms
+    )
+
   def interference_ms(self, gamma: int) -> float:
     """How much longer the iteration's network work takes together than its parts apart."""
     apart = gamma * self.drafter_step.median_ms + self._get(self.verify, gamma).median_ms
@@ -582,6 +660,7 @@ class DecodeCosts:
         "c": self.c,
         "verify_cost": {str(g): self.verify_cost(g) for g in gammas},
         "iteration_cost": {str(g): self.iteration_cost(g) for g in gammas},
+        "c_in_loop": {str(g): self.c_in_loop(g) for g in gammas},
         "interference_ms": {str(g): self.interference_ms(g) for g in gammas},
         "target_step_ms": self.target_step.as_dict(),
         "drafter_step_ms": self.drafter_step.as_dict(),
@@ -592,18 +671,39 @@ class DecodeCosts:
 
 def drafter_network(
     drafter: network.T5Config | drafters_lib.Drafter,
-) -> tuple[network.T5Config, int | None]:
-  """The network one drafter step runs -> (its config, E_target or None): a T5Config is a T5
-  drafter's; a `drafters.Drafter` gives `network_config` and `network_encoder_emb_dim` (a
+) -> tuple[network.T5Config, int | None] | None:
+  """The network one drafter step runs -> (its config, E_target or None), or None when a
+  proposal is not gamma single steps of one T5 network (`ProposalStage` times it): a T5Config is a
+  T5 drafter's; a `drafters.Drafter` gives `network_config` and `network_encoder_emb_dim` (a
   shared-encoder drafter's decoder reads the target's encoder output)."""
   if isinstance(drafter, network.T5Config):
     return drafter, None
-  if not isinstance(drafter, drafters_lib.Drafter) or drafter.network_config is None:
+  if not isinstance(drafter, drafters_lib.Drafter):
     raise ValueError(
-        f"the benchmark times drafters that run a T5 network (a network.T5Config or a "
-        f"drafters.Drafter with a network_config), got {drafter!r}."
+        f"the benchmark times a drafters.Drafter (or a T5 drafter's network.T5Config), got "
+        f"{drafter!r}."
     )
+  if drafter.network_config is None:
+    return None
   return drafter.network_config, drafter.network_encoder_emb_dim
+
+
+def drafter_record(drafter: network.T5Config | drafters_lib.Drafter) -> dict:
+  """What a results file records of a drafter: its network's T5Config fields (plus
+  encoder_emb_dim for a decoder reading the target's encoder output), or its kind and fields."""
+  stepped = drafter_network(drafter)
+  if stepped is None:
+    fields = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)}
+    return {
+        "kind": type(drafter).__name__,
+        **{
+            name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            for name, value in fields.items()
+        },
+    }
+  config, encoder_emb_dim = stepped
+  record = dataclasses.asdict(config)
+  return record if encoder_emb_dim is None else {**record, "encoder_emb_dim": encoder_emb_dim}
 
 
 def cost_steps(
@@ -611,13 +711,15 @@ def cost_steps(
     target_params: dict,
     drafters: Mapping[str, tuple[network.T5Config | drafters_lib.Drafter, dict]],
     gammas: Sequence[int],
-) -> dict[Hashable, list[Stage]]:
+) -> dict[Hashable, list[Stage | ProposalStage]]:
   """The decode steps Theorem 3.8's costs need, name -> stages (see `decode_step_call`).
 
   The target's single-token step and its steps on gamma + 1 tokens (every gamma), shared by the
   drafters; each drafter's single-token step, except for a drafter that is the target itself (same
   config, same parameter objects), whose step is the target's (c = 1); and for each drafter and
-  gamma, one iteration's network work together (`DecodeCosts.iteration`).
+  gamma, one iteration's network work together (`DecodeCosts.iteration`). A drafter whose
+  proposal is not single network steps (`drafter_network` None) is timed by its own `propose`
+  (`ProposalStage`): its step is a proposal of one draft, its iteration a proposal of gamma.
 
   Args:
     drafters: name -> (a T5 drafter's config or a `drafters.Drafter`, params).
@@ -628,7 +730,16 @@ def cost_steps(
   steps = {("target", 1): [Stage(target_config, target_params, 1)]}
   steps.update({("target", g + 1): [Stage(target_config, target_params, g + 1)] for g in gammas})
   for name, (drafter, params) in drafters.items():
-    config, encoder_emb_dim = drafter_network(drafter)
+    stepped = drafter_network(drafter)
+    if stepped is None:
+      steps[("drafter", name)] = [ProposalStage(drafter, params, 1, target_config.emb_dim)]
+      for g in gammas:
+        steps[("iteration", name, g)] = [
+            ProposalStage(drafter, params, g, target_config.emb_dim),
+            Stage(target_config, target_params, g + 1),
+        ]
+      continue
+    config, encoder_emb_dim = stepped
     if not (config == target_config and encoder_emb_dim is None and params is target_params):
       steps[("drafter", name)] = [Stage(config, params, 1, encoder_emb_dim=encoder_emb_dim)]
     for g in gammas:

@@ -172,6 +172,7 @@ class SpeedupRow:
   speculative_tokens: tuple[int, ...]
   outputs_match_baseline: float
   draft_tree: tuple[int, ...] | None = None  # the tree's parents (`trees.DraftTree`); None: chain
+  c_in_loop: float = math.nan  # `DecodeCosts.c_in_loop` (NaN for a tree)
 
   def __post_init__(self):
     counts = {
@@ -242,6 +243,7 @@ class SpeedupRow:
         speculative_tokens=tuple(r.tokens for r in speculative),
         outputs_match_baseline=float(np.mean(matches)),
         draft_tree=None if chain else draft_tree.parents,
+        c_in_loop=costs.c_in_loop(gamma) if chain else math.nan,
     )
 
   # ---- measured
@@ -320,6 +322,7 @@ class SpeedupRow:
         "tokens_per_target_call": self.tokens_per_target_call,
         "acceptance_rate": self.acceptance_rate,
         "c": self.c,
+        "c_in_loop": self.c_in_loop,
         "verify_cost": self.verify_cost,
         "speedup": self.speedup,
         "speedup_per_example": self.speedup_per_example,
@@ -360,6 +363,7 @@ COLUMNS = (
     "alpha",
     "tokens/call",
     "c",
+    "c in loop",
     "verify cost",
     "baseline ms (IQR)",
     "speculative ms (IQR)",
@@ -379,7 +383,7 @@ NOTES = (
     "speedup per example: the mean over examples of baseline over speculative time; loop "
     "speedup: per token with each call's prefill (encoders and caches, timed alongside) taken "
     "off, the part Theorem 3.8 models; predicted: Theorem 3.8 at the measured alpha and c; "
-    "predicted_hw: with the measured verify cost in place of one target step; efficiency: loop "
+    "c in loop: what a draft costs inside the loop, the iteration's time less the verification's, over gamma, in target steps (c is a drafter step timed alone); predicted_hw: with the measured verify cost in place of one target step; efficiency: loop "
     "speedup / predicted_hw; efficiency (realized): the same with the tokens per target call the "
     "run realized in place of E[tokens](alpha), the loop's cost alone. iteration cost: gamma "
     "drafter steps and the verification timed together in one loop, over the target's step "
@@ -413,6 +417,7 @@ def markdown_table(rows: Sequence[SpeedupRow]) -> str:
                 f"{r.alpha:.3f}",
                 f"{r.tokens_per_target_call:.2f}",
                 f"{r.c:.3f}",
+                f"{r.c_in_loop:.3f}",
                 f"{r.verify_cost:.2f}",
                 _mean_ms(r.baseline_ms),
                 _mean_ms(r.speculative_ms),
@@ -440,8 +445,8 @@ def costs_table(costs_by_temperature: CostsByTemperature) -> str:
   """The decode-step costs, one line per temperature and drafter, as a Markdown table."""
   lines = [
       "| temp | drafter | target step ms | drafter step ms | c | verify cost by gamma | "
-      "iteration cost by gamma | interference ms by gamma |",
-      "|---" * 8 + "|",
+      "c in loop by gamma | iteration cost by gamma | interference ms by gamma |",
+      "|---" * 9 + "|",
   ]
   for temperature, costs in costs_by_temperature.items():
     for name, cost in costs.items():
@@ -450,6 +455,7 @@ def costs_table(costs_by_temperature: CostsByTemperature) -> str:
           ", ".join(f"{g}: {f(g):.{digits}f}" for g in gammas)
           for f, digits in (
               (cost.verify_cost, 2),
+              (cost.c_in_loop, 3),
               (cost.iteration_cost, 2),
               (cost.interference_ms, 3),
           )
@@ -723,11 +729,13 @@ def _check_sweep(
   if not drafters:
     raise ValueError("no drafters to sweep: give at least one name -> (config, params).")
   for name, (drafter, _) in drafters.items():
-    config = benchmark.drafter_network(drafter)[0]
-    if config.vocab_size != target_config.vocab_size:
+    vocab_size = drafters_lib.as_drafter(drafter).vocab_size
+    if vocab_size != target_config.vocab_size:
       raise ValueError(
-          f"drafter {name!r} has vocab_size {config.vocab_size} but the target has "
-          f"{target_config.vocab_size}: speculative decoding needs one vocabulary."
+          f"drafter {name!r} has vocab_size {vocab_size} but the target has "
+          f"{target_config.vocab_size}: speculative decoding needs one vocabulary (a drafter "
+          "whose vocab_size is unset takes the target's through `Drafter.for_target`, as "
+          "`pairs.load_pair` does)."
       )
   if not gammas or min(gammas) < 1:
     raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {list(gammas)}.")

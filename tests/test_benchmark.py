@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from speculative_t5x import benchmark
+from speculative_t5x import drafters
+from speculative_t5x import feature_drafter
 from speculative_t5x import network
 
 
@@ -93,6 +95,7 @@ def test_decode_costs_ratios_from_known_timings():
   assert costs.c == 0.25 and costs.verify_cost(3) == 1.5
   assert costs.iteration_cost(3) == 2.5  # apart: 3 * 0.25 + 1.5 = 2.25
   assert costs.interference_ms(3) == pytest.approx(0.5)
+  assert costs.c_in_loop(3) == pytest.approx((5.0 - 3.0) / 3 / 2.0)  # a draft in the loop: 0.33
   with pytest.raises(ValueError, match="no timing for gamma=4"):
     costs.iteration_cost(4)
 
@@ -265,3 +268,33 @@ def test_truncated_copy_pair_shares_the_first_decoder_layer():
       target["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
       original["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
   )
+
+
+def test_a_drafter_without_single_network_steps_is_timed_by_its_own_proposal():
+  """A FeatureDrafter (its proposal rebuilds gamma + 1 entries from features, then steps) and a
+  bigram drafter (no network) are timed by `Drafter.propose` itself (`ProposalStage`): its step
+  is a proposal of one draft, its iteration a proposal of gamma beside the verification; the
+  drafts it feeds on are its own (a restricted draft vocabulary shows through)."""
+  target = network.T5Config(
+      vocab_size=16, emb_dim=8, num_heads=1, num_decoder_layers=1, head_dim=4, mlp_dim=8
+  )
+  target_params = network.init_params(target, jax.random.PRNGKey(0))
+  head = target.replace(emb_dim=4, mlp_dim=8)
+  feature = feature_drafter.FeatureDrafter(head, 8, draft_vocab=(5, 6), eos_id=1)
+  bigram = drafters.BigramDrafter(vocab_size=16, eos_id=1)
+  pool = {
+      "feature": (feature, feature.init_params(jax.random.PRNGKey(1), {})),
+      "bigram": (bigram, bigram.init_params(jax.random.PRNGKey(1), {})),
+  }
+  steps = benchmark.cost_steps(target, target_params, pool, [2])
+  for name in pool:
+    assert [type(s).__name__ for s in steps["drafter", name]] == ["ProposalStage"]
+    assert [s.gamma for s in steps["drafter", name]] == [1]
+    assert [type(s).__name__ for s in steps["iteration", name, 2]] == ["ProposalStage", "Stage"]
+  geometry = benchmark.DecodeGeometry(3, 10, 3, 2)
+  proposal = benchmark.ProposalStage(feature, pool["feature"][1], 2, 8)
+  fn, args = benchmark.decode_step_call([proposal], geometry, temperature=1.0)
+  assert set(np.asarray(fn(*args)).ravel().tolist()) <= {5, 6}
+  record = benchmark.drafter_record(feature)
+  assert record["kind"] == "FeatureDrafter" and record["config"]["emb_dim"] == 4
+  assert record["draft_vocab"] == (5, 6)

@@ -72,6 +72,7 @@ def test_row_measured_values_from_known_inputs():
   assert row.stat_totals["target_calls"] == 14 and row.stat_totals["beta_count"] == 24
   assert (row.c, row.verify_cost, row.iteration_cost) == (0.25, 1.5, 2.5)
   assert row.interference_ms == pytest.approx(1.0)
+  assert row.c_in_loop == pytest.approx(0.5)  # (5 ms iteration - 3 ms verify) / 2 drafts / 2 ms
   assert row.outputs_match_baseline == 0.5
   assert row.baseline_tokens == (10, 20) and row.speculative_tokens == (10, 25)
 
@@ -168,11 +169,11 @@ def test_markdown_table_and_costs_table():
   table = report.markdown_table([row])
   assert table.startswith("| " + " | ".join(report.COLUMNS) + " |\n")
   assert (
-      "| task | d | 0 | 2 | 0.750 | 2.50 | 0.250 | 1.50 | 20.0 (0.0) | 9.5 (0.0) | "
+      "| task | d | 0 | 2 | 0.750 | 2.50 | 0.250 | 0.500 | 1.50 | 20.0 (0.0) | 9.5 (0.0) | "
       "3.0 / 2.0 | 2.46 | 2.25 | 2.64 | 1.54 | 1.16 | 2.29 | 2.12 | 2.50 | 2.86 |"
   ) in table
   costs = report.costs_table({0.0: {"d": COSTS}})
-  assert "| 0 | d | 2.000 | 0.500 | 0.250 | 2: 1.50 | 2: 2.50 | 2: 1.000 |" in costs
+  assert "| 0 | d | 2.000 | 0.500 | 0.250 | 2: 1.50 | 2: 0.500 | 2: 2.50 | 2: 1.000 |" in costs
   full = report.results_markdown([row], {0.0: {"d": COSTS}}, "Header.")
   assert full.startswith("Header.\n\n| task |") and report.NOTES in full and costs in full
   assert report.costs_as_dict({1.0: {"d": COSTS}})["t=1"]["d"]["c"] == 0.25
