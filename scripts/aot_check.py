@@ -35,6 +35,8 @@ import sys
 import time
 from typing import Any, Mapping
 
+import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
+
 from absl import app
 from absl import flags
 import gin
@@ -247,7 +249,12 @@ def main(argv):
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   setup = AotSetup()
-  report = check(setup, partitioning.Partitioner())
+  partitioner = partitioning.Partitioner()
+  # Before anything is built: a binding this run does not use (the model is built later).
+  gin_utils.check_unused_bindings(
+      later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)
+  )
+  report = check(setup, partitioner)
   command = " ".join(["python"] + sys.argv)
   output_dir = pathlib.Path(setup.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)

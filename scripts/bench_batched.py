@@ -33,6 +33,8 @@ import pathlib
 import platform
 import sys
 
+import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
+
 from absl import app
 from absl import flags
 import jax

@@ -34,6 +34,7 @@ from speculative_t5x import alpha
 from speculative_t5x import benchmark
 from speculative_t5x import calibration
 from speculative_t5x import gin_utils
+from speculative_t5x import models
 from speculative_t5x import pairs
 from speculative_t5x import tasks
 from speculative_t5x import validation
@@ -104,6 +105,22 @@ class CalibrationSetup:
         validation.check_integer(value, name, 1)
     except validation.InvalidInputError as e:
       raise gin_utils.ConfigError(str(e)) from e
+    try:
+      tasks.get_task(self.mixture_or_task_name)
+    except ValueError as e:
+      raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME: {e}") from e
+    targets = self.task_feature_lengths["targets"]
+    try:  # the geometry measure_costs times the decode steps in
+      benchmark.DecodeGeometry.for_decoding(
+          self.task_feature_lengths["inputs"], targets, max(self.gammas) + 1
+      )
+    except ValueError as e:
+      raise gin_utils.ConfigError(
+          f"TASK_FEATURE_LENGTHS['targets'] = {targets} is too short to time the decode steps "
+          f"({e}): the costs are timed over {benchmark.DEFAULT_STEPS_PER_CALL} consecutive steps "
+          f"of a decode that long; give a 'targets' length of at least "
+          f"{benchmark.DEFAULT_STEPS_PER_CALL - 1}."
+      ) from e
 
 
 def measure_positions(setup, pair, task, eos_id, temperature) -> calibration.Positions:
@@ -238,6 +255,10 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   setup = CalibrationSetup()
+  # Before anything loads: a binding this run does not use (the models are built later).
+  gin_utils.check_unused_bindings(
+      later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)
+  )
   results = calibrate(setup)
   out = pathlib.Path(setup.output_dir)
   out.mkdir(parents=True, exist_ok=True)

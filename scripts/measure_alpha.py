@@ -20,6 +20,8 @@ import json
 import pathlib
 from typing import Mapping, Sequence
 
+import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -30,6 +32,7 @@ import tqdm
 from speculative_t5x import alpha
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import gin_utils
+from speculative_t5x import models
 from speculative_t5x import pairs
 from speculative_t5x import tasks
 from speculative_t5x import validation
@@ -212,6 +215,10 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   setup = AlphaSetup()
+  # Before anything loads: a binding this run does not use (the models are built later).
+  gin_utils.check_unused_bindings(
+      later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)
+  )
   results, target_source = measure(setup)
   out = pathlib.Path(setup.output_dir)
   out.mkdir(parents=True, exist_ok=True)

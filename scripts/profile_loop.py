@@ -24,16 +24,15 @@ from absl import app
 from absl import flags
 from absl import logging
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
+import jax
+import numpy as np
+import seqio
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import seqio  # noqa: E402
-
-from speculative_t5x import benchmark  # noqa: E402
-from speculative_t5x import models  # noqa: E402
-from speculative_t5x import network  # noqa: E402
-from speculative_t5x import pairs  # noqa: E402
+from speculative_t5x import benchmark
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import pairs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EOS_ID = 1

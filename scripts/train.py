@@ -24,8 +24,9 @@ Writes orbax checkpoints to MODEL_DIR/checkpoints, the final parameters to MODEL
 model's checkpoints.save_model, a distilled drafter's Drafter.save_params), the summary to
 MODEL_DIR/train_summary.json and the gin config to MODEL_DIR/config.gin. See
 speculative_t5x/training.py for what `train` does. A flag or setting that `train` refuses (a
-ValueError, before anything is built) ends the run with nothing written: config.gin is written
-after `train` has passed its checks, when the run ends or fails.
+gin_utils.ConfigError, before anything is built) ends the run with nothing written: config.gin is
+written once `train` has passed its checks and the unused gin bindings are checked, before
+training starts.
 """
 
 import os
@@ -37,6 +38,7 @@ from absl import logging
 import gin
 
 from speculative_t5x import gin_utils
+from speculative_t5x import models
 from speculative_t5x import training
 from speculative_t5x import validation
 
@@ -102,14 +104,16 @@ def main(argv):
     bindings.append(f"training.train.distill_temperature = {FLAGS.distill_temperature}")
   gin_utils.parse_gin_flags(FLAGS.gin_file, bindings)
   config = gin.config_str()
-  try:
-    summary = training.train(FLAGS.model_dir)
-  except ValueError:
-    raise  # a setting refused (train checks them before building anything): nothing to record
-  except BaseException:
-    write_config(config)  # the record of a run that failed or was stopped during its work
-    raise
-  write_config(config)
+
+  def on_checked():
+    # Every configurable of the run has been called once train has checked its settings: an
+    # unused binding is refused now, before any work, and the record of the run is written.
+    gin_utils.check_unused_bindings(
+        later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)
+    )
+    write_config(config)
+
+  summary = training.train(FLAGS.model_dir, on_checked=on_checked)
   print(
       f"{summary['steps']} steps in {summary['train_seconds']:.0f} s: train loss "
       f"{summary['train'].get('loss', float('nan')):.4f}, eval {summary['eval']}; model in "

@@ -3,8 +3,15 @@
 Importing the package imports TensorFlow (which seqio and TFDS need) once, quietly, and hides the
 GPUs from it as T5X does (TensorFlow only feeds data; JAX owns the accelerators): its C++ start-up
 lines (no CUDA driver, CPU features, oneDNN) are written before any log level applies, so they are
-captured and dropped; every other line it writes is passed on to stderr. Import `speculative_t5x`
-before seqio or TensorFlow to keep a script's output clean.
+captured and dropped; every other line it writes is passed on to stderr. TF_CPP_MIN_LOG_LEVEL is
+set to 2 unless the user set it; a user's TF_CPP_MIN_LOG_LEVEL=0 (show everything) keeps the
+start-up lines too.
+
+No environment variable silences those lines (TensorFlow 2.21 writes them whatever its log
+level), so the capture must be the first import of TensorFlow: every script imports
+`speculative_t5x` before seqio, TFDS or TensorFlow (its first third-party import where one of those
+comes before the package's modules), and tests/test_bad_inputs.py checks that each script's
+`--help` prints nothing else.
 """
 
 import os
@@ -25,6 +32,11 @@ _START_UP_CHATTER = re.compile(
 def _import_tensorflow_quietly() -> None:
   """Imports TensorFlow with file descriptor 2 captured; re-emits what is not start-up chatter."""
   if "tensorflow" in sys.modules:
+    return  # imported before the package: its start-up lines are already written
+  if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() == "0":  # the user asked for every line
+    import tensorflow  # pylint: disable=g-import-not-at-top
+
+    tensorflow.config.set_visible_devices([], "GPU")
     return
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   sys.stderr.flush()

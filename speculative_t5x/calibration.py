@@ -131,7 +131,19 @@ def score_positions(
 def positions_from_scores(
     confidence: np.ndarray, beta: np.ndarray, sequences: np.ndarray, eos_id: int
 ) -> Positions:
-  """[B, L] scores -> Positions, each sequence cut after its first EOS (`alpha`'s positions)."""
+  """[B, L] scores -> Positions, each sequence cut after its first EOS (`alpha`'s positions).
+  The three arrays must have one [B, L] shape (nothing is cut to fit) and eos_id be an id >= 1."""
+  shapes = [np.shape(confidence), np.shape(beta), np.shape(sequences)]
+  if len(set(shapes)) != 1 or len(shapes[0]) != 2:
+    raise ValueError(
+        f"confidence, beta and sequences must each be [batch, length], one shape (score_positions "
+        f"gives them so), got {shapes[0]}, {shapes[1]} and {shapes[2]}."
+    )
+  if not np.issubdtype(np.asarray(sequences).dtype, np.integer):
+    raise ValueError(
+        f"sequences must hold integer token ids, got dtype {np.asarray(sequences).dtype}."
+    )
+  validation.check_eos_id(eos_id)
   lengths = np.asarray(alpha.generated_positions(jnp.asarray(sequences), eos_id)).sum(axis=1)
   confidence, beta = np.asarray(confidence, np.float64), np.asarray(beta, np.float64)
   return Positions(

@@ -618,6 +618,7 @@ def restore_params(
   a jitted function.
   """
   validation.check_restore_dtype(dtype)  # before the shapes are traced and anything is read
+  _find_checkpoint(path, step)  # a missing checkpoint is named before the shapes are traced
   shapes = network.param_shapes(config)
   return restore_checked(shapes, path, dtype, f"checkpoint {path}", step, check_finite)
 
@@ -635,6 +636,7 @@ def restore_shared_encoder_params(
   layout `restore_params` reads), cast, refused and checked as by `restore_params` against
   `network.shared_encoder_param_shapes(config, encoder_emb_dim)`."""
   validation.check_restore_dtype(dtype)  # before the shapes are traced and anything is read
+  _find_checkpoint(path, step)  # a missing checkpoint is named before the shapes are traced
   shapes = network.shared_encoder_param_shapes(config, encoder_emb_dim)
   source = (
       f"checkpoint {path} (a shared-encoder drafter reading encoder outputs of width "

@@ -23,10 +23,12 @@ temperature. Here it is a `ConfigError` listing close matches, in two steps:
   - `parse_gin_flags`, before anything runs (`check_macros`): a macro bound on the command line
     must be read by a binding of this run, a macro bound in a gin file by a binding of this run
     or of a shipped config, and every macro read must be bound;
-  - `run`, after `main` returns, or a script as soon as it has built its configuration
-    (`check_unused_bindings`, from gin's operative config): a parameter binding given on the
-    command line must have been used by a call of its configurable, and one from a gin file
-    wherever its configurable was called in its scope.
+  - a script as soon as it has built its configuration, before any work, and `run` again after
+    `main` returns (`check_unused_bindings`, from gin's operative config): a parameter binding
+    given on the command line must have been used by a call of its configurable, and one from a
+    gin file wherever its configurable was called in its scope. The early check leaves aside the
+    configurables the script's work may still call (its `later`), which the check after `main`
+    judges.
 Gin files are layered, so the rules for them are looser: a file may bind a macro for the runs
 that read it (configs/models/ files), a later file may replace the binding that read a macro
 (configs/runs/benchmark_small.gin's gammas, which read GAMMA), and a file may configure what a
@@ -182,16 +184,36 @@ def _binding_name(scope: str, selector: str, parameter: str) -> str:
   return f"{scope}/{minimal}.{parameter}" if scope else f"{minimal}.{parameter}"
 
 
-def check_unused_bindings() -> None:
+def _selector(configurable: Callable | str) -> str:
+  """The full selector of a configurable (a function or class gin registered, or its name)."""
+  if isinstance(configurable, str):
+    found = gin.config._REGISTRY.get_match(configurable)  # pylint: disable=protected-access
+  else:
+    found = gin.config._inverse_lookup(configurable)  # pylint: disable=protected-access
+  if found is None:
+    raise ValueError(f"{configurable!r} is not a gin configurable")
+  return found.selector
+
+
+def check_unused_bindings(later: Collection[Callable | str] | None = None) -> None:
   """Raises one ConfigError naming every parameter binding this run has not used, with close
   matches among the parameters it did use: a binding given on the command line that no call of
   its configurable took, and a binding from a gin file that no call took although its
   configurable was called in its scope (the caller, or a more specific scope, always set the
   parameter). Uses gin's operative config, so call it once the run's configurables were called
   (`run` calls it after `main`).
+
+  A script calls it early too, before any work, once it has built its configuration, with
+  `later`: the configurables (functions, classes or their names) its work may still call (e.g.
+  the model classes `pairs.load_pair` builds). Their bindings are left to the check after `main`;
+  every other binding is judged now, so a misplaced one stops the run before anything is loaded,
+  decoded or written.
   """
   config = gin.config._CONFIG  # pylint: disable=protected-access
   operative = dict(gin.config._OPERATIVE_CONFIG)  # pylint: disable=protected-access
+  pending = {_selector(c) for c in later} if later is not None else set()
+  if pending:
+    config = {key: value for key, value in config.items() if key[1] not in pending}
   used, called = set(), set()
   for (scope, selector), parameters in operative.items():
     components = scope.split("/") if scope else []

@@ -146,6 +146,11 @@ class PairConfig:
     anything is read).
     """
     _check_restore_dtype(restore_dtype, "from_pair_dir's restore_dtype")
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+      raise gin_utils.ConfigError(
+          f"from_pair_dir needs the directory checkpoints.save_pair wrote (holding target/ and "
+          f"drafter/, e.g. 'demo_models'), got {directory!r}."
+      )
     directory = gin_utils.resolve_path(directory)
     target, drafter = (os.path.join(directory, member) for member in ("target", "drafter"))
     for member in (target, drafter):
@@ -227,13 +232,49 @@ def load_pair(config: PairConfig, eos_id: int, fit_targets: FitTargets | None = 
     eos_id: the output vocabulary's EOS id (the drafter's must agree).
     fit_targets: () -> target token sequences (1-D int arrays, 0 = padding) to fit a drafter that
       `learns_from_targets` on; called only for such a drafter without a checkpoint.
+
+  Raises:
+    gin_utils.ConfigError: before anything is loaded, for a `config` that is not a PairConfig, an
+      `eos_id` outside the target's vocabulary, a drafter that cannot serve the target with it,
+      or a drafter fitted on targets with no `fit_targets` to fit it on.
   """
+  _check_load(config, eos_id, fit_targets)
   target_params, target_source = load_target(config)
   sources = {"target": target_source}
   drafter, drafter_params = None, None
   if config.drafter is not None:
     drafter, drafter_params, sources["drafter"] = load_drafter(config, eos_id, fit_targets)
   return Pair(config, drafter, target_params, drafter_params, sources)
+
+
+def _check_load(config: Any, eos_id: Any, fit_targets: FitTargets | None) -> None:
+  """`load_pair`'s arguments, checked before anything is loaded or traced."""
+  if not isinstance(config, PairConfig):
+    raise gin_utils.ConfigError(
+        f"load_pair needs a pairs.PairConfig (e.g. PairConfig.from_pair_dir('demo_models')), got "
+        f"{type(config).__name__}."
+    )
+  try:
+    validation.check_eos_id(eos_id, config.target_config.vocab_size)
+  except validation.InvalidInputError as e:
+    raise gin_utils.ConfigError(f"load_pair: {e}") from e
+  drafter = config.drafter
+  if drafter is None:
+    return
+  try:
+    drafter = drafter.for_target(config.target_config.vocab_size, eos_id)
+  except ValueError as e:
+    raise gin_utils.ConfigError(f"DRAFTER: {e}") from e
+  needs_fit = drafter.learns_from_targets and not config.drafter_checkpoint_path
+  if needs_fit and fit_targets is None:
+    raise gin_utils.ConfigError(
+        f"the {type(drafter).__name__} is fitted on target sequences, and this run has none to "
+        "give it: use a drafter with weights (DRAFTER_CHECKPOINT_PATH), or pass fit_targets."
+    )
+  if fit_targets is not None and not callable(fit_targets):
+    raise gin_utils.ConfigError(
+        f"fit_targets must be a function () -> target token sequences, got {fit_targets!r}."
+    )
 
 
 def load_target(config: PairConfig) -> tuple[Any, str]:

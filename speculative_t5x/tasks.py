@@ -271,11 +271,12 @@ def get_task(name: str) -> seqio.Task:
   registered = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names()))
   if name not in registered:
     close = difflib.get_close_matches(name, registered, n=3, cutoff=0.5)
-    hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
-    raise ValueError(
-        f"unknown task or mixture {name!r}: {hint}tasks are registered by importing "
-        "speculative_t5x.tasks (gin: `import speculative_t5x.tasks`); registered: "
-        f"{', '.join(registered) or 'none'}"
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    raise validation.InvalidInputError(
+        f"unknown task or mixture {name!r}: {hint}Give a registered name (in gin, "
+        "MIXTURE_OR_TASK_NAME, which the configs/tasks/ files set), or register the task before "
+        "it is named (speculative_t5x.tasks registers the project's when imported; gin: `import "
+        f"speculative_t5x.tasks`). Registered: {', '.join(registered) or 'none'}."
     )
   return seqio.get_mixture_or_task(name)
 

@@ -51,6 +51,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import tasks
+from speculative_t5x import validation
 
 Batch = Mapping[str, np.ndarray]
 OPTIMIZERS = ("adafactor", "adamw")
@@ -97,13 +98,29 @@ def make_optimizer(
   clip_norm: global gradient-norm clipping (None: off).
   """
   if name not in OPTIMIZERS:
-    raise ValueError(f"unknown optimizer {name!r}: use one of {OPTIMIZERS}.")
+    raise gin_utils.ConfigError(
+        f"unknown optimizer {name!r} (training.make_optimizer.name): use one of {OPTIMIZERS}."
+    )
   if schedule not in SCHEDULES:
-    raise ValueError(f"unknown learning-rate schedule {schedule!r}: use one of {SCHEDULES}.")
-  if learning_rate <= 0 or warmup_steps < 0 or num_steps < 1:
-    raise ValueError(
-        f"need learning_rate > 0, warmup_steps >= 0 and num_steps >= 1, got "
-        f"{learning_rate}, {warmup_steps}, {num_steps}."
+    raise gin_utils.ConfigError(
+        f"unknown learning-rate schedule {schedule!r} (training.make_optimizer.schedule): use "
+        f"one of {SCHEDULES}."
+    )
+  try:
+    validation.check_integer(num_steps, "num_steps", 1)
+    validation.check_integer(warmup_steps, "training.make_optimizer.warmup_steps", 0)
+    validation.check_number(learning_rate, "training.make_optimizer.learning_rate", 0.0)
+    validation.check_number(weight_decay, "training.make_optimizer.weight_decay", 0.0)
+    if clip_norm is not None:
+      validation.check_number(
+          clip_norm, "training.make_optimizer.clip_norm", 0.0, meaning="None: no clipping"
+      )
+  except validation.InvalidInputError as e:
+    raise gin_utils.ConfigError(str(e)) from e
+  if learning_rate == 0 or clip_norm == 0:
+    raise gin_utils.ConfigError(
+        f"training.make_optimizer needs learning_rate > 0 and clip_norm > 0 (or None), got "
+        f"learning_rate {learning_rate}, clip_norm {clip_norm}."
     )
 
   def rate(step):
@@ -474,8 +491,13 @@ def _check_reference_training(
         "training.train needs model_config (MODEL_CONFIG in configs/runs/train.gin): the T5 1.1 "
         "architecture to train."
     )
+  if not isinstance(model_config, network.T5Config):
+    raise gin_utils.ConfigError(
+        f"training.train.model_config must be a network.T5Config (MODEL_CONFIG = %T5_1_1_TINY "
+        f"after including configs/models/t5_1_1_tiny.gin), got {model_config!r}."
+    )
   if model_config.vocab_size < vocabulary.vocab_size:
-    raise ValueError(
+    raise gin_utils.ConfigError(
         f"model vocab_size {model_config.vocab_size} < the task vocabulary's "
         f"{vocabulary.vocab_size} pieces: set the config's vocab_size to at least "
         f"{vocabulary.vocab_size}."
@@ -524,7 +546,86 @@ def _checked_drafter(
   )
 
 
-@gin.configurable(denylist=["model_dir"])
+# The integer settings of `train`: (the least value, what it means).
+_INTEGER_SETTINGS = {
+    "batch_size": (1, "training rows per step"),
+    "num_steps": (1, "the step training ends at"),
+    "eval_period": (0, "steps between evaluations; 0: never"),
+    "eval_batch_size": (1, "rows per evaluation batch"),
+    "checkpoint_period": (1, "steps between checkpoints"),
+    "keep_checkpoints": (1, "checkpoints kept"),
+    "log_period": (1, "steps between log lines"),
+    "seed": (0, "the data order and the initialization"),
+    "eval_examples": (1, "examples evaluated on; None: the whole split"),
+}
+
+
+def _check_run_settings(
+    model_dir: str | os.PathLike,
+    task_feature_lengths: Any,
+    integers: Mapping[str, Any],
+    switches: Mapping[str, Any],
+    init_from: str | os.PathLike | None,
+) -> str:
+  """The run's plain settings, checked before anything is read, built or written -> model_dir as
+  an absolute path. Raises gin_utils.ConfigError naming the setting and what to give."""
+  if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
+    raise gin_utils.ConfigError(f"model_dir must be a directory's path, got {model_dir!r}.")
+  model_dir = os.path.abspath(os.fspath(model_dir))
+  if os.path.isfile(model_dir):
+    raise gin_utils.ConfigError(f"model_dir {model_dir} is a file: give a directory.")
+  try:
+    validation.check_feature_lengths(
+        task_feature_lengths, "training.train.task_feature_lengths", ["inputs", "targets"]
+    )
+    for name, value in integers.items():
+      if name == "eval_examples" and value is None:
+        continue
+      minimum, meaning = _INTEGER_SETTINGS[name]
+      validation.check_integer(value, f"training.train.{name}", minimum, meaning=meaning)
+    for name, value in switches.items():
+      validation.check_boolean(value, f"training.train.{name}")
+  except validation.InvalidInputError as e:
+    raise gin_utils.ConfigError(str(e)) from e
+  if init_from is not None:
+    if not isinstance(init_from, (str, os.PathLike)) or not os.fspath(init_from):
+      raise gin_utils.ConfigError(
+          f"training.train.init_from must be a checkpoint directory's path or None, got "
+          f"{init_from!r}."
+      )
+    path = gin_utils.resolve_path(init_from)
+    if "://" not in path and not os.path.exists(path):
+      raise gin_utils.ConfigError(
+          f"training.train.init_from {os.fspath(init_from)!r} does not exist: give a checkpoint "
+          "directory the trainee restores (a model's save_model directory, a drafter's "
+          "save_params directory), or None to start from fresh parameters."
+      )
+  return model_dir
+
+
+def _checked_task(name: Any, eval_split: str | None) -> seqio.Task | seqio.Mixture:
+  """The task (or mixture) `name` (tasks.get_task), with `eval_split` if one is evaluated."""
+  try:
+    task = tasks.get_task(name)
+  except ValueError as e:
+    raise gin_utils.ConfigError(f"training.train.mixture_or_task_name: {e}") from e
+  if eval_split is not None:
+    if not isinstance(eval_split, str) or not eval_split:
+      raise gin_utils.ConfigError(
+          f"training.train.eval_split must be a split's name, e.g. 'validation', got "
+          f"{eval_split!r}."
+      )
+    source = getattr(task, "source", None)
+    splits = list(getattr(source, "splits", None) or ())
+    if splits and eval_split not in splits:
+      raise gin_utils.ConfigError(
+          f"training.train.eval_split {eval_split!r} is not a split of {name}: use one of "
+          f"{sorted(splits)}, or eval_period = 0 to train without evaluating."
+      )
+  return task
+
+
+@gin.configurable(denylist=["model_dir", "on_checked"])
 def train(
     model_dir: str | os.PathLike,
     model_config: network.T5Config | None = None,
@@ -550,6 +651,7 @@ def train(
     init_from: str | os.PathLike | None = None,
     eval_before_training: bool = False,
     progress: bool = True,
+    on_checked: Callable[[], None] | None = None,
 ) -> dict:
   """Trains on the task's train split up to `num_steps`; returns the summary.
 
@@ -572,11 +674,28 @@ def train(
   `model_dir/model` and writes `model_dir/train_summary.json` (config, distillation settings,
   steps, wall time, losses, eval metrics) with every checkpoint and at the end, so a run that is
   stopped keeps its history up to its last checkpoint. Settings are checked before anything is built
-  (gin_utils.ConfigError).
+  or written (gin_utils.ConfigError); then `on_checked()` is called, if given, before any work
+  (scripts/train.py checks the unused gin bindings there and writes config.gin).
   """
-  model_dir = os.path.abspath(os.fspath(model_dir))
+  model_dir = _check_run_settings(
+      model_dir,
+      task_feature_lengths,
+      dict(
+          batch_size=batch_size,
+          num_steps=num_steps,
+          eval_period=eval_period,
+          eval_batch_size=eval_batch_size,
+          checkpoint_period=checkpoint_period,
+          keep_checkpoints=keep_checkpoints,
+          log_period=log_period,
+          seed=seed,
+          eval_examples=eval_examples,
+      ),
+      dict(pack=pack, eval_before_training=eval_before_training, progress=progress),
+      init_from,
+  )
   lengths = dict(task_feature_lengths)
-  task = tasks.get_task(mixture_or_task_name)
+  task = _checked_task(mixture_or_task_name, eval_split if eval_period else None)
   vocabulary = task.output_features["targets"].vocabulary
   settings = _distillation_settings(distillation, distill_from, distill_temperature)
   if settings is None:
@@ -585,6 +704,9 @@ def train(
     drafter, eos_id = _checked_drafter(
         settings, drafter, model_config, pack, label_smoothing, vocabulary, lengths
     )
+  optimizer = make_optimizer(num_steps)  # its settings are checked here too
+  if on_checked is not None:
+    on_checked()
   examples = (
       eval_set(mixture_or_task_name, eval_split, lengths, eval_batch_size, eval_examples)
       if eval_period
@@ -597,7 +719,6 @@ def train(
   else:
     trainee = distillation_trainee(settings, drafter, eos_id, lengths, examples, z_loss, seed)
 
-  optimizer = make_optimizer(num_steps)
   manager = checkpoint_manager(model_dir, keep_checkpoints)
   params = trainee.init_params(jax.random.PRNGKey(seed))
   if init_from is not None and manager.latest_step() is None:

@@ -175,13 +175,29 @@ def check_tokens(x: Any, name: str, vocab_size: int | None = None) -> tuple[int,
   return shape
 
 
+def _holds_text(value: Any) -> bool:
+  """Whether a feature's value holds strings or bytes (a NumPy or nested-list value)."""
+  if isinstance(value, jax.Array):
+    return False
+  dtype = getattr(value, "dtype", None)
+  if dtype is None:
+    try:
+      dtype = np.asarray(value).dtype
+    except ValueError:
+      return False
+  return np.dtype(dtype).kind in "USO"
+
+
 def check_batch(batch: Any, vocab_size: int, required: Sequence[str] = TOKEN_FEATURES[:2]) -> None:
   """Checks a model batch in seqio's EncDecFeatureConverter layout.
 
   The `required` features must be present. Every token feature present (encoder_input_tokens
   [B, Le], decoder_input_tokens and decoder_target_tokens [B, Ld]) is checked by `check_tokens`
   against `vocab_size`, with one batch size B between them; segment ids, positions and loss
-  weights must have their tokens' shapes. Other keys are left alone.
+  weights must have their tokens' shapes. Other keys are left alone, except features that hold
+  text (seqio's `inputs_pretokenized`): a jitted model cannot take them, so they are refused with
+  the fix (keep the model's features only), and so are token features given as nested Python
+  lists (the models read their `.shape` and `.dtype`).
   """
   if not isinstance(batch, Mapping):
     raise InvalidInputError(
@@ -194,9 +210,22 @@ def check_batch(batch: Any, vocab_size: int, required: Sequence[str] = TOKEN_FEA
         f"batch lacks {missing} (it has {sorted(batch)}): give each of {list(required)}, a "
         "[batch, length] int32 array."
     )
+  text = [name for name, value in batch.items() if _holds_text(value)]
+  if text and not set(text) & set(TOKEN_FEATURES):
+    raise InvalidInputError(
+        f"batch feature(s) {sorted(text)} hold text, which the model does not read (and a jitted "
+        "call cannot take): give the model's features only, e.g. {k: v for k, v in "
+        f"batch.items() if k in {list(TOKEN_FEATURES + ENCODER_SHAPED + DECODER_SHAPED)}}}."
+    )
   shapes = {
       name: check_tokens(batch[name], name, vocab_size) for name in TOKEN_FEATURES if name in batch
   }
+  for name in shapes:  # the models read their .shape and .dtype
+    if getattr(batch[name], "dtype", None) is None:
+      raise InvalidInputError(
+          f"batch feature {name} is a {type(batch[name]).__name__}, not an array: give a "
+          f"[batch, length] array of token ids, e.g. np.asarray(tokens, np.int32)."
+      )
   sizes = {name: shape[0] for name, shape in shapes.items()}
   if len(set(sizes.values())) > 1:
     raise InvalidInputError(

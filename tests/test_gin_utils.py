@@ -372,3 +372,25 @@ def test_run_exits_1_on_an_unknown_macro_or_an_unused_binding(tmp_path):
     assert line in (stdout if code == 0 else stderr).splitlines(), stderr
     if code:
       assert "run.py: configuration error: " in stderr and "Traceback" not in stderr
+
+
+@gin.configurable(module="gin_utils_test")
+def later_step(size=1):
+  return size
+
+
+def test_the_early_check_leaves_the_configurables_still_to_call_to_the_final_one():
+  """A script checks its bindings before any work with `later`, the configurables its work may
+  still call: their bindings wait for the check after `main`; every other one is judged now."""
+  _tiny_run(["gin_utils_test.later_step.size = 2", "t5_1_1_tny/network.T5Config.emb_dim = 4"])
+  with pytest.raises(gin_utils.ConfigError, match=r"never used:\n  t5_1_1_tny/T5Config.emb_dim"):
+    gin_utils.check_unused_bindings(later=[later_step])  # judged now: not a later configurable
+  gin.clear_config()
+  _tiny_run(["gin_utils_test.later_step.size = 2"])
+  gin_utils.check_unused_bindings(later=[later_step])  # not called yet: left to the final check
+  with pytest.raises(gin_utils.ConfigError, match=r"never used:\n  later_step.size \(given"):
+    gin_utils.check_unused_bindings()  # the final check: it was never called
+  assert later_step() == 2
+  gin_utils.check_unused_bindings()
+  with pytest.raises(ValueError, match="'no_such_thing' is not a gin configurable"):
+    gin_utils.check_unused_bindings(later=["no_such_thing"])

@@ -89,7 +89,7 @@ BATCH = {
     "decoder_target_tokens": TOKENS[:, 1:],
     "decoder_loss_weights": np.ones((2, 2), np.float32),
     "encoder_segment_ids": np.ones((2, 3), np.int32),
-    "anything_else": "left alone",
+    "anything_else": np.zeros(5),  # a numeric feature the model does not read: left alone
 }
 
 
@@ -108,6 +108,17 @@ def test_check_batch_accepts_the_feature_converters_layout():
             r"decoder_loss_weights has shape \(2, 3\) but decoder_input_tokens has \(2, 2\)",
         ),
         ({"encoder_segment_ids": np.ones(3)}, "encoder_segment_ids has shape"),
+        (
+            {"inputs_pretokenized": np.array([b"a b", b"c"])},
+            r"batch feature\(s\) \['inputs_pretokenized'\] hold text, which the model does not "
+            r"read \(and a jitted call cannot take\): give the model's features only",
+        ),
+        ({"anything_else": "text"}, r"\['anything_else'\] hold text"),
+        (
+            {"encoder_input_tokens": TOKENS.tolist()},
+            r"batch feature encoder_input_tokens is a list, not an array: give a \[batch, length\] "
+            r"array of token ids, e.g. np.asarray\(tokens, np.int32\)",
+        ),
     ],
 )
 def test_check_batch_rejects(changes, message):
