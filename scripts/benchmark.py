@@ -201,8 +201,10 @@ def load_models(setup: BenchmarkSetup) -> tuple[pairs.Pair, dict[str, tuple]]:
   }
 
 
-def write_costs(output_dir: pathlib.Path, costs_by_temperature, setup: BenchmarkSetup) -> None:
-  """--costs_only: costs.json and costs.md."""
+def write_costs(
+    output_dir: pathlib.Path, costs_by_temperature, setup: BenchmarkSetup, load: dict
+) -> None:
+  """--costs_only: costs.json and costs.md (with the machine's load before and after)."""
   target = setup.pair.target_config
   header = (
       f"Target {target.emb_dim}d x {target.num_encoder_layers}+{target.num_decoder_layers} "
@@ -214,6 +216,8 @@ def write_costs(output_dir: pathlib.Path, costs_by_temperature, setup: Benchmark
           {
               "command": sys.argv,
               "target_config": dataclasses.asdict(target),
+              "load_before": load,
+              "load_after": benchmark.machine_load(),
               "costs": report.costs_as_dict(costs_by_temperature),
           },
           indent=2,
@@ -227,6 +231,10 @@ def write_costs(output_dir: pathlib.Path, costs_by_temperature, setup: Benchmark
 def main(argv):
   del argv
   setup = load_setup()
+  load = benchmark.machine_load()  # before anything of ours runs: other work on the machine.
+  warning = benchmark.busy_warning(load)
+  if warning:
+    print(warning, file=sys.stderr)
   pair, drafters = load_models(setup)
   gammas, temperatures = sorted(set(setup.gammas)), list(setup.temperatures)
   output_dir = pathlib.Path(FLAGS.output_dir)
@@ -254,6 +262,7 @@ def main(argv):
             for t in temperatures
         },
         setup,
+        load,
     )
     return
   task, vocabulary, inputs = report.load_inputs(
@@ -292,8 +301,10 @@ def main(argv):
       f"Batch 1, {len(inputs)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "
       f"each (median per example); feature lengths {dict(setup.task_feature_lengths)}; "
       f"{jax.default_backend()} backend; decode-step costs from {result.cost_rounds} rounds "
-      "timed between the examples."
+      f"timed between the examples; 1-minute load average before the run {load['load_1m']:.2f}."
   )
+  if warning:
+    header += f" {warning}"
   if pair.random_weights:
     header += (
         " Random weights: alpha and speedups check the mechanics only ('copy of target' "
@@ -317,6 +328,9 @@ def main(argv):
       "devices": [str(d) for d in jax.devices()],
       "jax": jax.__version__,
       "machine": platform.platform(),
+      "load_before": load,
+      "load_after": benchmark.machine_load(),
+      "busy": warning is not None,
   }
   (output_dir / "results.json").write_text(
       json.dumps(

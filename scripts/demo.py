@@ -39,6 +39,7 @@ from speculative_t5x import pairs  # noqa: E402
 from speculative_t5x import report  # noqa: E402
 from speculative_t5x import sampling  # noqa: E402
 from speculative_t5x import tasks  # noqa: E402
+from speculative_t5x import trees  # noqa: E402
 from speculative_t5x import validation  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -71,6 +72,15 @@ _GAMMA = flags.DEFINE_integer(
     "Drafted tokens per target call. 1 suits the demo pair on a CPU, where verifying 2 tokens "
     "costs about 1.4 target steps and 3 tokens 2.2 (demo_models/MODEL_CARD.md).",
     lower_bound=1,
+)
+_DRAFT_TREE = flags.DEFINE_list(
+    "draft_tree",
+    [],
+    "A static draft tree instead of the chain of --gamma: children per depth, e.g. 2,2,1 "
+    "(trees.DraftTree.from_branching).",
+)
+_VERBOSE = flags.DEFINE_bool(
+    "verbose", False, "Print every figure of the rows (report.markdown_table) too."
 )
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Temperatures to run.")
 _REPEATS = flags.DEFINE_integer(
@@ -165,13 +175,29 @@ def _random_pair() -> tuple[pairs.Pair, None, str]:
   return pairs.load_pair(config, EOS_ID), None, "random tiny pair"
 
 
+def _draft_trees() -> dict[str, trees.DraftTree] | None:
+  """--draft_tree -> {label: tree}, or None for the chain of --gamma."""
+  if not _DRAFT_TREE.value:
+    return None
+  given = f"--draft_tree={','.join(_DRAFT_TREE.value)}"
+  try:
+    tree = trees.DraftTree.from_branching([int(k) for k in _DRAFT_TREE.value])
+  except ValueError as e:
+    raise gin_utils.ConfigError(
+        f"{given}: {e}: give children per depth, integers >= 1, e.g. --draft_tree=2,2,1"
+    ) from e
+  return {DRAFTER: tree}
+
+
 def main(argv):
   if len(argv) > 1:
     raise gin_utils.ConfigError(f"unexpected arguments {argv[1:]}: all options are --flags")
   temperatures = check_flags()
+  draft_trees = _draft_trees()
+  load = benchmark.machine_load()
   logging.set_verbosity(logging.WARNING)
   pair, vocabulary, label = _demo_pair()
-  target, drafter = pair.target_config, pair.drafter.config
+  target = pair.target_config
   if vocabulary is None:
     sources = references = None
     encoder_tokens = benchmark.random_inputs(
@@ -183,19 +209,18 @@ def main(argv):
     encoder_tokens = benchmark.encode_texts(
         [tasks.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
     )
-  gamma = _GAMMA.value
+  shape = f"gamma {_GAMMA.value}" if draft_trees is None else f"draft tree {_DRAFT_TREE.value}"
   print(
       f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} decoder layers, "
-      f"drafter {type(pair.drafter).__name__} {drafter.emb_dim}d x "
-      f"{drafter.num_decoder_layers} decoder layers, gamma {gamma}, "
-      f"{len(encoder_tokens)} examples at batch 1, backend {jax.default_backend()}"
+      f"drafter {type(pair.drafter).__name__}, {shape}, {len(encoder_tokens)} examples at "
+      f"batch 1, backend {jax.default_backend()}"
   )
 
   result = report.sweep(
       target,
       pair.target_params,
       {DRAFTER: (pair.drafter, pair.drafter_params)},
-      [gamma],
+      [_GAMMA.value],
       list(temperatures),
       encoder_tokens[:, None],
       _DECODE_LENGTH.value,
@@ -203,18 +228,35 @@ def main(argv):
       task="demo_ende" if vocabulary else report.RANDOM_TASK,
       repeats=_REPEATS.value,
       cost_repeats=_COST_REPEATS.value,
+      draft_trees=draft_trees,
   )
-  greedy = [row for row in result.rows if sampling.is_greedy(row.temperature)]
+  rows = [row for row in result.rows if (row.draft_tree is None) == (draft_trees is None)]
+  greedy = [row for row in rows if sampling.is_greedy(row.temperature)]
   if greedy and vocabulary is not None:
     print("\nTranslations (temperature 0, speculative decoding):")
-    outputs = result.results[greedy[0].temperature][DRAFTER, gamma]
+    key = greedy[0].drafter, greedy[0].gamma
+    outputs = result.results[greedy[0].temperature][key]
     for source, reference, output in list(zip(sources, references, outputs))[: _SHOW.value]:
       print(
           f"  EN  {source}\n  DE  {vocabulary.decode(output.decodes[0].tolist())}\n"
           f"  ref {reference}\n"
       )
-  print(report.markdown_table(result.rows))
-  print(report.NOTES)
+  print(
+      f"Speculative against baseline decoding, {len(encoder_tokens)} examples at batch 1 "
+      f"(median of {_REPEATS.value} runs each; 1-minute load average before the run "
+      f"{load['load_1m']:.2f}):"
+  )
+  print(report.plain_summary(rows), end="")
+  warning = benchmark.busy_warning(load)
+  if warning:
+    print(f"\n{warning}")
+  if _VERBOSE.value:
+    print("\n" + report.markdown_table(rows) + "\n" + report.NOTES)
+  else:
+    print(
+        "Every figure of these rows (Table 2's, predictions, efficiencies): --verbose, or "
+        "scripts/benchmark.py, which writes them to results.json."
+    )
   if greedy:
     identical = all(row.outputs_match_baseline == 1.0 for row in greedy)
     print(

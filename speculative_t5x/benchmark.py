@@ -21,6 +21,7 @@ target on one token), which Theorem 3.8 assumes to be 1.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -41,6 +42,28 @@ EXTRA_PASSES = 4  # step times: calls of 1 + EXTRA_PASSES passes minus calls of 
 # exercise the mechanics only: the alpha of random models says nothing about real drafters.
 RANDOM_DRAFTER_KINDS = ("independent", "copy")
 _FIRST_NON_SPECIAL_ID = 3  # T5 vocabularies: 0 = PAD, 1 = EOS, 2 = UNK.
+
+
+# A machine whose 1-minute load average is above this before a timing has other work on its
+# cores: its timings are not to be used (the figures of a quiet machine were 2x off otherwise).
+BUSY_LOAD = 0.5
+
+
+def machine_load() -> dict:
+  """The load averages (1, 5, 15 minutes) and the core count, to record beside timings."""
+  one, five, fifteen = os.getloadavg()
+  return {"load_1m": one, "load_5m": five, "load_15m": fifteen, "cpus": os.cpu_count()}
+
+
+def busy_warning(load: dict) -> str | None:
+  """A loud warning when `machine_load()` taken before a timing shows other work, else None."""
+  if load["load_1m"] <= BUSY_LOAD:
+    return None
+  return (
+      f"WARNING: the machine was busy before this timing (1-minute load average "
+      f"{load['load_1m']:.2f} > {BUSY_LOAD}): other work shares the cores, so these times and "
+      "speedups are not a quiet machine's. Rerun with nothing else running before using them."
+  )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,8 @@ each example's decodes, so the costs and the decodes sample the same minutes of 
   - c, the drafter's single-token step time over the target's (Definition 3.7);
   - the verification cost, the target on gamma + 1 tokens over the target on 1 token;
   - the iteration cost, gamma drafter steps and the verification timed together in one loop, over
-    the target's step (apart they cost gamma * c + verification cost).
+    the target's step (apart they cost gamma * c + verification cost), and from it the cost of a
+    draft inside the loop, c in loop = (iteration - verification) / gamma in target steps.
 
 What a `SpeedupRow` reports from them:
   speedup                baseline time per decoded token over speculative time per decoded token,
@@ -438,6 +439,27 @@ def markdown_table(rows: Sequence[SpeedupRow]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def plain_summary(rows: Sequence[SpeedupRow]) -> str:
+  """The rows as a few lines a newcomer reads: per row, ms per example of the baseline and of
+  speculative decoding and the speedup, then alpha, tokens per target call, what one
+  verification and one draft in the loop cost in target steps; `markdown_table` has every
+  figure."""
+  lines = []
+  for r in rows:
+    shape = f"gamma {r.gamma}" if r.draft_tree is None else f"tree {r.draft_tree}"
+    baseline = _summarize(r.baseline_ms)["mean_median_ms"]
+    speculative = _summarize(r.speculative_ms)["mean_median_ms"]
+    verified = r.gamma + 1 if r.draft_tree is None else len(r.draft_tree) + 1
+    in_loop = "" if math.isnan(r.c_in_loop) else f", a draft in the loop {r.c_in_loop:.2f}"
+    lines.append(
+        f"  {r.drafter}, {shape}, temperature {r.temperature:g}: {r.speedup:.2f}x (baseline "
+        f"{baseline:.1f} ms, speculative {speculative:.1f} ms per example)\n"
+        f"    alpha {r.alpha:.2f}, {r.tokens_per_target_call:.2f} tokens per target call\n"
+        f"    in target steps: a verification of {verified} tokens {r.verify_cost:.2f}{in_loop}"
+    )
+  return "\n".join(lines) + "\n"
+
+
 CostsByTemperature = Mapping[float, Mapping[str, benchmark.DecodeCosts]]
 
 
@@ -516,11 +538,11 @@ Drafters = Mapping[str, tuple[network.T5Config | drafters_lib.Drafter, Any]]
 Verifiers = Mapping[str, speculative.Verifier]
 DraftStops = Mapping[str, draft_length.DraftStop | None]
 DraftTrees = Mapping[str, trees.DraftTree]
-# What a label names: (drafter name, verifier, draft-length rule, draft tree or None: a chain).
+# What a label names: (drafter name, verifier or None: the draft shape's default, draft-length
+# rule, draft tree or None: a chain).
 SettingSpec = tuple[
-    str, speculative.Verifier, draft_length.DraftStop | None, trees.DraftTree | None
+    str, speculative.Verifier | None, draft_length.DraftStop | None, trees.DraftTree | None
 ]
-TREE_VERIFIER = speculative.TreeVerifier()
 
 
 def setting_labels(
@@ -532,7 +554,8 @@ def setting_labels(
   """label -> (drafter name, verifier, draft-length rule, tree) of every speculative setting: the
   drafter's name, then ', <verifier> verification' where several verifiers are swept and
   ', <rule> draft length' where several rules are (the defaults: Algorithm 1, static gamma); and
-  per drafter and tree, '<name>, tree <label>' (verified by `speculative.TreeVerifier`)."""
+  per drafter and tree, '<name>, tree <label>' (verified by the tree shape's default verifier,
+  `speculative.TreeVerifier`)."""
   verifiers = verifiers or {"token": speculative.ALGORITHM_1}
   draft_stops = draft_stops or {"static": None}
   labels = {}
@@ -546,7 +569,7 @@ def setting_labels(
           label += f", {stop_label} draft length"
         labels[label] = (name, verifier, stop, None)
     for tree_label, tree in (draft_trees or {}).items():
-      labels[f"{name}, tree {tree_label}"] = (name, TREE_VERIFIER, None, tree)
+      labels[f"{name}, tree {tree_label}"] = (name, None, None, tree)
   return labels
 
 

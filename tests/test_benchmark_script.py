@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, require_demo_pair, run_script, script_process
+from speculative_t5x import benchmark
 from speculative_t5x import theory
 
 ROW_KEYS = {
@@ -56,6 +57,9 @@ def test_benchmark_script_end_to_end(tmp_path):
   results = json.loads((tmp_path / "results.json").read_text())
   assert set(results) == {"run", "costs", "rows"}
   assert results["run"]["task_feature_lengths"] == {"inputs": 8, "targets": 16}
+  run = results["run"]
+  assert run["load_before"]["load_1m"] >= 0 and run["load_after"]["cpus"] >= 1
+  assert run["busy"] == (run["load_before"]["load_1m"] > benchmark.BUSY_LOAD)
   rows = results["rows"]
   settings = {(r["drafter"], r["temperature"], r["gamma"]) for r in rows}
   assert settings == {

@@ -6,6 +6,8 @@ import sys
 
 from conftest import REPO_ROOT, SCRIPT_ENV, require_demo_pair, run_script
 
+GAMMA = 1  # scripts/demo.py's default
+
 
 def test_demo_translates_and_checks_greedy_equality():
   require_demo_pair()
@@ -19,9 +21,11 @@ def test_demo_translates_and_checks_greedy_equality():
   )
   assert "trained demo pair" in out
   assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2
-  assert "| task | drafter | temp | gamma | alpha | tokens/call | c | verify cost |" in out
+  assert "1-minute load average before the run" in out
   for temperature in (0, 1):
-    assert f"| demo_ende | demo drafter | {temperature} | 1 |" in out  # the default gamma
+    assert f"  demo drafter, gamma {GAMMA}, temperature {temperature}: " in out
+  assert out.count("tokens per target call\n    in target steps: a verification of") == 2
+  assert "--verbose" in out and "| task |" not in out  # the full table only when asked
   assert "identical to the baseline on all 2 examples: True" in out
 
 

@@ -179,6 +179,16 @@ def test_markdown_table_and_costs_table():
   assert report.costs_as_dict({1.0: {"d": COSTS}})["t=1"]["d"]["c"] == 0.25
 
 
+def test_plain_summary_gives_a_newcomer_the_few_figures_that_matter():
+  summary = report.plain_summary([make_row()])
+  assert summary == (
+      "  d, gamma 2, temperature 0: 2.46x (baseline 20.0 ms, speculative 9.5 ms per example)\n"
+      "    alpha 0.75, 2.50 tokens per target call\n"
+      "    in target steps: a verification of 3 tokens 1.50, a draft in the loop 0.50\n"
+  )
+  assert max(len(line) for line in summary.splitlines()) < 100
+
+
 def _tiny_pair():
   config = network.T5Config(
       vocab_size=32,
