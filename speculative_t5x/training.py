@@ -109,19 +109,21 @@ def make_optimizer(
   try:
     validation.check_integer(num_steps, "num_steps", 1)
     validation.check_integer(warmup_steps, "training.make_optimizer.warmup_steps", 0)
-    validation.check_number(learning_rate, "training.make_optimizer.learning_rate", 0.0)
     validation.check_number(weight_decay, "training.make_optimizer.weight_decay", 0.0)
-    if clip_norm is not None:
-      validation.check_number(
-          clip_norm, "training.make_optimizer.clip_norm", 0.0, meaning="None: no clipping"
-      )
   except validation.InvalidInputError as e:
     raise gin_utils.ConfigError(str(e)) from e
-  if learning_rate == 0 or clip_norm == 0:
-    raise gin_utils.ConfigError(
-        f"training.make_optimizer needs learning_rate > 0 and clip_norm > 0 (or None), got "
-        f"learning_rate {learning_rate}, clip_norm {clip_norm}."
-    )
+  for setting, value, meaning in (
+      ("learning_rate", learning_rate, "the peak rate, reached after warmup_steps"),
+      ("clip_norm", clip_norm, "the largest global gradient norm; None: no clipping"),
+  ):
+    if setting == "clip_norm" and value is None:
+      continue
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not real or not np.isfinite(value) or value <= 0:
+      raise gin_utils.ConfigError(
+          f"training.make_optimizer.{setting} must be a finite number > 0 ({meaning}), got "
+          f"{value!r}."
+      )
 
   def rate(step):
     step = jnp.asarray(step, jnp.float32)

@@ -16,8 +16,10 @@ import functools
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import tempfile
 import traceback
 import types
 
@@ -28,17 +30,22 @@ import pytest
 import seqio
 
 from conftest import tiny_config
+import speculative_t5x
 from speculative_t5x import calibration
 from speculative_t5x import checkpoints
 from speculative_t5x import decoding
 from speculative_t5x import distillation
+from speculative_t5x import draft_length
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import pairs
+from speculative_t5x import speculative
 from speculative_t5x import tasks
+from speculative_t5x import training
+from speculative_t5x import trees
 from speculative_t5x.validation import InvalidInputError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -1495,9 +1502,21 @@ def test_bad_input_of_the_second_round_gets_a_clear_error_before_tracing(
   _raise_before_tracing(make, error, message)
 
 
+OUTPUT_FLAGS = {
+    "infer.py": "--gin.INFER_OUTPUT_DIR='{out}'",
+    "train.py": "--model_dir={out}",
+    "measure_alpha.py": "--gin.ALPHA_OUTPUT_DIR='{out}'",
+    "calibrate_draft_length.py": "--gin.CALIBRATION_OUTPUT_DIR='{out}'",
+}
+START_UP_CHATTER = speculative_t5x._START_UP_CHATTER  # pylint: disable=protected-access
 _INFER_TINY = SCRIPT_CASES["infer.py"][0][:5]  # infer.gin, a unigram drafter, a tiny target
 _RANDOM = ["--gin.CHECKPOINT_PATH=None", "--gin.RANDOM_INIT_SEED=0"]
 _DISTILL = ["--gin_file=configs/demo/train_drafter.gin", "--distill_from=demo_models/target"]
+_TRAIN_TINY = [
+    "--gin_file=configs/runs/train.gin",
+    "--gin_file=configs/models/t5_1_1_tiny.gin",
+    "--gin.MODEL_CONFIG=%T5_1_1_TINY",
+]
 # (case, script, flags, the start of its error line). The fixture adds the output directory's
 # flag; a refused run must leave nothing there, config.gin included (which infer.py and train.py
 # wrote before their settings were checked).
@@ -1538,6 +1557,54 @@ MORE_SCRIPT_CASES = [
         ],
         "train.py: configuration error: distill_temperature = 0.5 without distill_from",
     ),
+    # third round: the settings train checks, unknown tasks, unused bindings refused before any
+    # work, a calibration decode too short to time
+    (
+        "train.py: BATCH_SIZE 0",
+        "train.py",
+        [*_TRAIN_TINY, "--gin.BATCH_SIZE=0"],
+        "train.py: configuration error: training.train.batch_size must be an integer >= 1",
+    ),
+    (
+        "train.py: an unknown task",
+        "train.py",
+        [*_TRAIN_TINY, "--gin.MIXTURE_OR_TASK_NAME='demo_end'"],
+        "train.py: configuration error: training.train.mixture_or_task_name: unknown task or "
+        "mixture 'demo_end': did you mean 'demo_ende'?",
+    ),
+    (
+        "train.py: a binding of a configurable train never calls",
+        "train.py",
+        [*_TRAIN_TINY, "--gin.drafters.BigramDrafter.eos_id=1"],
+        "train.py: configuration error: gin binding(s) this run never used:",
+    ),
+    (
+        "measure_alpha.py: an unknown task",
+        "measure_alpha.py",
+        ["--gin.MIXTURE_OR_TASK_NAME='demo_end'"],
+        "measure_alpha.py: configuration error: MIXTURE_OR_TASK_NAME: unknown task or mixture "
+        "'demo_end': did you mean 'demo_ende'?",
+    ),
+    (
+        "measure_alpha.py: a binding of a configurable it never calls",
+        "measure_alpha.py",
+        ["--gin.trees.DraftTree.parents=(0,)"],
+        "measure_alpha.py: configuration error: gin binding(s) this run never used:",
+    ),
+    (
+        "calibrate_draft_length.py: a decode too short to time",
+        "calibrate_draft_length.py",
+        ["--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 4}"],
+        "calibrate_draft_length.py: configuration error: TASK_FEATURE_LENGTHS['targets'] = 4 is "
+        "too short to time the decode steps",
+    ),
+    (
+        "calibrate_draft_length.py: an unknown task",
+        "calibrate_draft_length.py",
+        ["--gin.MIXTURE_OR_TASK_NAME='wmt_ende'"],
+        "calibrate_draft_length.py: configuration error: MIXTURE_OR_TASK_NAME: unknown task or "
+        "mixture 'wmt_ende'",
+    ),
 ]
 
 
@@ -1547,8 +1614,8 @@ def more_script_runs(tmp_path_factory):
   runs = {}
   for case, script, flags, _ in MORE_SCRIPT_CASES:
     out = tmp_path_factory.mktemp("second_round") / "out"
-    output = f"--gin.INFER_OUTPUT_DIR='{out}'" if script == "infer.py" else f"--model_dir={out}"
-    command = [sys.executable, str(REPO / "scripts" / script), *flags, output]
+    command = [sys.executable, str(REPO / "scripts" / script), *flags]
+    command.append(OUTPUT_FLAGS[script].format(out=out))
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     runs[case] = subprocess.Popen(command, cwd=REPO, env=env, **pipes), out
@@ -1565,9 +1632,573 @@ def more_script_runs(tmp_path_factory):
     ids=[case for case, *_ in MORE_SCRIPT_CASES],
 )
 def test_a_bad_setting_stops_the_script_before_it_writes_anything(case, expected, more_script_runs):
-  """config.gin included: infer.py and train.py wrote it before their settings were checked."""
+  """config.gin included: infer.py and train.py wrote it before their settings were checked. The
+  scripts print no TensorFlow start-up line either (whatever they import first)."""
   process, out = more_script_runs[case]
   _, stderr = process.communicate(timeout=300)
   assert process.returncode == 1, stderr[-3000:]
   assert any(line.startswith(expected) for line in stderr.splitlines()), stderr[-3000:]
   assert not out.exists(), sorted(p.name for p in out.iterdir())
+  chatter = [line for line in stderr.splitlines() if START_UP_CHATTER.search(line)]
+  assert not chatter, chatter
+
+
+# ----------------------------------------------------------------------------- third round:
+# trees, adaptive draft length, the shared-encoder drafter, distillation, calibration, pairs,
+# training and the scripts' flags (issue 26, its own cases)
+
+_NEVER_WRITTEN = pathlib.Path(tempfile.gettempdir()) / "test_bad_inputs_refused_run"
+_SHARED = functools.partial(drafters.SharedEncoderDrafter, CONFIG)
+_BIG_VOCAB = tiny_config(64, emb_dim=8, head_dim=4, mlp_dim=16, num_decoder_layers=1)
+
+
+def _train(**changes):
+  """`training.train` with a good tiny setting and `changes`; a refused run must write nothing."""
+  kwargs = dict(
+      model_config=CONFIG,
+      mixture_or_task_name="demo_ende",
+      task_feature_lengths=LENGTHS,
+      progress=False,
+  )
+  try:
+    return training.train(changes.pop("model_dir", _NEVER_WRITTEN), **{**kwargs, **changes})
+  finally:
+    assert not _NEVER_WRITTEN.exists(), "a refused run wrote its model_dir"
+
+
+def _tree_model(tree=(2, 1), **changes):
+  return _speculative_model(draft_tree=tree, verifier=speculative.TreeVerifier(), **changes)
+
+
+def _scores(confidence=(1, 3), beta=(1, 3), sequences=(1, 3), eos_id=1, dtype=np.int32):
+  return calibration.positions_from_scores(
+      np.full(confidence, 0.5), np.full(beta, 0.5), np.ones(sequences, dtype), eos_id
+  )
+
+
+def _load(config=None, eos_id=1, fit_targets=None):
+  config = _pair(drafter=drafters.BigramDrafter()) if config is None else config
+  return pairs.load_pair(config, eos_id, fit_targets)
+
+
+TREE_BRANCHING = r"a draft tree's branching must hold integers >= 1 \(children per node\), got "
+THRESHOLD_RULE = r"ConfidenceStop\.threshold must be"
+SHARED_WIDTH = r"its encoder_emb_dim 16 != the target's emb_dim 8: it cross-attends to the target's"
+LATER_TRAINING = "distil against"  # a missing or unfit target, named before anything is built
+
+# (setting, bad value, the value as the message shows it, the least good value, its meaning):
+# each a case of THIRD_CASES.
+_TRAIN_INTEGERS = [
+    ("batch_size", 0, "0", 1, "training rows per step"),
+    ("batch_size", "32", r"'32' \(str\)", 1, "training rows per step"),
+    ("batch_size", 2.5, r"2\.5 \(float\)", 1, "training rows per step"),
+    ("num_steps", 0, "0", 1, "the step training ends at"),
+    ("eval_period", -1, "-1", 0, "steps between evaluations; 0: never"),
+    ("log_period", 0, "0", 1, "steps between log lines"),
+    ("keep_checkpoints", 0, "0", 1, "checkpoints kept"),
+    ("seed", -1, "-1", 0, "the data order and the initialization"),
+    ("eval_examples", 0, "0", 1, "examples evaluated on; None: the whole split"),
+]
+_TRAIN_INTEGER_CASES = [
+    (
+        f"train: {setting} {value!r}",
+        functools.partial(_train, **{setting: value}),
+        CONFIG_ERROR,
+        rf"training\.train\.{setting} must be an integer >= {least} \({re.escape(meaning)}\), "
+        f"got {shown}",
+    )
+    for setting, value, shown, least, meaning in _TRAIN_INTEGERS
+]
+
+
+THIRD_CASES = [
+    # ---- draft trees
+    (
+        "tree: a zero branch",
+        lambda: trees.DraftTree.from_branching((2, 0)),
+        ValueError,
+        TREE_BRANCHING + "0 at depth 2",
+    ),
+    (
+        "tree: a fractional branch",
+        lambda: trees.DraftTree.from_branching((2.5,)),
+        ValueError,
+        TREE_BRANCHING + r"2\.5 at depth 1",
+    ),
+    (
+        "tree: a negative branch",
+        lambda: trees.DraftTree.from_branching((-1,)),
+        ValueError,
+        TREE_BRANCHING + "-1",
+    ),
+    (
+        "tree: no depth",
+        lambda: trees.DraftTree.from_branching(()),
+        ValueError,
+        r"branching is empty: give at least one depth, e\.g\. \(2,\)",
+    ),
+    (
+        "tree: branching as text",
+        lambda: trees.DraftTree.from_branching("22"),
+        ValueError,
+        r"must be a tuple \(k_1, \.\.\., k_D\) of children per depth, got '22'",
+    ),
+    (
+        "tree: a parent after its node",
+        lambda: trees.DraftTree((0, 2)),
+        ValueError,
+        r"DraftTree\.parents\[1\] = 2 must be in \[0, 1\]",
+    ),
+    (
+        "tree: a bool parent",
+        lambda: trees.DraftTree((0, True)),
+        ValueError,
+        r"DraftTree\.parents\[1\] must be an integer, got True",
+    ),
+    (
+        "tree model: Algorithm 1's verifier",
+        lambda: _speculative_model(draft_tree=(2, 1), verifier=speculative.TokenVerifier()),
+        BAD,
+        r"TokenVerifier verifies chains only: use speculative\.TreeVerifier\(\)",
+    ),
+    (
+        "tree model: gamma not the depth",
+        lambda: _tree_model(gamma=3),
+        BAD,
+        r"gamma 3 != the draft tree's depth 2",
+    ),
+    (
+        "tree model: with a draft_stop",
+        lambda: _tree_model(draft_stop=draft_length.ConfidenceStop(0.5)),
+        BAD,
+        "works on chains only: give draft_tree or draft_stop, not both",
+    ),
+    (
+        "tree model: prompt lookup",
+        lambda: _tree_model(drafter=drafters.PromptLookupDrafter()),
+        BAD,
+        "PromptLookupDrafter proposes chains only, not a draft tree",
+    ),
+    (
+        "tree model: a tree as a dict",
+        lambda: _speculative_model(draft_tree={"a": 1}),
+        ValueError,
+        r"branching must be a tuple .*got \{'a': 1\}",
+    ),
+    # ---- adaptive draft length
+    (
+        "ConfidenceStop: a threshold above 1",
+        lambda: draft_length.ConfidenceStop(1.5),
+        ValueError,
+        THRESHOLD_RULE + r" in \[0, 1\] \(a probability\), got 1\.5",
+    ),
+    (
+        "ConfidenceStop: a NaN threshold",
+        lambda: draft_length.ConfidenceStop(math.nan),
+        ValueError,
+        THRESHOLD_RULE + r" in \[0, 1\] \(a probability\), got nan",
+    ),
+    (
+        "ConfidenceStop: a threshold as text",
+        lambda: draft_length.ConfidenceStop("0.5"),
+        ValueError,
+        THRESHOLD_RULE + r" a number in \[0, 1\], got '0\.5'",
+    ),
+    (
+        "ConfidenceStop: a bool threshold",
+        lambda: draft_length.ConfidenceStop(True),
+        ValueError,
+        THRESHOLD_RULE + r" a number in \[0, 1\], got True",
+    ),
+    (
+        "ConfidenceStop: an unknown measure",
+        lambda: draft_length.ConfidenceStop(0.5, measure="mean"),
+        ValueError,
+        r"ConfidenceStop\.measure must be one of \('max', 'draft'\), got 'mean'",
+    ),
+    (
+        "spec init: draft_stop a number as text",
+        lambda: _speculative_model(draft_stop="0.5"),
+        ValueError,
+        r"draft_stop must be a draft_length rule .*got '0\.5'",
+    ),
+    # ---- the shared-encoder drafter
+    (
+        "SharedEncoderDrafter: encoder_emb_dim 0",
+        lambda: _SHARED(0),
+        ValueError,
+        r"SharedEncoderDrafter\.encoder_emb_dim must be an integer >= 1, got 0",
+    ),
+    (
+        "SharedEncoderDrafter: a fractional encoder_emb_dim",
+        lambda: _SHARED(7.5),
+        ValueError,
+        r"encoder_emb_dim must be an integer >= 1, got 7\.5",
+    ),
+    (
+        "SharedEncoderDrafter: no config",
+        lambda: drafters.SharedEncoderDrafter(None, 8),
+        ValueError,
+        r"SharedEncoderDrafter needs a network\.T5Config",
+    ),
+    (
+        "SharedEncoderDrafter: another width in a pair",
+        lambda: _pair(drafter=_SHARED(16)),
+        CONFIG_ERROR,
+        r"DRAFTER \(SharedEncoderDrafter\) does not fit TARGET_CONFIG: .*" + SHARED_WIDTH,
+    ),
+    (
+        "SharedEncoderDrafter: another width in a model",
+        lambda: _speculative_model(drafter=_SHARED(16)),
+        ValueError,
+        SHARED_WIDTH,
+    ),
+    (
+        "SharedEncoderDrafter: another vocabulary in a pair",
+        lambda: _pair(drafter=drafters.SharedEncoderDrafter(_BIG_VOCAB, 8)),
+        CONFIG_ERROR,
+        r"vocab_size 64 != TARGET_CONFIG vocab_size 32",
+    ),
+    (
+        "restore_shared_encoder_params: no checkpoint, before tracing",
+        lambda: checkpoints.restore_shared_encoder_params(CONFIG, 8, "/nonexistent/drafter"),
+        FileNotFoundError,
+        "no checkpoint at /nonexistent/drafter",
+    ),
+    (
+        "restore_params: no checkpoint, before tracing",
+        lambda: checkpoints.restore_params(CONFIG, "/nonexistent/target"),
+        FileNotFoundError,
+        "no checkpoint at /nonexistent/target",
+    ),
+    # ---- distillation
+    (
+        "Distillation: an empty target_dir",
+        lambda: _distillation(target_dir=""),
+        CONFIG_ERROR,
+        r"Distillation\.target_dir is '': give the frozen target's",
+    ),
+    (
+        "Distillation: mix_fraction above 1",
+        lambda: _distillation(data="mixed", mix_fraction=1.5),
+        CONFIG_ERROR,
+        r"mix_fraction is 1\.5: give a probability in \[0, 1\]",
+    ),
+    (
+        "Distillation: divergence_temperature 0",
+        lambda: _distillation(divergence_temperature=0),
+        CONFIG_ERROR,
+        "divergence_temperature is 0: give tau > 0",
+    ),
+    (
+        "Distillation: unroll_steps 0",
+        lambda: _distillation(unroll_steps=0),
+        CONFIG_ERROR,
+        r"unroll_steps is 0: give an integer >= 1",
+    ),
+    (
+        "Distillation: step_decay above 1",
+        lambda: _distillation(step_decay=2.0),
+        CONFIG_ERROR,
+        r"step_decay is 2\.0: give a weight in \(0, 1\]",
+    ),
+    (
+        "Distillation: a negative feature_loss_weight",
+        lambda: _distillation(feature_loss_weight=-1.0),
+        CONFIG_ERROR,
+        r"feature_loss_weight is -1\.0: give a finite number >= 0",
+    ),
+    (
+        "Distillation: a NaN feature_noise",
+        lambda: _distillation(feature_noise=math.nan),
+        CONFIG_ERROR,
+        "feature_noise is nan: give a finite number >= 0",
+    ),
+    (
+        "checked_drafter: no target at target_dir",
+        lambda: distillation.checked_drafter(_distillation(), drafters.T5Drafter(CONFIG), V, 1, {}),
+        CONFIG_ERROR,
+        r"Distillation\.target_dir '/runs/target/model': .*not a directory written by save_model",
+    ),
+    # ---- calibration
+    (
+        "calibrate: gamma 0",
+        lambda: _calibrate(gammas=[0], verify_cost=lambda g: 1.2),
+        BAD,
+        r"each of gammas must be an integer >= 1 .*got 0",
+    ),
+    ("calibrate: a negative c", lambda: _calibrate(c=-0.1), BAD, C + r", got -0\.1"),
+    (
+        "calibrate: thresholds as text",
+        lambda: _calibrate(thresholds="0.5"),
+        ValueError,
+        r"thresholds must be a non-empty sequence of numbers in \[0, 1\], got '0\.5'",
+    ),
+    (
+        "calibrate: a cost table keyed by text",
+        lambda: _calibrate(verify_cost={"2": 1.2}),
+        ValueError,
+        r"verify_cost has no entry for gamma \[2\] \(it has \['2'\]\)",
+    ),
+    (
+        "Positions: no sequence",
+        lambda: calibration.Positions([], []),
+        ValueError,
+        r"need one confidence and one beta array per sequence, got 0 and 0",
+    ),
+    (
+        "Positions: two confidences, one beta",
+        lambda: calibration.Positions([_CONFIDENCE] * 2, [_BETA]),
+        ValueError,
+        "got 2 and 1",
+    ),
+    (
+        "Positions: a beta shorter than its confidence",
+        lambda: _positions(_CONFIDENCE, _BETA[:2]),
+        ValueError,
+        r"must be 1-D of one length, got \(3,\) and \(2,\)",
+    ),
+    (
+        "positions_from_scores: a beta longer than the sequences",
+        lambda: _scores(beta=(1, 4)),
+        ValueError,
+        r"confidence, beta and sequences must each be \[batch, length\], one shape .*got \(1, 3\), \(1, 4\) and \(1, 3\)",
+    ),
+    (
+        "positions_from_scores: 1-D scores",
+        lambda: _scores((3,), (3,), (3,)),
+        ValueError,
+        r"must each be \[batch, length\]",
+    ),
+    ("positions_from_scores: eos_id 0", lambda: _scores(eos_id=0), BAD, EOS),
+    (
+        "positions_from_scores: float sequences",
+        lambda: _scores(dtype=np.float32),
+        ValueError,
+        "sequences must hold integer token ids, got dtype float32",
+    ),
+    (
+        "confidence_buckets: one edge",
+        lambda: calibration.confidence_buckets(_positions(), [0.5]),
+        ValueError,
+        r"edges must be at least two increasing numbers",
+    ),
+    (
+        "predict: a zero verify cost",
+        lambda: calibration.predict(_positions(), 2, 0.5, 0.1, 0.0),
+        ValueError,
+        r"verify_cost\(2\) must be > 0",
+    ),
+    (
+        "predict: a bool threshold",
+        lambda: calibration.predict(_positions(), 2, True, 0.1, 1.2),
+        BAD,
+        THRESHOLD + r".*got True \(bool\)",
+    ),
+    (
+        "predict: gamma 2.0",
+        lambda: calibration.predict(_positions(), 2.0, 0.5, 0.1, 1.2),
+        BAD,
+        r"gamma must be an integer >= 1 .*got 2\.0 \(float\)",
+    ),
+    (
+        "predict: a NaN c",
+        lambda: calibration.predict(_positions(), 2, 0.5, math.nan, 1.2),
+        BAD,
+        C + ", got nan",
+    ),
+    # ---- pairs
+    (
+        "PairConfig: TARGET_CONFIG None",
+        lambda: pairs.PairConfig(target_config=None, random_init_seed=0),
+        CONFIG_ERROR,
+        r"TARGET_CONFIG must be a network\.T5Config",
+    ),
+    (
+        "PairConfig: DRAFTER a name",
+        lambda: _pair(drafter="bigram"),
+        CONFIG_ERROR,
+        r"DRAFTER must be a drafters\.Drafter, e\.g\. @drafters\.T5Drafter\(\)",
+    ),
+    (
+        "PairConfig: a drafter of another vocabulary",
+        lambda: _pair(drafter=drafters.T5Drafter(_BIG_VOCAB)),
+        CONFIG_ERROR,
+        r"DRAFTER \(T5Drafter\) vocab_size 64 != TARGET_CONFIG vocab_size 32",
+    ),
+    (
+        "PairConfig: no checkpoint and no seed",
+        lambda: pairs.PairConfig(target_config=CONFIG),
+        CONFIG_ERROR,
+        "CHECKPOINT_PATH not set: give the checkpoint",
+    ),
+    (
+        "from_pair_dir: a number",
+        lambda: pairs.PairConfig.from_pair_dir(5),
+        CONFIG_ERROR,
+        r"from_pair_dir needs the directory checkpoints\.save_pair wrote .*got 5",
+    ),
+    (
+        "from_pair_dir: None",
+        lambda: pairs.PairConfig.from_pair_dir(None),
+        CONFIG_ERROR,
+        "from_pair_dir needs the directory .*got None",
+    ),
+    (
+        "from_pair_dir: an empty path",
+        lambda: pairs.PairConfig.from_pair_dir(""),
+        CONFIG_ERROR,
+        "from_pair_dir needs the directory .*got ''",
+    ),
+    (
+        "load_pair: a dict for the config",
+        lambda: _load({"checkpoint_path": None}),
+        CONFIG_ERROR,
+        r"load_pair needs a pairs\.PairConfig .*got dict",
+    ),
+    (
+        "load_pair: eos_id 0, before the target is made",
+        lambda: _load(eos_id=0),
+        CONFIG_ERROR,
+        "load_pair: eos_id is 0, but it must be an integer >= 1",
+    ),
+    (
+        "load_pair: eos_id = vocab_size",
+        lambda: _load(eos_id=V),
+        CONFIG_ERROR,
+        "load_pair: eos_id 32 is not an id of the model",
+    ),
+    (
+        "load_pair: an n-gram drafter with nothing to fit it on",
+        lambda: _load(),
+        CONFIG_ERROR,
+        "the BigramDrafter is fitted on target sequences, and this run has none",
+    ),
+    (
+        "load_pair: fit_targets not a function",
+        lambda: _load(fit_targets=[[5, 1]]),
+        CONFIG_ERROR,
+        r"fit_targets must be a function \(\) -> target token sequences",
+    ),
+    # ---- training.train and make_optimizer: before the task is read or anything is written
+    *_TRAIN_INTEGER_CASES,
+    (
+        "train: pack as text",
+        lambda: _train(pack="yes"),
+        CONFIG_ERROR,
+        "training.train.pack must be True or False, got 'yes'",
+    ),
+    (
+        "train: feature lengths without targets",
+        lambda: _train(task_feature_lengths={"inputs": 8}),
+        CONFIG_ERROR,
+        r"training\.train\.task_feature_lengths .* \(missing: \['targets'\]",
+    ),
+    (
+        "train: an unknown task",
+        lambda: _train(mixture_or_task_name="demo_end"),
+        CONFIG_ERROR,
+        r"training\.train\.mixture_or_task_name: unknown task or mixture 'demo_end': did you mean 'demo_ende'\? Give a registered name",
+    ),
+    (
+        "train: an unknown eval_split",
+        lambda: _train(eval_split="valid"),
+        CONFIG_ERROR,
+        r"eval_split 'valid' is not a split of demo_ende: use one of \['test', 'train', 'validation'\]",
+    ),
+    (
+        "train: a missing init_from",
+        lambda: _train(init_from="/nonexistent/model"),
+        CONFIG_ERROR,
+        r"training\.train\.init_from '/nonexistent/model' does not exist",
+    ),
+    (
+        "train: model_dir a file",
+        lambda: _train(model_dir=REPO / "README.md"),
+        CONFIG_ERROR,
+        r"model_dir .*README\.md is a file: give a directory",
+    ),
+    (
+        "train: model_config a name",
+        lambda: _train(model_config="t5_1_1_tiny"),
+        CONFIG_ERROR,
+        r"training\.train\.model_config must be a network\.T5Config",
+    ),
+    (
+        "train: a model smaller than the task's vocabulary",
+        lambda: _train(),
+        CONFIG_ERROR,
+        r"model vocab_size 32 < the task vocabulary's \d+ pieces",
+    ),
+    (
+        "make_optimizer: a NaN learning rate",
+        lambda: training.make_optimizer(10, learning_rate=math.nan),
+        CONFIG_ERROR,
+        r"make_optimizer\.learning_rate must be a finite number > 0 .*got nan",
+    ),
+    (
+        "make_optimizer: a negative clip_norm",
+        lambda: training.make_optimizer(10, clip_norm=-1.0),
+        CONFIG_ERROR,
+        r"make_optimizer\.clip_norm must be a finite number > 0 .*got -1\.0",
+    ),
+    (
+        "make_optimizer: fractional warmup_steps",
+        lambda: training.make_optimizer(10, warmup_steps=1.5),
+        CONFIG_ERROR,
+        r"make_optimizer\.warmup_steps must be an integer >= 0, got 1\.5",
+    ),
+    # ---- tasks and batches
+    (
+        "get_task: a misspelt name",
+        lambda: tasks.get_task("wmt_t2t_ende_v03"),
+        BAD,
+        r"unknown task or mixture 'wmt_t2t_ende_v03': did you mean 'wmt_t2t_ende_v003'\? Give a registered name \(in gin, MIXTURE_OR_TASK_NAME",
+    ),
+    (
+        "get_task: an empty name",
+        lambda: tasks.get_task(""),
+        BAD,
+        "the task or mixture name must be a non-empty string, got ''",
+    ),
+    (
+        "base: token arrays as nested lists",
+        lambda: _predict(batch=_batch(encoder_input_tokens=ENC.tolist())),
+        BAD,
+        r"batch feature encoder_input_tokens is a list, not an array: give a \[batch, length\] array",
+    ),
+    (
+        "spec: a text feature beside the tokens",
+        lambda: _predict("spec", _batch(inputs_pretokenized=np.array([b"a", b"b"]))),
+        BAD,
+        r"batch feature\(s\) \['inputs_pretokenized'\] hold text",
+    ),
+    (
+        "jit_predict: a text feature beside the tokens",
+        lambda: _jit(batch=_batch(targets_pretokenized=np.array([b"a", b"b"]))),
+        BAD,
+        r"\['targets_pretokenized'\] hold text, which the model does not read \(and a jitted call cannot take\)",
+    ),
+    (
+        "score: a text feature beside the tokens",
+        lambda: _score(_batch(inputs_pretokenized=np.array(["a", "b"]))),
+        BAD,
+        r"\['inputs_pretokenized'\] hold text",
+    ),
+]
+
+
+def test_the_third_rounds_cases_are_distinct_and_new():
+  names = [name for name, *_ in THIRD_CASES]
+  earlier = {name for name, *_ in CASES + MORE_CASES}
+  assert len(set(names)) == len(names) >= 40 and not set(names) & earlier
+
+
+@pytest.mark.parametrize(
+    "make, error, message", [c[1:] for c in THIRD_CASES], ids=[c[0] for c in THIRD_CASES]
+)
+def test_bad_input_of_the_third_round_gets_a_clear_error_before_tracing(
+    make, error, message, unfiltered_tracebacks
+):
+  del unfiltered_tracebacks
+  _raise_before_tracing(make, error, message)

@@ -3,6 +3,7 @@ speculative_t5x/demo_corpus.py and of its front end scripts/build_demo_corpus.py
 subprocess, so its absl flags stay out of this process), on TFDS mock data, seqio's test vocabulary
 and tiny .mo files written here."""
 
+import ast
 import gettext
 import importlib
 import json
@@ -18,6 +19,7 @@ import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+import speculative_t5x
 from speculative_t5x import demo_corpus as corpus
 from speculative_t5x import tasks
 
@@ -373,3 +375,75 @@ def test_script_writes_corpus_vocabulary_and_stats(tmp_path):
   assert len(rows) == 4 and all(len(row) == 2 for row in rows)
   vocabulary = tasks.get_vocabulary(str(out / "sentencepiece.model"))
   assert vocabulary.decode(vocabulary.encode("Open file")) == "Open file"
+
+
+# ----------------------------------------------------------------------------- TensorFlow's
+# start-up lines: no environment variable silences them, so the package's quiet import must be
+# the first import of TensorFlow in every entry point (speculative_t5x/__init__.py).
+_TENSORFLOW_IMPORTERS = ("seqio", "tensorflow", "tensorflow_datasets", "t5")
+# Entry points owned elsewhere that still import seqio first (issue 26: to be fixed there).
+_NOT_YET_QUIET = {"scripts/demo.py", "tests/conftest.py"}
+
+
+def _imports_before_the_package(path: pathlib.Path) -> list[str]:
+  """The top-level modules `path` imports before its first speculative_t5x import."""
+  names = []
+  for node in ast.parse(path.read_text()).body:
+    if isinstance(node, ast.Import):
+      modules = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      modules = [node.module]
+    else:
+      continue
+    if any(m.split(".")[0] == "speculative_t5x" for m in modules):
+      break
+    names += [m.split(".")[0] for m in modules]
+  return names
+
+
+_ENTRY_POINTS = sorted(
+    str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "scripts").glob("*.py")
+) + ["tests/conftest.py"]
+
+
+@pytest.mark.parametrize(
+    "entry_point",
+    [
+        pytest.param(
+            e,
+            marks=pytest.mark.xfail(strict=True, reason="imports seqio first; its owner fixes it")
+            if e in _NOT_YET_QUIET
+            else (),
+        )
+        for e in _ENTRY_POINTS
+    ],
+)
+def test_entry_points_import_the_package_before_tensorflow(entry_point):
+  early = _imports_before_the_package(REPO_ROOT / entry_point)
+  assert not set(early) & set(_TENSORFLOW_IMPORTERS), (
+      f"{entry_point} imports {sorted(set(early) & set(_TENSORFLOW_IMPORTERS))} before "
+      "speculative_t5x: TensorFlow's start-up lines would print; import speculative_t5x first"
+  )
+
+
+def test_the_package_imports_tensorflow_quietly_unless_the_user_asks_for_every_line():
+  """Imported before seqio: no start-up line. A user's TF_CPP_MIN_LOG_LEVEL=0 keeps them."""
+  code = "import speculative_t5x, seqio"
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  runs = {
+      level: subprocess.Popen(
+          [sys.executable, "-c", code],
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+          env=dict(env, **({"TF_CPP_MIN_LOG_LEVEL": level} if level else {})),
+      )
+      for level in ("", "0")
+  }
+  outputs = {level: run.communicate(timeout=300) for level, run in runs.items()}
+  chatter = speculative_t5x._START_UP_CHATTER  # pylint: disable=protected-access
+  quiet_err = outputs[""][1]
+  assert runs[""].returncode == 0, quiet_err
+  assert not [line for line in quiet_err.splitlines() if chatter.search(line)], quiet_err
+  loud_err = outputs["0"][1]
+  assert [line for line in loud_err.splitlines() if chatter.search(line)], loud_err

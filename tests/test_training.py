@@ -5,7 +5,10 @@ anything is built, and demo_models/ decodes greedily the same with and without s
 (speculative_t5x/distillation.py itself: tests/test_distillation.py.)"""
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import gin
 import jax
@@ -207,3 +210,51 @@ def test_demo_pair_greedy_speculative_equals_baseline():
   texts = training.detokenize(vocabulary, decodes, vocabulary.eos_id)
   assert all(texts), texts  # a trained target translates every sentence into something.
   assert np.all(np.asarray(aux["speculative_stats"]["accepted_tokens"]) > 0)
+
+
+class _Checked(Exception):
+  """Raised by a test's on_checked to stop train right after its checks."""
+
+
+def test_train_calls_on_checked_after_its_checks_and_before_any_work(tiny_task, tmp_path):
+  del tiny_task
+  calls = []
+
+  def on_checked():
+    calls.append((tmp_path / "run").exists())
+    raise _Checked
+
+  with pytest.raises(_Checked):
+    run(tmp_path / "run", 1, on_checked=on_checked)
+  assert calls == [False]  # nothing was built or written before it
+  for settings in (dict(batch_size=0), dict(log_period=0), dict(mixture_or_task_name="no_task")):
+    with pytest.raises(gin_utils.ConfigError):
+      run(tmp_path / "run", 1, on_checked=on_checked, **settings)
+  assert calls == [False] and not (tmp_path / "run").exists()
+
+
+def test_train_script_writes_config_gin_once_the_settings_pass_even_if_the_run_fails(tmp_path):
+  """config.gin records a run that passed its checks, whatever happens after (here init_from is a
+  directory but not a checkpoint, found only when it is read); a refused run writes nothing
+  (tests/test_bad_inputs.py)."""
+  model_dir = tmp_path / "run"
+  result = subprocess.run(
+      [
+          sys.executable,
+          str(REPO_ROOT / "scripts" / "train.py"),
+          "--gin_file=configs/runs/train.gin",
+          "--gin_file=configs/models/t5_1_1_tiny.gin",
+          "--gin.MODEL_CONFIG=%T5_1_1_TINY",
+          "--gin.training.train.eval_period=0",
+          f"--gin.training.train.init_from='{REPO_ROOT / 'configs'}'",
+          f"--model_dir={model_dir}",
+      ],
+      capture_output=True,
+      text=True,
+      cwd=REPO_ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      timeout=300,
+  )
+  assert result.returncode == 1 and "holds no checkpoint" in result.stderr, result.stderr[-2000:]
+  config = (model_dir / "config.gin").read_text()
+  assert "train.init_from = " in config and "T5_1_1_TINY" in config
