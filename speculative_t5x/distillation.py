@@ -607,7 +607,7 @@ class Distiller:
     # A draft vocabulary: q lives on its N ids, so the divergence compares q with p restricted
     # to them and renormalized (the q that maximizes sum_x min(p, q) there); beta and agreement
     # below use the whole p.
-    draft_vocab = getattr(self.drafter, "draft_vocab", ())
+    draft_vocab = self.drafter.draft_vocab
     p_draft = p_logits[..., np.asarray(draft_vocab)] if draft_vocab else p_logits
     draft_targets = None
     positions = jnp.arange(inputs.shape[1])[None]

@@ -55,6 +55,35 @@ def _check_token_ids(tokens: np.ndarray, vocab_size: int, owner: str) -> np.ndar
   return tokens.ravel()
 
 
+def check_reads_target(
+    drafter: "Drafter",
+    target_config: network.T5Config,
+    width_field: str,
+    width: int,
+    reads: str,
+) -> None:
+  """`Drafter.check_target` of a drafter that reads the target's activations of width `width`
+  (its field `width_field`; `reads` says which, e.g. "cross-attends to the target's encoder
+  output") and shares its vocabulary: raises ValueError naming every mismatch and the fix."""
+  problems = []
+  if target_config.emb_dim != width:
+    problems.append(
+        f"its {width_field} {width} != the target's emb_dim {target_config.emb_dim}: it {reads}, "
+        f"so set {width_field} = {target_config.emb_dim} (with weights "
+        "trained against this target)"
+    )
+  if target_config.vocab_size != drafter.vocab_size:
+    problems.append(
+        f"its vocab_size {drafter.vocab_size} != the target's vocab_size "
+        f"{target_config.vocab_size}: speculative decoding needs one vocabulary, so give the "
+        "drafter's config the target's vocab_size"
+    )
+  if problems:
+    raise ValueError(
+        f"{type(drafter).__name__} cannot serve this target: " + "; and ".join(problems) + "."
+    )
+
+
 def decoder_inputs(sequences: jax.Array, positions: jax.Array) -> jax.Array:
   """x at `positions` [B, k]: 0 (BOS) at position 0, else y_{position-1} -> [B, k] int32."""
   previous = jnp.take_along_axis(sequences, jnp.maximum(positions - 1, 0), axis=1)
@@ -218,6 +247,9 @@ class Drafter(abc.ABC):
   # `teacher_forced_logits`). The loop asks the target for them only then, so a drafter that
   # does not compiles to the program it compiled to before features existed.
   reads_target_features = False
+  # The token ids it may draft (ascending), or () for the whole vocabulary: q is 0 elsewhere, so
+  # distillation compares q with p restricted to them (`distillation.Distiller`).
+  draft_vocab: tuple[int, ...] = ()
 
   # ---- parameters
   def init_params(self, rng: jax.Array, input_shapes: Mapping[str, tuple]) -> Any:
@@ -653,23 +685,13 @@ class SharedEncoderDrafter(_CachedDecoderDrafter):
     return self.encoder_emb_dim
 
   def check_target(self, target_config):
-    problems = []
-    if target_config.emb_dim != self.encoder_emb_dim:
-      problems.append(
-          f"its encoder_emb_dim {self.encoder_emb_dim} != the target's emb_dim "
-          f"{target_config.emb_dim}: it cross-attends to the target's encoder output, so set "
-          f"encoder_emb_dim = {target_config.emb_dim} (with weights trained against this target)"
-      )
-    if target_config.vocab_size != self.config.vocab_size:
-      problems.append(
-          f"its vocab_size {self.config.vocab_size} != the target's vocab_size "
-          f"{target_config.vocab_size}: speculative decoding needs one vocabulary, so give the "
-          "drafter's config the target's vocab_size"
-      )
-    if problems:
-      raise ValueError(
-          "SharedEncoderDrafter cannot serve this target: " + "; and ".join(problems) + "."
-      )
+    check_reads_target(
+        self,
+        target_config,
+        "encoder_emb_dim",
+        self.encoder_emb_dim,
+        "cross-attends to the target's encoder output",
+    )
 
   def _checked_encoded(self, target_encoded: jax.Array | None, method: str) -> jax.Array:
     """target_encoded [B, Le, E_target] as given, refused where None or of another width."""

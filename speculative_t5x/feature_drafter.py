@@ -399,20 +399,13 @@ class FeatureDrafter(drafters.Drafter):
     return cls(config, int(entry["feature_dim"]), tuple(entry["draft_vocab"]))
 
   def check_target(self, target_config):
-    problems = []
-    if target_config.emb_dim != self.feature_dim:
-      problems.append(
-          f"its feature_dim {self.feature_dim} != the target's emb_dim {target_config.emb_dim}: "
-          f"it reads the target's features and encoder output, so set feature_dim = "
-          f"{target_config.emb_dim} (with weights trained against this target)"
-      )
-    if target_config.vocab_size != self.config.vocab_size:
-      problems.append(
-          f"its vocab_size {self.config.vocab_size} != the target's {target_config.vocab_size}: "
-          "give the head's config the target's vocab_size"
-      )
-    if problems:
-      raise ValueError("FeatureDrafter cannot serve this target: " + "; and ".join(problems) + ".")
+    drafters.check_reads_target(
+        self,
+        target_config,
+        "feature_dim",
+        self.feature_dim,
+        "reads the target's features and encoder output",
+    )
 
   # ---- decoding
   def _encoded(self, target_encoded: jax.Array | None, method: str) -> jax.Array:
