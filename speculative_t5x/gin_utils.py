@@ -62,6 +62,12 @@ _MACRO_NAME = re.compile(r"%([A-Za-z_]\w*)(?![\w.])|^([A-Za-z_]\w*)\s*=", re.MUL
 # (scope, selector, parameter) of the parameter bindings the last `parse_gin_flags` was given on
 # the command line (--gin_bindings, --gin.NAME=value): they must be used (`check_unused_bindings`).
 _COMMAND_LINE_BINDINGS: set[tuple[str, str, str]] = set()
+# The gin files the last `parse_gin_flags` parsed, as given.
+_PARSED_FILES: list[str] = []
+# gin's error for a configurable called with parameters marked gin.REQUIRED left unbound.
+_REQUIRED_BINDINGS = re.compile(
+    r"Required bindings for `([\w.]+)` not provided in config: (\[.*?\])"
+)
 
 
 class ConfigError(ValueError):
@@ -172,9 +178,18 @@ def check_macros(command_line: Collection[str] = ()) -> None:
       for name in sorted(read - bound)
   ]
   if problems:
+    unread = [name for name in bound - read if name in command_line]
+    missing_run_file = (
+        f"\nThe gin files parsed ({', '.join(_PARSED_FILES)}) read none of "
+        f"{', '.join(sorted(unread))}: if a run file that reads them is missing, give it first "
+        "(e.g. configs/runs/<run>.gin), then any drafter, model or task file."
+        if unread and _PARSED_FILES
+        else ""
+    )
     raise ConfigError(
         "unknown gin macro(s):\n" + "\n".join(problems) + "\nSpell each macro as the gin files "
         "read it (config.gin of a run lists them), or bind it in a file this run includes."
+        + missing_run_file
     )
 
 
@@ -290,6 +305,7 @@ def parse_gin_flags(
         "including one, e.g. configs/paper/ende_small_t0.gin)"
     )
   _COMMAND_LINE_BINDINGS.clear()
+  _PARSED_FILES[:] = files
   for path in search_paths():
     gin.add_config_file_search_path(path)
   quiet = _QuietSearch()
@@ -317,6 +333,22 @@ def parse_gin_flags(
     raise ConfigError(f"gin: {e}") from e
 
 
+def unbound_required_settings(error: BaseException) -> ConfigError | None:
+  """gin's RuntimeError for a configurable called with gin.REQUIRED parameters left unbound, as a
+  ConfigError naming them and the fix (a run file missing, or an overlay given alone); None for
+  any other error."""
+  match = _REQUIRED_BINDINGS.search(str(error))
+  if match is None:
+    return None
+  given = ", ".join(_PARSED_FILES) or "none"
+  return ConfigError(
+      f"{match.group(1)} needs {match.group(2)}, which no gin file of this run binds (files: "
+      f"{given}): give the run file that binds them first (e.g. the script's default, or "
+      "configs/runs/<run>.gin), then any configs/drafters/, configs/models/, configs/tasks/ or "
+      "configs/runs/baseline.gin file after it, or bind them with --gin.NAME=value."
+  )
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing after the --gin.NAME=value rewrite (the `flags_parser` of `run`)."""
   try:
@@ -328,12 +360,18 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 
 def run(main: Callable[[Sequence[str]], None]) -> None:
   """`absl.app.run(main)` with the gin shorthand, and `check_unused_bindings` once `main` has
-  returned; a `ConfigError` ends the run with its message and exit status 1 (no traceback: the
-  message says what to fix)."""
+  returned; a `ConfigError`, or gin's error for settings left unbound (`unbound_required_settings`),
+  ends the run with its message and exit status 1 (no traceback: the message says what to fix)."""
 
   def checked_main(argv):
     try:
-      main(argv)
+      try:
+        main(argv)
+      except RuntimeError as e:
+        unbound = unbound_required_settings(e)
+        if unbound is None:
+          raise
+        raise unbound from e
       check_unused_bindings()
     except ConfigError as e:
       sys.exit(f"{pathlib.Path(argv[0]).name}: configuration error: {e}")

@@ -1579,6 +1579,21 @@ MORE_SCRIPT_CASES = [
         "train.py: configuration error: gin binding(s) this run never used:",
     ),
     (
+        "train.py: a model file without its run file",
+        "train.py",
+        ["--gin_file=configs/models/t5_1_1_tiny.gin"],
+        "train.py: configuration error: train needs ['mixture_or_task_name', "
+        "'task_feature_lengths'], which no gin file of this run binds (files: "
+        "configs/models/t5_1_1_tiny.gin): give the run file that binds them first",
+    ),
+    (
+        "infer.py: a drafter file without its run file",
+        "infer.py",
+        ["--gin_file=configs/drafters/bigram.gin"],
+        "The gin files parsed (configs/drafters/bigram.gin) read none of INFER_OUTPUT_DIR: if a "
+        "run file that reads them is missing, give it first",
+    ),
+    (
         "measure_alpha.py: an unknown task",
         "measure_alpha.py",
         ["--gin.MIXTURE_OR_TASK_NAME='demo_end'"],

@@ -394,3 +394,35 @@ def test_the_early_check_leaves_the_configurables_still_to_call_to_the_final_one
   gin_utils.check_unused_bindings()
   with pytest.raises(ValueError, match="'no_such_thing' is not a gin configurable"):
     gin_utils.check_unused_bindings(later=["no_such_thing"])
+
+
+@gin.configurable(module="gin_utils_test")
+def needs_settings(size=gin.REQUIRED, name=gin.REQUIRED):
+  return size, name
+
+
+def test_settings_left_unbound_name_the_missing_run_file(tmp_path, monkeypatch):
+  """An overlay given alone (a model, drafter or task file without its run file) leaves a run's
+  gin.REQUIRED settings unbound: gin's RuntimeError becomes a ConfigError naming them, the files
+  given and the fix; `run` ends with it (tests/test_bad_inputs.py runs the scripts)."""
+  monkeypatch.chdir(tmp_path)
+  gin_utils.parse_gin_flags([TINY_GIN])
+  with pytest.raises(RuntimeError) as raised:
+    needs_settings()
+  error = gin_utils.unbound_required_settings(raised.value)
+  assert isinstance(error, gin_utils.ConfigError)
+  assert str(error).startswith(
+      f"needs_settings needs ['size', 'name'], which no gin file of this run binds (files: "
+      f"{TINY_GIN}): give the run file that binds them first"
+  )
+  assert gin_utils.unbound_required_settings(RuntimeError("another failure")) is None
+
+
+def test_a_command_line_macro_no_file_reads_points_at_a_missing_run_file():
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=r"ALPHA_OUTPUT_DIR is bound on the command line but nothing in this run reads it"
+      rf"(.|\n)*The gin files parsed \({TINY_GIN}\) read none of ALPHA_OUTPUT_DIR: if a run file "
+      r"that reads them is missing, give it first",
+  ):
+    gin_utils.parse_gin_flags([TINY_GIN], ["ALPHA_OUTPUT_DIR = '/tmp/x'"])
