@@ -3,6 +3,8 @@
 `temperature_sample` has T5X's signature and semantics (t5x/decoding.py): it is the baseline of
 every speedup we report. `speculative_sample` runs Algorithm 1 for all rows at once: draft gamma
 tokens, verify them with one target call on gamma+1 tokens, accept per row, write, roll back.
+Where the drafts sit (a chain, a static tree) is a `draft_shapes.DraftShape`, which the loop calls
+without asking which shape it holds.
 
 Rows are B*N ("flat"): the N decodes of one batch item sit next to each other, as in T5X.
 """
@@ -17,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import draft_length
+from speculative_t5x import draft_shapes
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import sampling
 from speculative_t5x import speculative
@@ -40,7 +43,8 @@ class SpeculativeStats:
 
   target_calls: target calls (loop iterations while the row was active); drafter_calls: drafter
   model steps the batch ran while the row was active (0 for table and lookup drafters);
-  drafted_tokens: the row's drafts (gamma per target call, fewer under a draft-length rule);
+  drafted_tokens: the row's drafts (the shape's M per target call: gamma for a chain, fewer
+  under a draft-length rule, a tree's nodes);
   accepted_tokens: drafts accepted and kept; beta_sum, beta_count: the sum of beta_i =
   sum_x min(p_i(x), q_i(x)) over the verified positions (the accepted drafts and the first
   rejected one) and their number. `alpha`, `tokens_per_call` and `acceptance_rate` pool the rows
@@ -126,20 +130,37 @@ class SpeculativeStats:
 class SpeculativeTrace:
   """What happened at each iteration of each row (`speculative_sample(return_trace=True)`).
 
-  drafts [..., L, gamma]: the drafts; accepted [..., L]: how many were accepted; token [..., L]:
-  the target's correction (or bonus) token; emitted [..., L]: the tokens kept (0 once ended).
-  Iteration i of a row is at index i; iterations after all rows ended are zero.
+  drafts [..., L, M]: the drafts of each call (M = gamma for a chain, a tree's nodes in block
+  order); accepted [..., L]: how many were accepted (n); token [..., L]: the target's correction
+  (or bonus) token; emitted [..., L]: the tokens kept (0 once ended); path [..., L, D]: the
+  block indices (1..M) of the drafts the verifier walked, in order: entries < n the accepted
+  path, entry n (when n < D) the first draft it rejected after it (0: none; for a tree the first
+  child of the path's last node), later entries not read. A chain's path is 1..gamma; None (a
+  trace built by hand) means that. Iteration i of a row is at index i; iterations after all rows
+  ended are zero.
   """
 
   drafts: jax.Array
   accepted: jax.Array
   token: jax.Array
   emitted: jax.Array
+  path: jax.Array | None = None
 
   @classmethod
-  def zeros(cls, rows: int, length: int, gamma: int) -> "SpeculativeTrace":
+  def zeros(
+      cls, rows: int, length: int, num_drafts: int, depth: int | None = None
+  ) -> "SpeculativeTrace":
+    """All zeros: drafts [rows, length, num_drafts], path [rows, length, depth] (depth None: a
+    chain, num_drafts)."""
     zeros = jnp.zeros((rows, length), jnp.int32)
-    return cls(jnp.zeros((rows, length, gamma), jnp.int32), zeros, zeros, zeros)
+    depth = num_drafts if depth is None else depth
+    return cls(
+        jnp.zeros((rows, length, num_drafts), jnp.int32),
+        zeros,
+        zeros,
+        zeros,
+        jnp.zeros((rows, length, depth), jnp.int32),
+    )
 
   def record(
       self,
@@ -148,8 +169,10 @@ class SpeculativeTrace:
       accepted: jax.Array,
       token: jax.Array,
       emitted: jax.Array,
+      path: jax.Array,
   ) -> "SpeculativeTrace":
-    """Writes one iteration's values ([rows, gamma] and [rows]) at index `iteration`."""
+    """Writes one iteration's values (drafts [rows, M], path [rows, D], the others [rows]) at
+    index `iteration`."""
     return SpeculativeTrace(
         *(
             old.at[:, iteration].set(new)
@@ -158,6 +181,7 @@ class SpeculativeTrace:
                 (self.accepted, accepted),
                 (self.token, token),
                 (self.emitted, emitted),
+                (self.path, path),
             )
         )
     )
@@ -166,7 +190,7 @@ class SpeculativeTrace:
 @flax.struct.dataclass
 class SpeculativeOutput:
   """What `speculative_sample` returns: decodes [B, N, L] int32 (0 after EOS), log_probs [B, N]
-  (sorted ascending, best last), stats (fields [B, N]) and trace (fields [B, N, L(, gamma)], or
+  (sorted ascending, best last), stats (fields [B, N]) and trace (fields [B, N, L(, M or D)], or
   None when not asked for)."""
 
   decodes: jax.Array
@@ -229,15 +253,24 @@ def _unflatten_sorted(
 
 def _max_lengths(
     max_decode_steps, prompt_lengths: jax.Array, length: int, hard_limit: int | None = None
-) -> jax.Array:
-  """Per-row last position: min(L, prompt length + max_decode_steps) -> [rows] int32
-  (max_decode_steps, None or in [1, L], is checked at the top of the decoding functions)."""
+) -> tuple[jax.Array, jax.Array]:
+  """Each row's decode limit for max_decode_steps s (None: up to L) and prompt lengths [rows]
+  -> (its last position min(L, prompt length + s) [rows] int32, whether it decodes nothing
+  [rows] bool).
+
+  Both loops give s one meaning: a row decodes at most s tokens after its prompt, and never past
+  L. A concrete s is checked to be in [1, L] before tracing (`validation.check_max_decode_steps`);
+  a traced one (an argument of the caller's `jax.jit`) cannot be, and is taken as it is: s > L
+  decodes up to L, and s <= 0 decodes nothing (the row is its prompt, then padding, with log-prob
+  0).
+  """
   if max_decode_steps is None:
-    return jnp.full(prompt_lengths.shape, length, jnp.int32)
+    return jnp.full(prompt_lengths.shape, length, jnp.int32), jnp.zeros(prompt_lengths.shape, bool)
   steps = jnp.asarray(max_decode_steps, jnp.int32)
   if hard_limit:
     steps = jnp.minimum(steps, hard_limit)
-  return jnp.minimum(length, prompt_lengths + steps).astype(jnp.int32)
+  max_len = jnp.minimum(length, prompt_lengths + steps).astype(jnp.int32)
+  return max_len, jnp.broadcast_to(steps <= 0, prompt_lengths.shape)
 
 
 def decoded_lengths(decodes: jax.Array | np.ndarray, eos_id: int) -> jax.Array | np.ndarray:
@@ -299,7 +332,9 @@ def temperature_sample(
     topp: nucleus mass, 0 means no cutoff; at most one of topk, topp may be non-zero.
     cache_offset: the batch axis of cache arrays.
     initial_index: [B] int32 loop start per row (prefilled caches); default 0.
-    max_decode_steps: decode at most this many tokens after the prompt.
+    max_decode_steps: decode at most this many tokens after the prompt (None: up to L); an integer
+      in [1, L], or traced under the caller's `jax.jit`, where s <= 0 decodes nothing and s > L
+      decodes up to L (`speculative_sample` gives it the same meaning).
     max_decode_steps_hard_limit: static upper bound on max_decode_steps.
     rescale_log_probs: log-probs from the standardized (tempered, truncated) distribution when
       True, from log_softmax(logits) when False.
@@ -323,7 +358,7 @@ def temperature_sample(
     initial_index = expand_rows(jnp.asarray(initial_index, jnp.int32), num_decodes)
   rows = batch * num_decodes
   standardize = sampling.Standardizer(temperature, topk, topp)
-  max_len = _max_lengths(
+  max_len, decodes_nothing = _max_lengths(
       max_decode_steps, jnp.count_nonzero(inputs, axis=1), length, max_decode_steps_hard_limit
   )
   sequences0 = jnp.pad(inputs, ((0, 0), (0, 2)))
@@ -376,7 +411,7 @@ def temperature_sample(
       sequences=sequences0,
       cache=cache,
       cur_token=token0.astype(jnp.int32),
-      ended=jnp.zeros((rows, 1), bool),
+      ended=decodes_nothing[:, None],
       log_prob=jnp.zeros((rows,), jnp.float32),
   )
   final = jax.lax.while_loop(cond, body, init)
@@ -387,8 +422,9 @@ def temperature_sample(
 
 @flax.struct.dataclass
 class SpeculativeLoopState:
-  """The speculative loop's carry. sequences [rows, L+gamma+1] holds y_0, y_1, ... (no BOS
-  slot); length [rows] counts the decoded tokens, which is also the target cache's index."""
+  """The speculative loop's carry. sequences [rows, L+D+1] holds y_0, y_1, ... (no BOS slot;
+  D the shape's depth); length [rows] counts the decoded tokens, which is also the target cache's
+  index."""
 
   sequences: jax.Array
   length: jax.Array
@@ -398,86 +434,7 @@ class SpeculativeLoopState:
   log_prob: jax.Array  # [rows]
   stats: SpeculativeStats  # fields [rows]
   iteration: jax.Array  # scalar int32
-  trace: SpeculativeTrace | None  # fields [rows, L(, gamma)], or None when not traced
-
-
-def _score_block(
-    target_logits_fn: Callable, drafter: drafters_lib.Drafter, tokens, cache, index, **tree
-) -> tuple[jax.Array, jax.Array | None, Any]:
-  """One target call on the block tokens [rows, k] -> (logits [rows, k, V], the decoder features
-  [rows, k, E] when the drafter reads them, else None, cache). Features are asked for only
-  then, so other drafters compile to the program they always did."""
-  if not drafter.reads_target_features:
-    logits, cache = target_logits_fn(tokens, cache, index, **tree)
-    return logits, None, cache
-  return target_logits_fn(tokens, cache, index, return_features=True, **tree)
-
-
-def validate_speculative(
-    gamma,
-    temperature,
-    topk,
-    topp,
-    *,
-    inputs=None,
-    eos_id=None,
-    num_decodes=1,
-    max_decode_steps=None,
-    decode_rng=None,
-) -> None:
-  """Raises `validation.InvalidInputError` (a ValueError) for bad arguments of
-  `speculative_sample`, before tracing: gamma and the sampling settings, and with `inputs` [B, L]
-  everything `validation.check_decode_call` checks."""
-  validation.check_gamma(gamma)
-  if inputs is None:
-    validation.check_sampling(temperature, topk, topp)
-  else:
-    validation.check_decode_call(
-        inputs, eos_id, num_decodes, temperature, topk, topp, max_decode_steps, decode_rng
-    )
-
-
-def validate_tree(
-    tree: Any,
-    gamma: int,
-    verifier: speculative.Verifier,
-    drafter: drafters_lib.Drafter,
-    draft_stop: Any = None,
-    move_target_cache: Any = None,
-    needs_cache_move: bool = True,
-) -> None:
-  """Raises `validation.InvalidInputError` for a draft tree that `speculative_sample` cannot
-  decode with these settings, before tracing."""
-  if not isinstance(tree, trees.DraftTree):
-    raise validation.InvalidInputError(
-        f"draft_tree must be a trees.DraftTree, got {tree!r}: use "
-        "trees.DraftTree.from_branching((k_1, ..., k_D))."
-    )
-  if gamma != tree.depth:
-    raise validation.InvalidInputError(
-        f"gamma {gamma} != the draft tree's depth {tree.depth}: with a tree, gamma is its depth "
-        "(the most tokens one call accepts)."
-    )
-  if draft_stop is not None:
-    raise validation.InvalidInputError(
-        "draft_stop (adaptive draft length) works on chains only: give draft_tree or "
-        "draft_stop, not both."
-    )
-  if type(verifier).verify_tree is speculative.Verifier.verify_tree:
-    raise validation.InvalidInputError(
-        f"{type(verifier).__name__} verifies chains only: use speculative.TreeVerifier() "
-        "with a draft tree."
-    )
-  if type(drafter).propose_tree is drafters_lib.Drafter.propose_tree:
-    raise validation.InvalidInputError(
-        f"{type(drafter).__name__} proposes chains only, not a draft tree: use draft_tree=None, "
-        "or a T5, unigram or bigram drafter for trees."
-    )
-  if needs_cache_move and not callable(move_target_cache):
-    raise validation.InvalidInputError(
-        "a draft tree needs move_target_cache (network.move_cache_slots), which makes the "
-        "accepted path's cache slots contiguous."
-    )
+  trace: SpeculativeTrace | None  # fields [rows, L(, M or D)], or None when not traced
 
 
 def speculative_sample(
@@ -489,11 +446,12 @@ def speculative_sample(
     drafter_state: Any,
     eos_id: int,
     *,
-    gamma: int,
-    verifier: speculative.Verifier = speculative.ALGORITHM_1,
+    gamma: int | None = None,
+    verifier: speculative.Verifier | None = None,
     draft_stop: draft_length.DraftStop | None = None,
-    draft_tree: trees.DraftTree | None = None,
-    move_target_cache: Callable[[Any, jax.Array, jax.Array], Any] | None = None,
+    draft_tree: trees.DraftTree | Sequence[int] | None = None,
+    draft_shape: draft_shapes.DraftShape | None = None,
+    move_target_cache: draft_shapes.MoveCache | None = None,
     decode_rng: jax.Array | None = None,
     num_decodes: int = 1,
     temperature: float | jax.Array = 1.0,
@@ -505,63 +463,57 @@ def speculative_sample(
 ) -> SpeculativeOutput:
   """Speculative sampling (Algorithm 1) for all rows in one `lax.while_loop`.
 
-  Each iteration: the drafter proposes gamma drafts (`drafter.propose`), the target scores the
-  pending token and the drafts in one call, the verifier accepts n of them and gives the next
-  token (`verifier.verify`, or `verify_greedy` at temperature 0), and each row writes its n + 1
-  new tokens (cut at EOS and at max_decode_steps) and rolls its length forward.
+  Each iteration the draft shape (`draft_shapes.DraftShape.iterate`) has the drafter propose its
+  drafts, the target score the pending token and them in one call and the verifier accept n of
+  them along a path and give the next token; each row then writes its n + 1 new tokens (cut at
+  EOS and at max_decode_steps) and rolls its length forward.
 
   Args:
     inputs: [B, L] int32, only its shape is used (decoding starts from BOS; prompts are not
       supported here).
-    target_cache: the target's cache at batch B, length at least L + gamma + 1.
+    target_cache: the target's cache at batch B, length at least L + M + 1 (M + 1 = the shape's
+      `width`: gamma + 1 for a chain).
     target_logits_fn: (tokens [rows, k], cache, cache_index [rows]) -> (logits [rows, k, V], cache),
       the target's k-token cached decode; with return_features=True (asked for only when the
       drafter `reads_target_features`) -> (logits, decoder features [rows, k, E], cache), whose
-      accepted positions the loop hands the drafter (`Drafter.observe_features`).
+      accepted positions the loop hands the drafter (`Drafter.observe_features`); with a tree,
+      tree=the `trees.DraftTree` (scored under its attention mask).
     drafter: a `drafters.Drafter`; drafter_params its parameters; drafter_state its state at
       batch B (from `drafter.init_state`).
     eos_id: end-of-sequence id; tokens accepted after it are dropped.
-    gamma: drafts per target call (static), the most under `draft_stop`.
-    verifier: a `speculative.Verifier` (default Algorithm 1, `speculative.TokenVerifier`).
-    draft_stop: a `draft_length` rule that ends a row's drafting early (adaptive draft length),
-      or None: gamma drafts per call. The verification width stays gamma + 1; empty slots are
-      rejected, and the drafter steps run only while some active row still drafts.
-    draft_tree: a static `trees.DraftTree` of M drafts (depth D = gamma), or None: a chain. The
-      drafter proposes the tree (`drafter.propose_tree`), the target scores the root and every
-      node in one call under the tree's attention mask (`target_logits_fn(..., tree=tree)`), the
-      verifier walks it (`verifier.verify_tree`, e.g. `speculative.TreeVerifier`), and
-      `move_target_cache` (`network.move_cache_slots`) makes the accepted path's cache slots
-      contiguous. The target cache then needs L + M + 1 slots.
-    move_target_cache: (cache, destination [rows], sources [rows, D]) -> cache, needed with a
-      tree: slots destination + j take the contents of slots sources[:, j].
+    gamma: drafts per target call of a chain (static), the most under `draft_stop`; with a
+      draft_tree or a draft_shape, None or its depth D.
+    verifier: a `speculative.Verifier`; None: the shape's default (Algorithm 1,
+      `speculative.TokenVerifier`, for a chain; `speculative.TreeVerifier` for a tree).
+    draft_stop: a `draft_length` rule that ends a row's drafting early (adaptive draft length,
+      `draft_shapes.Chain`), or None: gamma drafts per call.
+    draft_tree: a static `trees.DraftTree` of M drafts and depth D (or its branching), or None: a
+      chain (`draft_shapes.Tree`).
+    draft_shape: a `draft_shapes.DraftShape`, in place of gamma, draft_stop and draft_tree.
+    move_target_cache: (cache, destination [rows], sources [rows, D]) -> cache, needed by a shape
+      that compacts the cache (a tree): slots destination + j take the contents of slots
+      sources[:, j] (`network.move_cache_slots`).
     decode_rng, num_decodes, temperature, topk, topp, max_decode_steps: as in temperature_sample
-      (topk defaults to 0 here: no cutoff). Iteration i uses the uniforms [B*N, 2 gamma + 1] at
-      row i of `sampling.uniforms(decode_rng, (L, B*N, 2 gamma + 1))`: gamma for the drafts, gamma
-      + 1 for the verifier.
+      (topk defaults to 0 here: no cutoff). Iteration i uses the uniforms [B*N, 2 M + 1] at row i
+      of `sampling.uniforms(decode_rng, (L, B*N, 2 M + 1))`: M for the drafts, M + 1 for the
+      verifier.
     rescale_log_probs: log-probs from the standardized target distribution (True) or from the
       target's raw softmax (False).
-    return_trace: also record what happened at each iteration (for inspection; costs memory);
-      with a tree, `trace.drafts` holds all M nodes.
+    return_trace: also record what happened at each iteration (for inspection; costs memory):
+      `trace.drafts` holds the M drafts of each call, `trace.path` the ones the verifier walked.
 
   Returns:
     A `SpeculativeOutput`: decodes [B, N, L], log_probs [B, N], stats (`SpeculativeStats`, fields
-    [B, N]) and, with return_trace, the trace (`SpeculativeTrace`, fields [B, N, L(, gamma)]).
+    [B, N]) and, with return_trace, the trace (`SpeculativeTrace`, fields [B, N, L(, M or D)]).
   """
-  validate_speculative(
-      gamma,
-      temperature,
-      topk,
-      topp,
-      inputs=inputs,
-      eos_id=eos_id,
-      num_decodes=num_decodes,
-      max_decode_steps=max_decode_steps,
-      decode_rng=decode_rng,
+  shape = draft_shapes.make_shape(gamma, draft_stop, draft_tree, draft_shape)
+  validation.check_decode_call(
+      inputs, eos_id, num_decodes, temperature, topk, topp, max_decode_steps, decode_rng
   )
   if drafter.vocab_size <= 0:
     raise ValueError(f"the drafter's vocab_size is {drafter.vocab_size}: give it the target's.")
-  if draft_tree is not None:
-    validate_tree(draft_tree, gamma, verifier, drafter, draft_stop, move_target_cache)
+  verifier = shape.default_verifier if verifier is None else verifier
+  shape.check(verifier, drafter, move_target_cache)
   batch, length = inputs.shape
   rows = batch * num_decodes
   rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
@@ -570,113 +522,31 @@ def speculative_sample(
     if temperature.ndim == 1:
       temperature = jnp.repeat(temperature, num_decodes)[:, None]  # [rows, 1] vs [rows, k, V]
 
-  standardize = sampling.Standardizer(temperature, topk, topp)
-
-  max_len = _max_lengths(max_decode_steps, jnp.zeros((rows,), jnp.int32), length)
-  block = jnp.arange(gamma + 1)[None]  # [1, gamma+1]
-  drafts_per_call = gamma if draft_tree is None else draft_tree.num_nodes
+  parts = draft_shapes.Parts(
+      drafter,
+      drafter_params,
+      target_logits_fn,
+      verifier,
+      sampling.Standardizer(temperature, topk, topp),
+      move_target_cache,
+  )
+  max_len, decodes_nothing = _max_lengths(max_decode_steps, jnp.zeros((rows,), jnp.int32), length)
+  depth = shape.depth
+  block = jnp.arange(depth + 1)[None]  # [1, D+1]
 
   # Every active row emits at least one token per iteration: at most L iterations.
-  uniforms = sampling.uniforms(rng, (length, rows, 2 * drafts_per_call + 1))
-
-  def verify_tree(state: SpeculativeLoopState, u: jax.Array):
-    """The tree's iteration up to the accepted path -> (path drafts [rows, D], n, token, beta
-    [rows, D], logits and p along the path [rows, D+1, V] (p None when greedy), target cache,
-    drafter state, drafts [rows, M])."""
-    m = draft_tree.num_nodes
-    drafts, q, drafter_state = drafter.propose_tree(
-        drafter_params,
-        state.drafter_state,
-        state.sequences,
-        state.length,
-        draft_tree,
-        u[:, :m],
-        standardize,
-    )
-    pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
-    in_vocabulary = jnp.where((drafts >= 0) & (drafts < drafter.vocab_size), drafts, 0)
-    tokens = jnp.concatenate([pending, in_vocabulary], axis=1)  # [rows, M+1]
-    logits, features, target_cache = _score_block(
-        target_logits_fn, drafter, tokens, state.target_cache, state.length, tree=draft_tree
-    )
-    if standardize.greedy:
-      p = None
-      path, n, token, beta = verifier.verify_tree_greedy(
-          sampling.argmax(logits), drafts, draft_tree
-      )
-    else:
-      p = standardize(logits)
-      path, n, token, beta = verifier.verify_tree(
-          p, q, drafts, u[:, m:], standardize.draw, draft_tree
-      )
-    target_cache = move_target_cache(target_cache, state.length + 1, state.length[:, None] + path)
-    # The distributions of the emitted tokens: at the root, then at the path's slots.
-    along = jnp.concatenate([jnp.zeros_like(path[:, :1]), path], axis=1)[..., None]
-    logits = jnp.take_along_axis(logits, along, axis=1)
-    p = None if p is None else jnp.take_along_axis(p, along, axis=1)
-    if features is not None:  # the path's features, at positions length .. length + D.
-      features = jnp.take_along_axis(features, along, axis=1)
-      drafter_state = drafter.observe_features(drafter_state, features, state.length)
-    path_drafts = jnp.take_along_axis(tokens, path, axis=1)
-    return path_drafts, n, token, beta, logits, p, target_cache, drafter_state, drafts
-
-  def verify_chain(state: SpeculativeLoopState, u: jax.Array):
-    """The chain's iteration up to the verifier -> (drafts [rows, gamma], n, token, beta,
-    logits [rows, gamma+1, V], p (None when greedy), target cache, drafter state, drafter steps,
-    drafts per row)."""
-    # A rule reaches the drafter only when given, so a drafter written without `stop` still
-    # decodes at a static gamma. Rows that ended stop after their first draft.
-    stop = {}
-    if draft_stop is not None:
-      stop["stop"] = lambda logits, drafts: draft_stop(logits, drafts) | state.ended
-    drafts, q, drafter_state = drafter.propose(
-        drafter_params,
-        state.drafter_state,
-        state.sequences,
-        state.length,
-        gamma,
-        u[:, :gamma],
-        standardize,
-        **stop,
-    )
-    # Drafts before the first EMPTY slot; the batch's drafter steps are the longest row's.
-    drafted = jnp.sum(jnp.cumprod((drafts != drafters_lib.EMPTY).astype(jnp.int32), axis=1), axis=1)
-    steps = gamma if draft_stop is None else jnp.max(drafted)
-    drafted = gamma if draft_stop is None else drafted
-    pending = drafters_lib.decoder_inputs(state.sequences, state.length[:, None])
-    # An out-of-vocabulary draft (a broken drafter) never reaches the target's embedding: it is
-    # scored as 0 and rejected by the verifier.
-    in_vocabulary = jnp.where((drafts >= 0) & (drafts < drafter.vocab_size), drafts, 0)
-    logits, features, target_cache = _score_block(
-        target_logits_fn,
-        drafter,
-        jnp.concatenate([pending, in_vocabulary], axis=1),
-        state.target_cache,
-        state.length,
-    )
-    if features is not None:  # positions length .. length + gamma; past the accepted, unused.
-      drafter_state = drafter.observe_features(drafter_state, features, state.length)
-    if standardize.greedy:
-      p = None
-      n, token, beta = verifier.verify_greedy(sampling.argmax(logits), drafts)
-    else:
-      p = standardize(logits)
-      n, token, beta = verifier.verify(p, q, drafts, u[:, gamma:], standardize.draw)
-    return drafts, n, token, beta, logits, p, target_cache, drafter_state, steps, drafted
+  uniforms = sampling.uniforms(rng, (length, rows, shape.num_uniforms))
 
   def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
     u = uniforms[jnp.minimum(state.iteration, length - 1)]
-    if draft_tree is None:
-      drafts, n, token, beta, logits, p, target_cache, drafter_state, steps, drafted = verify_chain(
-          state, u
-      )
-      traced = drafts
-    else:
-      drafts, n, token, beta, logits, p, target_cache, drafter_state, traced = verify_tree(state, u)
-      steps, drafted = draft_tree.depth, drafts_per_call
+    position = draft_shapes.Position(
+        state.sequences, state.length, state.ended, state.target_cache, state.drafter_state
+    )
+    step = shape.iterate(parts, position, u)
+    n = step.n
 
     # New tokens: the n accepted drafts, then the correction (or bonus) token.
-    out = jnp.where(block < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), token[:, None])
+    out = jnp.where(block < n[:, None], jnp.pad(step.drafts, ((0, 0), (0, 1))), step.token[:, None])
     emitted = n + 1
     is_eos = (out == eos_id) & (block < emitted[:, None])
     emitted = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1, emitted)
@@ -686,32 +556,34 @@ def speculative_sample(
     out = jnp.where(kept, out, 0)
     sequences = _write_rows(state.sequences, out, state.length)
 
-    out_log_prob = _log_probs(logits, p, out, rescale_log_probs)
+    out_log_prob = _log_probs(step.logits, step.p, out, rescale_log_probs)
     log_prob = state.log_prob + jnp.sum(jnp.where(kept, out_log_prob, 0.0), axis=1)
 
     active = (~state.ended).astype(jnp.int32)
-    verified = kept[:, :gamma]  # beta at the accepted drafts and at the first rejection.
+    verified = kept[:, :depth]  # beta at the accepted drafts and at the first rejection.
     stats = state.stats
     stats = stats.replace(
         target_calls=stats.target_calls + active,
-        drafter_calls=stats.drafter_calls + active * steps * drafter.steps_per_draft,
-        drafted_tokens=stats.drafted_tokens + active * drafted,
+        drafter_calls=stats.drafter_calls + active * step.drafter_steps * drafter.steps_per_draft,
+        drafted_tokens=stats.drafted_tokens + active * step.drafted,
         accepted_tokens=stats.accepted_tokens + jnp.minimum(n, emitted),
-        beta_sum=stats.beta_sum + jnp.sum(jnp.where(verified, beta, 0.0), axis=1),
+        beta_sum=stats.beta_sum + jnp.sum(jnp.where(verified, step.beta, 0.0), axis=1),
         beta_count=stats.beta_count + jnp.sum(verified, axis=1).astype(jnp.int32),
     )
 
     trace = state.trace
     if return_trace:
-      trace = trace.record(state.iteration, traced, n, token, emitted)
+      trace = trace.record(
+          state.iteration, step.traced_drafts, n, step.token, emitted, step.traced_path
+      )
     new_length = state.length + emitted
     ended = state.ended | jnp.any(is_eos & kept, axis=1) | (new_length >= max_len)
     return SpeculativeLoopState(
         sequences=sequences,
         length=new_length,
         ended=ended,
-        target_cache=target_cache,
-        drafter_state=drafter_state,
+        target_cache=step.target_cache,
+        drafter_state=step.drafter_state,
         log_prob=log_prob,
         stats=stats,
         iteration=state.iteration + 1,
@@ -719,15 +591,15 @@ def speculative_sample(
     )
 
   init = SpeculativeLoopState(
-      sequences=jnp.zeros((rows, length + gamma + 1), jnp.int32),
+      sequences=jnp.zeros((rows, length + depth + 1), jnp.int32),
       length=jnp.zeros((rows,), jnp.int32),
-      ended=max_len <= 0,
+      ended=decodes_nothing,
       target_cache=expand_rows(target_cache, num_decodes),
       drafter_state=expand_rows(drafter_state, num_decodes),
       log_prob=jnp.zeros((rows,), jnp.float32),
       stats=SpeculativeStats.zeros(rows),
       iteration=jnp.int32(0),
-      trace=SpeculativeTrace.zeros(rows, length, drafts_per_call) if return_trace else None,
+      trace=SpeculativeTrace.zeros(rows, length, shape.num_drafts, depth) if return_trace else None,
   )
   final = jax.lax.while_loop(lambda s: ~jnp.all(s.ended), body, init)
   leaves, treedef = jax.tree.flatten((final.stats, final.trace))

@@ -25,6 +25,7 @@ import seqio
 
 from speculative_t5x import decoding
 from speculative_t5x import draft_length
+from speculative_t5x import draft_shapes
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -334,13 +335,16 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       target's, and it must serve the target (`Drafter.check_target`, a ValueError here). Its
       parameters sit beside the target's: params = {'target': ..., 'drafter': ...}.
     gamma: drafts per target call (the most, under `draft_stop`); default 4, or the depth of
-      `draft_tree`.
-    verifier: a `speculative.Verifier` (default Algorithm 1, `speculative.TokenVerifier`).
+      `draft_tree` or `draft_shape`.
+    verifier: a `speculative.Verifier`, or None: the draft shape's default (Algorithm 1,
+      `speculative.TokenVerifier`, for a chain; `speculative.TreeVerifier` for a tree).
     draft_stop: a `draft_length` rule for adaptive draft length (e.g.
       `draft_length.ConfidenceStop(threshold)`), or None: always gamma drafts.
     draft_tree: a static draft tree, `trees.DraftTree` or its branching (k_1, ..., k_D) (e.g.
-      (4, 1, 1, 1): 4 chains of 4 sharing their root), verified in one target call with
-      `verifier=speculative.TreeVerifier()`; None: a chain of gamma drafts.
+      (4, 1, 1, 1): 4 chains of 4 sharing their root), verified in one target call; None: a
+      chain of gamma drafts.
+    draft_shape: a `draft_shapes.DraftShape`, in place of draft_stop and draft_tree (which make
+      a `draft_shapes.Chain` or `draft_shapes.Tree`): a new shape is a subclass and a gin line.
     decode_fn: the decoding loop, T5X's extension point: called as `decoding.speculative_sample`
       (its default) is, and returning a `decoding.SpeculativeOutput`.
   """
@@ -357,6 +361,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       "verifier",
       "draft_stop",
       "draft_tree",
+      "draft_shape",
       "move_target_cache",
       "num_decodes",
   )
@@ -368,9 +373,10 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       input_vocabulary: seqio.Vocabulary,
       output_vocabulary: seqio.Vocabulary,
       gamma: int | None = None,
-      verifier: speculative.Verifier = speculative.ALGORITHM_1,
+      verifier: speculative.Verifier | None = None,
       draft_stop: draft_length.DraftStop | None = None,
       draft_tree: trees.DraftTree | tuple[int, ...] | None = None,
+      draft_shape: draft_shapes.DraftShape | None = None,
       decode_fn: Callable[..., decoding.SpeculativeOutput] = decoding.speculative_sample,
       optimizer_def: Any = None,
       label_smoothing: float = 0.0,
@@ -387,34 +393,23 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         z_loss=z_loss,
         loss_normalizing_factor=loss_normalizing_factor,
     )
-    draft_tree = trees.as_tree(draft_tree)
-    if gamma is None:
-      gamma = DEFAULT_GAMMA if draft_tree is None else draft_tree.depth
-    validation.check_gamma(gamma)
+    if gamma is None and draft_tree is None and draft_shape is None:
+      gamma = DEFAULT_GAMMA
     for name, vocabulary in (("input", input_vocabulary), ("output", output_vocabulary)):
       validation.check_vocabulary(vocabulary, module.config.vocab_size, f"{name}_vocabulary")
-    if not isinstance(verifier, speculative.Verifier):
+    if verifier is not None and not isinstance(verifier, speculative.Verifier):
       raise ValueError(
           f"verifier must be a speculative.Verifier (e.g. "
           f"speculative.TokenVerifier()), got {type(verifier).__name__}."
       )
-    if draft_stop is not None and not callable(draft_stop):
-      raise ValueError(
-          f"draft_stop must be a draft_length rule (e.g. draft_length.ConfidenceStop(0.4)) or "
-          f"None, got {draft_stop!r}."
-      )
-    self.gamma = int(gamma)
-    self.verifier = verifier
-    self.draft_stop = draft_stop
-    self.draft_tree = draft_tree
+    self.draft_shape = draft_shapes.make_shape(gamma, draft_stop, draft_tree, draft_shape)
+    self.gamma = self.draft_shape.depth
+    self.verifier = self.draft_shape.default_verifier if verifier is None else verifier
     self.drafter = drafters_lib.as_drafter(drafter).for_target(
         module.config.vocab_size, self.eos_id
     )
     self.drafter.check_target(module.config)
-    if draft_tree is not None:
-      decoding.validate_tree(
-          draft_tree, gamma, verifier, self.drafter, draft_stop, needs_cache_move=False
-      )
+    self.draft_shape.check(self.verifier, self.drafter, network.move_cache_slots)
 
   def get_initial_variables(self, rng, input_shapes, input_types=None) -> dict:
     """{'params': {'target': ..., 'drafter': ...}} (the drafter's from `Drafter.init_params`:
@@ -430,11 +425,10 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
   def prefill(self, params, batch: Batch) -> tuple[Any, Any]:
     """The target's encoder and cache, then the drafter's state (which may read the target's
-    encoder output), at the decode length + gamma + 1 (room for a block; M + 1 for a tree of M
-    drafts) -> (target cache, drafter state)."""
+    encoder output), at the decode length + M + 1 (room for a block of the draft shape's M
+    drafts: gamma for a chain) -> (target cache, drafter state)."""
     encoder_tokens = batch["encoder_input_tokens"]
-    block = self.gamma + 1 if self.draft_tree is None else self.draft_tree.width
-    cache_length = batch["decoder_input_tokens"].shape[1] + block
+    cache_length = batch["decoder_input_tokens"].shape[1] + self.draft_shape.width
     encoded, cache = self._prefill_target(params["target"], encoder_tokens, cache_length)
     return cache, self.drafter.init_state(
         params["drafter"], encoder_tokens, cache_length, target_encoded=encoded
@@ -474,8 +468,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         eos_id=self.eos_id,
         gamma=self.gamma,
         verifier=self.verifier,
-        draft_stop=self.draft_stop,
-        draft_tree=self.draft_tree,
+        draft_shape=self.draft_shape,
         move_target_cache=network.move_cache_slots,
         num_decodes=num_decodes,
         **settings,

@@ -1,9 +1,9 @@
 """The paper's Figure 1 from a decode's trace: which drafts the target accepted, rejected, corrected.
 
 `speculative_sample(return_trace=True)` (through `predict_batch_with_aux(..., decoder_params=
-{'return_trace': True})`) records, per iteration, the gamma drafts, how many Algorithm 1 accepted,
-the target's own token and how many tokens were kept. `trace_steps` turns one row of it into one
-`Step` per target call; `steps_html` draws them like Figure 1: one line per target call, the text
+{'return_trace': True})`) records, per iteration, the drafts (a chain's gamma, a draft tree's M
+nodes), the path the verifier walked through them, how many it accepted, the target's own token
+and how many tokens were kept. `trace_steps` turns one row of it into one `Step` per target call; `steps_html` draws them like Figure 1: one line per target call, the text
 so far in the default colour, then the accepted drafts in green, the first rejected draft in red
 (struck through) and the target's token in blue.
 """
@@ -33,15 +33,17 @@ _SENTENCEPIECE_SPACE = "\u2581"
 class Step:
   """One target call for one row.
 
-  accepted: the drafts kept, in order.
-  rejected: the first draft Algorithm 1 rejected; None when every draft was accepted, or when
-    the row ended (EOS, length limit) before the target's token was kept.
+  accepted: the drafts kept, in order (for a draft tree, along the accepted path).
+  rejected: the first draft the verifier rejected (for a draft tree, the first child of the
+    path's last node; its later siblings were rejected too); None when every draft was accepted,
+    or when the row ended (EOS, length limit) before the target's token was kept.
   correction: the target's token after the accepted drafts: resampled after a rejection, or the
     bonus token after every draft was accepted; None when the row ended before it.
-  stopped: whether the drafter stopped before gamma drafts (adaptive draft length,
-    `draft_length`): the slots after its last draft were empty (`drafters.EMPTY`), which are
-    neither drafts nor rejections, so after all its drafts were accepted `rejected` is None and
-    `correction` is the target's token in the first empty slot.
+  stopped: whether some draft slots were empty (`drafters.EMPTY`): the drafter stopped before
+    gamma drafts (adaptive draft length, `draft_length`), or a tree node had no token left to
+    draw under a top-k or top-p cutoff. Empty slots are neither drafts nor rejections, so after
+    all its drafts were accepted `rejected` is None and `correction` is the target's token in the
+    first empty slot.
   """
 
   accepted: tuple[int, ...]
@@ -56,9 +58,10 @@ class Step:
 
 
 def trace_steps(trace: decoding.SpeculativeTrace, row: int) -> list[Step]:
-  """One row of aux['speculative_trace'] (a `decoding.SpeculativeTrace`, fields [B, L] or
-  [B, L, gamma] for drafts) -> its target calls, in order. Concatenating their `tokens` gives the
-  row's decode."""
+  """One row of aux['speculative_trace'] (a `decoding.SpeculativeTrace`, fields [B, L],
+  [B, L, M] for drafts and [B, L, D] for the path) -> its target calls, in order, each read along
+  the path the verifier walked (a chain's drafts in order). Concatenating their `tokens` gives
+  the row's decode."""
   if not isinstance(trace, decoding.SpeculativeTrace):
     raise ValueError(
         f"trace is a {type(trace).__name__}, not a decoding.SpeculativeTrace: pass "
@@ -68,24 +71,31 @@ def trace_steps(trace: decoding.SpeculativeTrace, row: int) -> list[Step]:
   drafts, accepted, token, emitted = (
       np.asarray(x) for x in (trace.drafts, trace.accepted, trace.token, trace.emitted)
   )
-  if drafts.ndim != 3 or accepted.shape != drafts.shape[:2]:
+  if trace.path is None:  # a chain built by hand: its drafts in order.
+    path = np.broadcast_to(np.arange(1, drafts.shape[-1] + 1), drafts.shape)
+  else:
+    path = np.asarray(trace.path)
+  if drafts.ndim != 3 or accepted.shape != drafts.shape[:2] or path.shape[:2] != accepted.shape:
     raise ValueError(
-        f"trace shapes drafts {drafts.shape}, accepted {accepted.shape}: expected "
-        "[B, L, gamma] and [B, L] (one decode per row, not return_all_decodes)."
+        f"trace shapes drafts {drafts.shape}, accepted {accepted.shape}, path {path.shape}: "
+        "expected [B, L, M], [B, L] and [B, L, D] (one decode per row, not return_all_decodes)."
     )
   if not 0 <= row < drafts.shape[0]:
     raise ValueError(f"row {row} is outside the trace's batch of {drafts.shape[0]}.")
-  gamma = drafts.shape[2]
+  depth = path.shape[2]
   steps = []
-  for drafted, n, target_token, kept in zip(drafts[row], accepted[row], token[row], emitted[row]):
+  for drafted, walk, n, target_token, kept in zip(
+      drafts[row], path[row], accepted[row], token[row], emitted[row]
+  ):
     n, kept = int(n), int(kept)
     if kept == 0:  # the row had ended: every later iteration is empty too.
       break
+    walked = np.where(walk > 0, drafted[np.maximum(walk - 1, 0)], drafters.EMPTY)
     corrected = kept == n + 1
-    rejected = int(drafted[n]) if corrected and n < gamma else None
+    rejected = int(walked[n]) if corrected and n < depth else None
     steps.append(
         Step(
-            accepted=tuple(int(t) for t in drafted[: min(n, kept)]),
+            accepted=tuple(int(t) for t in walked[: min(n, kept)]),
             rejected=None if rejected == drafters.EMPTY else rejected,
             correction=int(target_token) if corrected else None,
             stopped=bool(np.any(drafted == drafters.EMPTY)),

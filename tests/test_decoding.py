@@ -311,6 +311,52 @@ def test_max_decode_steps_inside_a_block_truncates():
   np.testing.assert_array_equal(aux["speculative_stats"]["target_calls"], [2, 2, 2])
 
 
+def test_a_traced_max_decode_steps_means_the_same_in_both_loops():
+  """max_decode_steps as an argument of the caller's jax.jit, where it cannot be checked: both
+  loops decode at most that many tokens, none at 0 or below, and up to L above L. The counting
+  target of `test_the_verifier_decides_what_the_loop_keeps` emits 1 2 3 ... from BOS."""
+  vocab, length = 16, 8
+  drafter, params = _drafts_5(vocab)
+  inputs = jnp.zeros((2, length), jnp.int32)
+
+  def next_token(tokens):
+    return 100.0 * jax.nn.one_hot((tokens + 1) % vocab, vocab)
+
+  @jax.jit
+  def baseline(steps):
+    def tokens_to_logits(state):
+      return next_token(state.cur_token)[:, 0], state.cache
+
+    return decoding.temperature_sample(
+        inputs, (), tokens_to_logits, vocab - 1, temperature=0.0, max_decode_steps=steps
+    )[0][:, 0]
+
+  @jax.jit
+  def speculative(steps):
+    output = decoding.speculative_sample(
+        inputs,
+        (),
+        lambda tokens, cache, index: (next_token(tokens), cache),
+        drafter,
+        params,
+        (),
+        vocab - 1,
+        gamma=3,
+        temperature=0.0,
+        max_decode_steps=steps,
+    )
+    return output.decodes[:, 0], output.stats.target_calls[:, 0]
+
+  counting = np.arange(1, length + 1)
+  for steps in (-3, 0, 1, 5, length, length + 4):
+    expected = np.where(counting <= steps, counting, 0)
+    base = baseline(steps)
+    spec, calls = speculative(steps)
+    np.testing.assert_array_equal(base, [expected] * 2, err_msg=f"baseline, steps {steps}")
+    np.testing.assert_array_equal(spec, [expected] * 2, err_msg=f"speculative, steps {steps}")
+    assert np.all((calls == 0) == (steps <= 0))
+
+
 def test_prompt_lookup_and_ngram_drafters_are_greedy_exact():
   target, _ = _tiny_params()
   inputs = _random_inputs(12, seed=9)
@@ -555,7 +601,7 @@ def test_stats_from_dict_as_dict_and_concatenate():
 
 
 def test_trace_record_writes_one_iteration():
-  trace = decoding.SpeculativeTrace.zeros(2, 4, 3)
+  trace = decoding.SpeculativeTrace.zeros(2, 4, 3, 2)  # M = 3 drafts, depth D = 2
   record = jax.jit(
       lambda trace, i: trace.record(
           i,
@@ -563,12 +609,16 @@ def test_trace_record_writes_one_iteration():
           jnp.array([2, 0]),
           jnp.array([7, 8]),
           jnp.array([3, 1]),
+          jnp.array([[1, 3], [2, 0]]),
       )
   )
   trace = record(trace, jnp.int32(1))
   drafts = np.zeros((2, 4, 3), np.int32)
   drafts[:, 1] = [[1, 2, 3], [4, 5, 6]]
   np.testing.assert_array_equal(trace.drafts, drafts)
+  path = np.zeros((2, 4, 2), np.int32)
+  path[:, 1] = [[1, 3], [2, 0]]
+  np.testing.assert_array_equal(trace.path, path)
   np.testing.assert_array_equal(trace.accepted, [[0, 2, 0, 0], [0, 0, 0, 0]])
   np.testing.assert_array_equal(trace.token, [[0, 7, 0, 0], [0, 8, 0, 0]])
   np.testing.assert_array_equal(trace.emitted, [[0, 3, 0, 0], [0, 1, 0, 0]])
@@ -1049,7 +1099,7 @@ def test_a_draft_tree_samples_the_exact_target_distribution(kind, tree, temperat
   decodes, aux = _sample_small(model, params, temperature, topk, seed=17)
   _assert_matches_target(decodes, _exact_law(temperature, topk))
   totals = decoding.SpeculativeStats.from_dict(aux["speculative_stats"]).totals()
-  nodes, depth = model.draft_tree.num_nodes, model.draft_tree.depth
+  nodes, depth = model.draft_shape.num_drafts, model.draft_shape.depth
   assert totals["drafted_tokens"] == nodes * totals["target_calls"]
   assert totals["drafter_calls"] == (depth if kind != "bigram" else 0) * totals["target_calls"]
   assert 0 < totals["accepted_tokens"] < depth * totals["target_calls"]

@@ -71,37 +71,63 @@ def test_empty_slots_of_adaptive_draft_length_are_not_rejected_drafts():
   assert "-1" not in page and page.count('class="spec-rejected"') == 1
 
 
-@pytest.mark.parametrize("draft_stop", [None, draft_length.ConfidenceStop(1.0)])
-def test_steps_replay_a_real_decode(draft_stop):
-  """Also with adaptive draft length: threshold 1 stops every row after its first draft."""
+def _replayed_decode(rows, seed, temperature, length=12, **settings):
+  """A traced decode of `rows` random inputs by the model of `settings` -> (its steps per row,
+  its trace), after checking that each row's steps rebuild its decode, count its target calls
+  and its accepted drafts."""
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TARGET),
       network.Transformer(DRAFTER),
       seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS),
       seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS),
-      gamma=3,
-      draft_stop=draft_stop,
+      **settings,
   )
   params = {
       "target": network.init_params(TARGET, jax.random.PRNGKey(0)),
       "drafter": network.init_params(DRAFTER, jax.random.PRNGKey(1)),
   }
-  inputs = np.random.default_rng(0).integers(3, TARGET.vocab_size, (3, 6)).astype(np.int32)
-  batch = {"encoder_input_tokens": inputs, "decoder_input_tokens": np.zeros((3, 12), np.int32)}
+  inputs = np.random.default_rng(seed).integers(3, TARGET.vocab_size, (rows, 6)).astype(np.int32)
+  batch = {
+      "encoder_input_tokens": inputs,
+      "decoder_input_tokens": np.zeros((rows, length), np.int32),
+  }
   decodes, aux = jax.jit(
       lambda p, b, r: model.predict_batch_with_aux(
-          p, b, r, decoder_params={"temperature": 1.0, "return_trace": True}
+          p, b, r, decoder_params={"temperature": temperature, "return_trace": True}
       )
   )(params, batch, jax.random.PRNGKey(2))
-  for row in range(3):
+  steps_per_row = []
+  for row in range(rows):
     steps = visualize.trace_steps(aux["speculative_trace"], row)
     tokens = [t for step in steps for t in step.tokens]
-    np.testing.assert_array_equal(tokens + [0] * (12 - len(tokens)), np.asarray(decodes)[row])
+    np.testing.assert_array_equal(tokens + [0] * (length - len(tokens)), np.asarray(decodes)[row])
     assert len(steps) == int(aux["speculative_stats"]["target_calls"][row])
     accepted = sum(len(step.accepted) for step in steps)
     assert accepted == int(aux["speculative_stats"]["accepted_tokens"][row])
+    steps_per_row.append(steps)
+  return steps_per_row, aux["speculative_trace"]
+
+
+@pytest.mark.parametrize("draft_stop", [None, draft_length.ConfidenceStop(1.0)])
+def test_steps_replay_a_real_decode(draft_stop):
+  """Also with adaptive draft length: threshold 1 stops every row after its first draft."""
+  steps_per_row, _ = _replayed_decode(3, 0, 1.0, gamma=3, draft_stop=draft_stop)
+  for steps in steps_per_row:
     assert all(step.stopped == (draft_stop is not None) for step in steps)
     assert drafters.EMPTY not in [step.rejected for step in steps]
+
+
+@pytest.mark.parametrize("tree, temperature", [((3, 1), 0.0), ((2, 2), 1.0)])
+def test_steps_replay_a_draft_tree_decode(tree, temperature):
+  """A draft tree's trace, read along the path the verifier walked, rebuilds every one of 16
+  rows (fixed seeds), some of whose accepted paths are not the first n nodes in breadth-first
+  order (which do not rebuild them)."""
+  _, trace = _replayed_decode(16, 3, temperature, draft_tree=tree)
+  path, accepted = np.asarray(trace.path), np.asarray(trace.accepted)
+  assert any(
+      not np.array_equal(path[b, i, : accepted[b, i]], np.arange(1, accepted[b, i] + 1))
+      for b, i in zip(*np.nonzero(accepted))
+  )
 
 
 def test_html_colours_every_token_and_escapes_text():
