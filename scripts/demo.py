@@ -18,29 +18,27 @@ the explicit --random_pair. Every flag is checked before anything loads.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 
+import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
+
 from absl import flags
 from absl import logging
+import jax
+import seqio
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-import jax  # noqa: E402
-import seqio  # noqa: E402
-
-from speculative_t5x import benchmark  # noqa: E402
-from speculative_t5x import checkpoints  # noqa: E402
-from speculative_t5x import drafters  # noqa: E402
-from speculative_t5x import gin_utils  # noqa: E402
-from speculative_t5x import network  # noqa: E402
-from speculative_t5x import pairs  # noqa: E402
-from speculative_t5x import report  # noqa: E402
-from speculative_t5x import sampling  # noqa: E402
-from speculative_t5x import tasks  # noqa: E402
-from speculative_t5x import trees  # noqa: E402
-from speculative_t5x import validation  # noqa: E402
+from speculative_t5x import benchmark
+from speculative_t5x import checkpoints
+from speculative_t5x import drafters
+from speculative_t5x import gin_utils
+from speculative_t5x import network
+from speculative_t5x import pairs
+from speculative_t5x import report
+from speculative_t5x import sampling
+from speculative_t5x import tasks
+from speculative_t5x import trees
+from speculative_t5x import validation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DRAFTER = "demo drafter"
@@ -175,6 +173,26 @@ def _random_pair() -> tuple[pairs.Pair, None, str]:
   return pairs.load_pair(config, EOS_ID), None, "random tiny pair"
 
 
+def read_test_pairs() -> list[tuple[str, str]]:
+  """The first --num_examples (English, German) pairs of --test_file, before anything loads;
+  a missing file or a line that is not English<TAB>German is a configuration error."""
+  given = f"--test_file={_TEST_FILE.value}"
+  try:
+    lines = benchmark.read_lines(_TEST_FILE.value, _NUM_EXAMPLES.value)
+  except (OSError, ValueError) as e:
+    raise gin_utils.ConfigError(f"{given}: {e}") from e
+  pairs_read = []
+  for number, line in enumerate(lines, 1):
+    fields = line.split("\t")
+    if len(fields) < 2 or not fields[0].strip():
+      raise gin_utils.ConfigError(
+          f"{given}: non-empty line {number} is not English<TAB>German ({line[:60]!r}): give one "
+          "pair per line, e.g. data/demo_ende/test.tsv"
+      )
+    pairs_read.append((fields[0], fields[1]))
+  return pairs_read
+
+
 def _draft_trees() -> dict[str, trees.DraftTree] | None:
   """--draft_tree -> {label: tree}, or None for the chain of --gamma."""
   if not _DRAFT_TREE.value:
@@ -194,6 +212,7 @@ def main(argv):
     raise gin_utils.ConfigError(f"unexpected arguments {argv[1:]}: all options are --flags")
   temperatures = check_flags()
   draft_trees = _draft_trees()
+  test_pairs = None if _RANDOM_PAIR.value else read_test_pairs()
   load = benchmark.machine_load()
   logging.set_verbosity(logging.WARNING)
   pair, vocabulary, label = _demo_pair()
@@ -204,8 +223,7 @@ def main(argv):
         target.vocab_size, _NUM_EXAMPLES.value, RANDOM_INPUT_LENGTH, eos_id=EOS_ID
     )
   else:
-    lines = benchmark.read_lines(_TEST_FILE.value, _NUM_EXAMPLES.value)
-    sources, references = zip(*(line.split("\t")[:2] for line in lines))
+    sources, references = zip(*test_pairs)
     encoder_tokens = benchmark.encode_texts(
         [tasks.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
     )

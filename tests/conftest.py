@@ -6,10 +6,10 @@ import pathlib
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import speculative_t5x  # noqa: E402,F401  (first: TensorFlow, which seqio imports, quietly)
 import jax  # noqa: E402
-import seqio  # noqa: E402
+import seqio  # noqa: E402,F401
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

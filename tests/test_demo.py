@@ -33,6 +33,7 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
   """No random pair in place of a missing one (that is --random_pair), and every bad flag an
   error with exit status 1 before anything loads; all cases run at once."""
   (tmp_path / "incomplete" / "target").mkdir(parents=True)
+  (tmp_path / "no_tab.tsv").write_text("Open\tÖffnen\nonly English\n")
   cases = {
       f"--pair_dir={tmp_path / 'nowhere'}": f"--pair_dir={tmp_path / 'nowhere'} does not exist: "
       "give a directory written by checkpoints.save_pair with its sentencepiece.model (the "
@@ -40,6 +41,10 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       f"--pair_dir={tmp_path / 'incomplete'}": f"--pair_dir={tmp_path / 'incomplete'} has no "
       "drafter, sentencepiece.model: give a directory",
       "--temperatures=0,-1": "--temperatures=0,-1 (0.0, -1.0): temperature must be >= 0 and finite",
+      f"--test_file={tmp_path / 'no_tab.tsv'}": f"--test_file={tmp_path / 'no_tab.tsv'}: "
+      "non-empty line 2 is not English<TAB>German ('only English'): give one pair per line",
+      f"--test_file={tmp_path / 'absent.tsv'}": f"--test_file={tmp_path / 'absent.tsv'}: ",
+      "--draft_tree=2,0": "--draft_tree=2,0: ",
   }
   runs = {
       flags: subprocess.Popen(

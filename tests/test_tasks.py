@@ -381,8 +381,6 @@ def test_script_writes_corpus_vocabulary_and_stats(tmp_path):
 # start-up lines: no environment variable silences them, so the package's quiet import must be
 # the first import of TensorFlow in every entry point (speculative_t5x/__init__.py).
 _TENSORFLOW_IMPORTERS = ("seqio", "tensorflow", "tensorflow_datasets", "t5")
-# Entry points owned elsewhere that still import seqio first (issue 26: to be fixed there).
-_NOT_YET_QUIET = {"scripts/demo.py", "tests/conftest.py"}
 
 
 def _imports_before_the_package(path: pathlib.Path) -> list[str]:
@@ -406,18 +404,7 @@ _ENTRY_POINTS = sorted(
 ) + ["tests/conftest.py"]
 
 
-@pytest.mark.parametrize(
-    "entry_point",
-    [
-        pytest.param(
-            e,
-            marks=pytest.mark.xfail(strict=True, reason="imports seqio first; its owner fixes it")
-            if e in _NOT_YET_QUIET
-            else (),
-        )
-        for e in _ENTRY_POINTS
-    ],
-)
+@pytest.mark.parametrize("entry_point", _ENTRY_POINTS)
 def test_entry_points_import_the_package_before_tensorflow(entry_point):
   early = _imports_before_the_package(REPO_ROOT / entry_point)
   assert not set(early) & set(_TENSORFLOW_IMPORTERS), (
