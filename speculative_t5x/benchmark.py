@@ -42,6 +42,7 @@ EXTRA_PASSES = 4  # step times: calls of 1 + EXTRA_PASSES passes minus calls of 
 # exercise the mechanics only: the alpha of random models says nothing about real drafters.
 RANDOM_DRAFTER_KINDS = ("independent", "copy")
 _FIRST_NON_SPECIAL_ID = 3  # T5 vocabularies: 0 = PAD, 1 = EOS, 2 = UNK.
+STREAM_WIDTH = 256  # columns of a StreamStage's matrix: rows = bytes / (4 * STREAM_WIDTH).
 
 
 # A machine whose 1-minute load average is above this before a timing has other work on its
@@ -467,8 +468,37 @@ class ProposalStage:
     return tokens.at[:, : self.gamma].set(drafts), (state, sequences)
 
 
+@dataclasses.dataclass(frozen=True)
+class StreamStage:
+  """A stage that only reads memory: every byte of params [rows, STREAM_WIDTH] float32 once per
+  step, in a matrix-vector product whose vector comes from the incoming tokens (so it is neither
+  dead nor loop-invariant), passing the tokens on unchanged. Beside a network's stage it shows
+  what streaming that many bytes does to the network's step (scripts/bench_interference.py)."""
+
+  params: jax.Array
+  vocab_size: int
+  k: int = 1
+  span: int = 1
+
+  @classmethod
+  def of_megabytes(cls, megabytes: float, vocab_size: int, seed: int = 0) -> "StreamStage":
+    rows = max(1, int(megabytes * 2**20 / (4 * STREAM_WIDTH)))
+    weights = jax.random.normal(jax.random.PRNGKey(seed), (rows, STREAM_WIDTH), jnp.float32)
+    return cls(weights * 1e-3, vocab_size)
+
+  def init_cache(self, params, encoder_tokens, cache_length, rng):
+    del params, encoder_tokens, cache_length, rng
+    return ()
+
+  def run(self, params, cache, tokens, position, u, standardize, temperature):
+    del position, u, standardize, temperature
+    vector = (tokens[0, :1] % 7 + 1).astype(jnp.float32) * jnp.ones((STREAM_WIDTH,))
+    total = jnp.sum(params @ vector)
+    return jnp.where(total > 1e30, tokens + 1, tokens), cache
+
+
 def decode_step_call(
-    stages: Sequence[Stage | ProposalStage],
+    stages: Sequence[Stage | ProposalStage | StreamStage],
     geometry: DecodeGeometry,
     *,
     temperature: float | None = None,

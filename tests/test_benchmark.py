@@ -298,3 +298,19 @@ def test_a_drafter_without_single_network_steps_is_timed_by_its_own_proposal():
   record = benchmark.drafter_record(feature)
   assert record["kind"] == "FeatureDrafter" and record["config"]["emb_dim"] == 4
   assert record["draft_vocab"] == (5, 6)
+
+
+def test_a_stream_stage_reads_its_megabytes_and_passes_the_tokens_on():
+  """The stage that stands in for a drafter's weights: X MB of float32, every byte read by a
+  matrix-vector product each step, timed in the harness's loop beside a target step, where it
+  leaves the target's input tokens as they were (the target's own steps are unchanged)."""
+  stream = benchmark.StreamStage.of_megabytes(0.5, vocab_size=32)
+  assert stream.params.size * 4 == 0.5 * 2**20 and stream.params.dtype == jnp.float32
+  target = network.T5Config(
+      vocab_size=32, emb_dim=8, num_heads=1, num_decoder_layers=1, head_dim=4, mlp_dim=8
+  )
+  stage = benchmark.Stage(target, network.init_params(target, jax.random.PRNGKey(0)), 1)
+  geometry = benchmark.DecodeGeometry(4, 12, 2, 2)
+  alone, args = benchmark.decode_step_call([stage], geometry, temperature=0.0)
+  paired, paired_args = benchmark.decode_step_call([stream, stage], geometry, temperature=0.0)
+  np.testing.assert_array_equal(alone(*args), paired(*paired_args))
