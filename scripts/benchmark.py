@@ -22,6 +22,10 @@ Inputs (`report.load_inputs`): random token ids (--num_examples of them, lengths
 Writes results.json and results.md into --output_dir (with --costs_only, only the decode-step
 costs: costs.json and costs.md).
 
+One process only: its timings are one host's. Where JAX runs several processes (a TPU pod
+slice's workers) it refuses with status 1 before loading anything (`multihost.refuse_multiprocess`,
+docs/multihost.md); decode a split on every host with scripts/infer.py instead.
+
 Usage:
   python scripts/benchmark.py                                   # tiny random pair
   python scripts/benchmark.py --gin_file=configs/runs/benchmark_small.gin --output_dir=/tmp/small
@@ -46,6 +50,7 @@ import jax
 from speculative_t5x import benchmark
 from speculative_t5x import draft_length
 from speculative_t5x import gin_utils
+from speculative_t5x import multihost
 from speculative_t5x import pairs
 from speculative_t5x import report
 from speculative_t5x import speculative
@@ -230,6 +235,7 @@ def write_costs(
 
 def main(argv):
   del argv
+  multihost.refuse_multiprocess("scripts/benchmark.py")  # timings are one process's
   setup = load_setup()
   load = benchmark.machine_load()  # before anything of ours runs: other work on the machine.
   warning = benchmark.busy_warning(load)

@@ -22,6 +22,20 @@ Usage (T5X's flags; --gin.NAME=value is short for --gin_bindings='NAME = value')
     --gin.CHECKPOINT_PATH=None --gin.DRAFTER_CHECKPOINT_PATH=None --gin.RANDOM_INIT_SEED=0 \
     --gin.RESTORE_DTYPE="'float32'" \
     --gin.INFER_OUTPUT_DIR="'/tmp/infer_tiny'"            # random weights: the mechanics only
+
+Several processes (T5X's flags, with T5X's meaning; docs/multihost.md): every process runs the same
+command with its own --process_index; each decodes its shard of the split, and process 0 writes
+the outputs. On localhost, two CPU processes:
+  python scripts/infer.py <the flags above> --multiprocess_gpu \
+    --coordinator_address=localhost:12345 --process_count=2 --process_index=0 &
+  python scripts/infer.py <the flags above> --multiprocess_gpu \
+    --coordinator_address=localhost:12345 --process_count=2 --process_index=1
+On a Cloud TPU pod slice, --multiprocess_gpu alone (JAX detects the rest), on every worker:
+  gcloud compute tpus tpu-vm ssh $TPU_NAME --zone=$ZONE --worker=all \
+    --command="cd speculative_t5x && python scripts/infer.py <the flags above> --multiprocess_gpu"
+The flags are checked before anything starts, the processes' configurations are compared once
+they have joined, before any model loads; a process that dies or never joins ends the others with
+a non-zero status within --multiprocess_timeout_seconds (and a message naming it).
 """
 
 from absl import app
@@ -30,6 +44,7 @@ import gin
 
 from speculative_t5x import gin_utils
 from speculative_t5x import inference
+from speculative_t5x import multihost
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string(
@@ -41,15 +56,40 @@ flags.DEFINE_multi_string(
 flags.DEFINE_multi_string(
     "gin_bindings", [], "Gin bindings, applied after the files; " "--gin.NAME=value is a shorthand."
 )
+# T5X's multi-process flags (t5x/infer.py), with its meaning; see speculative_t5x/multihost.py.
+flags.DEFINE_bool(
+    "multiprocess_gpu",
+    False,
+    "Initialize JAX's distributed runtime, using --coordinator_address, --process_count and "
+    "--process_index (all three, or none: detected on a TPU pod slice, Slurm or Open MPI).",
+)
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
+flags.DEFINE_integer("process_count", None, "Number of processes.")
+flags.DEFINE_integer("process_index", None, "Index of this process, 0 .. process_count - 1.")
+flags.DEFINE_integer(
+    "multiprocess_timeout_seconds",
+    multihost.DEFAULT_TIMEOUT_SECONDS,
+    "Seconds to wait for every process to join, and after which a silent process is dead.",
+)
 
 
 def main(argv):
-  """Parses the gin configuration, checks it and runs the inference, which writes config.gin
-  once the task, the weights and the settings have passed their checks."""
+  """Checks the flags and the gin configuration, joins the other processes (if any) and compares
+  their configurations, then runs the inference, which writes config.gin once the task, the
+  weights and the settings have passed their checks."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
+  process_flags = multihost.ProcessFlags(
+      multiprocess_gpu=FLAGS.multiprocess_gpu,
+      coordinator_address=FLAGS.coordinator_address,
+      process_count=FLAGS.process_count,
+      process_index=FLAGS.process_index,
+      timeout_seconds=FLAGS.multiprocess_timeout_seconds,
+  )
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings)
   config = inference.InferConfig()
+  multihost.initialize(process_flags)
+  multihost.check_same_everywhere({"gin configuration": gin.config_str()})
   inference.get_task(config)  # before anything is loaded
   inference.infer(config, gin_config=gin.config_str())
 

@@ -8,9 +8,13 @@ DRAFTER_CHECKPOINT_PATH, RESTORE_DTYPE, RANDOM_INIT_SEED); a configs/drafters/ f
 `gin_utils.parse_gin_flags` reads the files and bindings, `InferConfig()` builds and checks the
 configuration, `infer` runs.
 
-`infer` decodes the split in order, `batch_size` examples per jitted call (the last batch is
-padded with copies of its last example, so every call has one shape and compiles once), and
-writes to `output_dir`:
+`infer` decodes the split in global batches of `batch_size` rows, each example with its own random
+stream (`example_keys`: the seed and its index in the split), so the tokens do not depend on the
+batch size or on how many processes and devices decode them. With several processes
+(speculative_t5x/multihost.py, scripts/infer.py's T5X flags) each process reads its shard of the
+split and feeds its rows of every global batch; the last batches are padded (copies of a
+process's last example, dropped), so every call has one shape and compiles once. Process 0
+gathers every process's predictions and statistics and writes, to `output_dir`:
   predictions.jsonl  one JSON object per example: {"inputs", "targets", "prediction", "stats"}
                      (texts as in the task; stats as below);
   metrics.json       the task's metrics, the aggregate decoding statistics (speculative: alpha,
@@ -19,7 +23,10 @@ writes to `output_dir`:
   config.gin         the run's gin configuration, if `infer` is given it (scripts/infer.py does),
                      written once the run has passed its checks, before decoding.
 Each file is written to a temporary file in `output_dir` and renamed into place, so an
-interrupted run leaves no half-written file.
+interrupted run leaves no half-written file; predictions.jsonl and metrics.json are written only
+once every example of the split has been decoded and gathered, in the split's order. The
+aggregate statistics are pooled over every example (summed counts, then ratios), whichever
+process decoded it.
 
 Per-example statistics. Speculative decoding reports `decoding.STAT_NAMES` (target_calls,
 drafter_calls, drafted_tokens, accepted_tokens, beta_sum, beta_count) from the decoding loop itself.
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -57,8 +65,11 @@ import tqdm
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
 from speculative_t5x import models
+from speculative_t5x import multihost
 from speculative_t5x import network
 from speculative_t5x import pairs
+from speculative_t5x import partitioning
+from speculative_t5x import sampling
 from speculative_t5x import tasks
 from speculative_t5x import validation
 
@@ -85,7 +96,8 @@ class InferConfig:
     alone; pair.drafter is ignored).
   gamma: drafts per target call. temperature, topk, topp: the sampling distribution (0: greedy).
   batch_size, split, max_examples: which examples, how many per call (None: the whole split).
-  decode_seed: batch i decodes with rng fold_in(PRNGKey(decode_seed), i).
+  decode_seed: example i of the split decodes with rng fold_in(PRNGKey(decode_seed), i)
+    (`example_keys`), whatever its batch, its row or the process that decodes it.
   ngram_fit_split, ngram_fit_examples: the targets a drafter that `learns_from_targets` is fitted
     on (the first ngram_fit_examples of that split).
   """
@@ -254,8 +266,15 @@ def get_task(config: InferConfig) -> seqio.Task:
   return task
 
 
-def _batches(task: seqio.Task, config: InferConfig) -> Iterator[list[dict]]:
-  """Lists of up to `batch_size` tokenized, truncated examples of the split, in order."""
+def _shard_examples(
+    task: seqio.Task, config: InferConfig, shard: seqio.ShardInfo
+) -> Iterator[tuple[int, dict]]:
+  """(index in the split, tokenized and truncated example) for the examples of `shard`, in order.
+
+  seqio shards at the data source when the source has as many files as shards, and then an
+  example's index in the split is unknown; here the split is sharded at the examples (seqio's
+  other mode, `tf.data.Dataset.shard`): example i goes to shard i % num_shards, and keeps i.
+  """
   dataset = task.get_dataset(
       dict(config.task_feature_lengths),
       split=config.split,
@@ -265,14 +284,9 @@ def _batches(task: seqio.Task, config: InferConfig) -> Iterator[list[dict]]:
   )
   if config.max_examples is not None:
     dataset = dataset.take(config.max_examples)
-  batch = []
-  for example in dataset.as_numpy_iterator():
-    batch.append(example)
-    if len(batch) == config.batch_size:
-      yield batch
-      batch = []
-  if batch:
-    yield batch
+  dataset = dataset.enumerate().shard(shard.num_shards, shard.index)
+  for index, example in dataset.as_numpy_iterator():
+    yield int(index), example
 
 
 def model_batch(
@@ -341,30 +355,100 @@ def atomic_writer(path: pathlib.Path) -> Iterator[Any]:
   os.replace(f.name, path)
 
 
-def _row_stats(aux: Mapping[str, Any], decodes: np.ndarray, eos_id: int, rows: int) -> list[dict]:
-  """Per-example statistics of the first `rows` rows of a batch (see the module docstring)."""
-  if "speculative_stats" in aux:
-    stats = decoding.SpeculativeStats.from_dict(aux["speculative_stats"]).as_dict()
-    stats = {name: np.asarray(value)[:rows] for name, value in stats.items()}
-    return [{name: value[i].item() for name, value in stats.items()} for i in range(rows)]
-  return [{"target_calls": int(n)} for n in decoding.decoded_lengths(decodes[:rows], eos_id)]
+def _row_stats(stats: Mapping[str, np.ndarray], decodes: np.ndarray, eos_id: int) -> list[dict]:
+  """Per-example statistics of a batch's rows (see the module docstring): the speculative loop's
+  counts [B] each, or (the baseline, `stats` empty) one target call per decoded token."""
+  if stats:
+    stats = decoding.SpeculativeStats.from_dict(stats).as_dict()
+    stats = {name: np.asarray(value) for name, value in stats.items()}
+    return [{name: value[i].item() for name, value in stats.items()} for i in range(len(decodes))]
+  return [{"target_calls": int(n)} for n in decoding.decoded_lengths(decodes, eos_id)]
 
 
 def _summary(stats: Sequence[Mapping[str, float]], speculative: bool) -> dict:
-  """Aggregate statistics: `decoding.SpeculativeStats.summary` for speculative decoding, totals
-  otherwise."""
+  """Aggregate statistics, pooled over every example: `decoding.SpeculativeStats.summary` of the
+  summed counts for speculative decoding, totals otherwise."""
   totals = {name: np.array([s[name] for s in stats]) for name in stats[0]}
   if speculative:
     return decoding.SpeculativeStats.from_dict(totals).summary()
   return {name: float(np.sum(values)) for name, values in totals.items()}
 
 
-def infer(config: InferConfig, gin_config: str | None = None) -> dict:
+# ----------------------------------------------------------------------------- decoding
+
+
+def example_keys(decode_seed: jax.Array, index: jax.Array) -> jax.Array:
+  """Each example's PRNG key, fold_in(PRNGKey(decode_seed), its index in the split) -> [B, 2]:
+  the same whatever the process, the batch or the row that decodes it."""
+  base = jax.random.PRNGKey(decode_seed)
+  return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.maximum(index, 0))
+
+
+def example_predict(
+    model: models.EncoderDecoderModel,
+    partitioner: partitioning.Partitioner,
+    param_shardings: Any,
+    decode_length: int,
+    topk: int,
+    topp: float,
+    greedy: bool,
+) -> Any:
+  """The jitted decode of a global batch, one random stream per example:
+  `fn(params, encoder_tokens [B, Le], index [B], decode_seed, temperature) -> (decodes [B, Lt],
+  {stat name: [B]} (empty for the baseline), index [B])`.
+
+  Each row is decoded as a batch of one (`model.predict_batch_with_aux`, vmapped over the rows)
+  with `example_keys(decode_seed, index)`, so its tokens depend on its example's index alone, not
+  on the rows beside it. Rows of padding carry index -1. The params are placed by
+  `param_shardings` (`partitioner.params_shardings(model)`), the tokens and the indices split
+  over the mesh's 'data' axis; the outputs are replicated, so every process reads every row.
+  greedy: the loop's greedy specialization (`temperature` is then unused).
+  """
+
+  def one(params, tokens, key, temperature):
+    batch = {
+        "encoder_input_tokens": tokens[None],
+        "decoder_input_tokens": jnp.zeros((1, decode_length), jnp.int32),
+    }
+    decoder_params = {"temperature": 0.0 if greedy else temperature, "topk": topk, "topp": topp}
+    decodes, aux = model.predict_batch_with_aux(params, batch, key, decoder_params=decoder_params)
+    stats = aux.get("speculative_stats", {})
+    return decodes[0], {name: value[0] for name, value in stats.items()}
+
+  def fn(params, tokens, index, decode_seed, temperature):
+    keys = example_keys(decode_seed, index)
+    decodes, stats = jax.vmap(one, in_axes=(None, 0, 0, None))(params, tokens, keys, temperature)
+    return decodes, stats, index
+
+  data, replicated = partitioner.data_sharding, partitioner.replicated
+  return jax.jit(
+      fn,
+      in_shardings=(param_shardings, data, data, replicated, replicated),
+      out_shardings=replicated,
+  )
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def infer(
+    config: InferConfig,
+    gin_config: str | None = None,
+    partitioner: partitioning.Partitioner | None = None,
+) -> dict:
   """Decodes the configured split, writes predictions.jsonl and metrics.json; returns the latter.
+
+  One process or several (`multihost`): each process decodes its shard of the split
+  (`multihost.shard_info`) as its rows of each global batch of `batch_size` rows; process 0
+  gathers every process's predictions and statistics and writes the files. Each example decodes
+  with its own random stream (`example_keys`), so the outputs do not depend on the number of
+  processes, devices or the batch size.
 
   gin_config: the run's gin configuration (`gin.config_str()`), written to output_dir/config.gin
   once everything that can refuse the run has been checked (the task and its split, the weights,
   the sampling settings), before the first batch is decoded; a refused run writes nothing.
+  partitioner: the mesh and its rules (default `partitioning.Partitioner()`, gin-configurable:
+  configs/runs/partitioning.gin); BATCH_SIZE must divide over its 'data' axis.
   """
   task = get_task(config)
   lengths = dict(config.task_feature_lengths)
@@ -379,60 +463,70 @@ def infer(config: InferConfig, gin_config: str | None = None) -> dict:
       truncation,
       config.split,
   )
+  partitioner = partitioner or partitioning.Partitioner()
+  try:
+    rows, _ = partitioner.process_rows(config.batch_size)
+  except ValueError as e:
+    raise gin_utils.ConfigError(f"BATCH_SIZE {config.batch_size}: {e}") from e
+  shard = multihost.shard_info()
+  shard_size = -(-truncation.examples // shard.num_shards)  # the largest shard
+  steps = -(-shard_size // rows)
+  multihost.check_same_everywhere(
+      {"examples": truncation.examples, "batch_size": config.batch_size, "steps": steps}
+  )
 
   model, pair = build_model(config, task)
   vocabulary = task.output_features["targets"].vocabulary
-  predict = model.jit_predict(topk=config.topk, topp=config.topp)
-  temperature = jnp.float32(config.temperature)
+  shardings = partitioner.params_shardings(model)
+  params = partitioner.place_params_per_process(model, pair.params, shardings)
+  greedy = sampling.is_greedy(config.temperature)
+  predict = example_predict(
+      model, partitioner, shardings, lengths["targets"], config.topk, config.topp, greedy
+  )
   output_dir = pathlib.Path(config.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  if gin_config is not None:
+  if gin_config is not None and multihost.is_writer():
+    output_dir.mkdir(parents=True, exist_ok=True)
     with atomic_writer(output_dir / CONFIG_FILE) as f:
       f.write(gin_config)
 
-  targets, predictions, all_stats = [], [], []
+  examples = _shard_examples(task, config, shard)
+  records = []
   start = time.perf_counter()
-  with (
-      atomic_writer(output_dir / PREDICTIONS_FILE) as out,
-      tqdm.tqdm(
-          total=truncation.examples, unit="example", desc=f"{config.decoder} {task.name}"
-      ) as bar,
-  ):
-    for index, examples in enumerate(_batches(task, config)):
-      rng = jax.random.fold_in(jax.random.PRNGKey(config.decode_seed), index)
-      decodes, aux = predict(
-          pair.params,
-          model_batch(examples, config.batch_size, lengths, model.module.config.vocab_size),
-          rng,
-          temperature,
+  with tqdm.tqdm(
+      total=truncation.examples,
+      unit="example",
+      desc=f"{config.decoder} {task.name}",
+      disable=not multihost.is_writer(),
+  ) as bar:
+    for _ in range(steps):
+      batch = list(itertools.islice(examples, rows))
+      index = np.full((rows,), -1, np.int32)
+      index[: len(batch)] = [i for i, _ in batch]
+      inputs = [example for _, example in batch] or [{"inputs": np.array([model.eos_id])}]
+      tokens = model_batch(inputs, rows, lengths, model.module.config.vocab_size)
+      global_tokens, global_index = partitioner.place_process_batch(
+          (tokens["encoder_input_tokens"], index), config.batch_size
       )
-      decodes = np.asarray(decodes)
-      row_stats = _row_stats(aux, decodes, model.eos_id, len(examples))
-      for example, tokens, stats in zip(examples, decodes, row_stats):
-        target = task.postprocess_fn(
-            example["targets_pretokenized"].decode("utf-8"), example=example, is_target=True
-        )
-        prediction = task.postprocess_fn(
-            vocabulary.decode(tokens.tolist()), example=example, is_target=False
-        )
-        out.write(
-            json.dumps(
-                {
-                    "inputs": example["inputs_pretokenized"].decode("utf-8"),
-                    "targets": target,
-                    "prediction": prediction,
-                    "stats": stats,
-                },
-                ensure_ascii=False,
-            )
-            + "\n"
-        )
-        targets.append(target)
-        predictions.append(prediction)
-      all_stats.extend(row_stats)
-      bar.update(len(examples))
+      decodes, stats, decoded_index = jax.device_get(
+          predict(
+              params,
+              global_tokens,
+              global_index,
+              np.uint32(config.decode_seed),
+              np.float32(config.temperature),
+          )
+      )
+      row_stats = _row_stats(stats, decodes, model.eos_id)
+      position = {int(i): row for row, i in enumerate(decoded_index) if i >= 0}
+      for i, example in batch:
+        row = position[i]
+        records.append(_record(task, vocabulary, i, example, decodes[row], row_stats[row]))
+      bar.update(min(config.batch_size, bar.total - bar.n))
   seconds = time.perf_counter() - start
 
+  records = _gathered(records, truncation.examples)
+  targets = [record["targets"] for record in records]
+  predictions = [record["prediction"] for record in records]
   metrics = {}
   for metric_fn in task.predict_metric_fns:
     metrics.update(metric_fn(targets, predictions))
@@ -442,7 +536,7 @@ def infer(config: InferConfig, gin_config: str | None = None) -> dict:
       "split": config.split,
       "examples": len(predictions),
       "metrics": metrics,
-      "decoding": _summary(all_stats, config.speculative),
+      "decoding": _summary([record["stats"] for record in records], config.speculative),
       "truncated": {"examples": truncation.examples, **truncation.truncated},
       "weights": pair.sources,
       "random_weights": pair.random_weights,
@@ -457,10 +551,62 @@ def infer(config: InferConfig, gin_config: str | None = None) -> dict:
           "batch_size": config.batch_size,
           "task_feature_lengths": lengths,
           "decode_seed": config.decode_seed,
+          "processes": jax.process_count(),
+          "devices": jax.device_count(),
+          "mesh": dict(partitioner.mesh.shape),
       },
       "seconds": {"decoding_incl_compile": seconds},
   }
-  with atomic_writer(output_dir / METRICS_FILE) as f:
-    f.write(json.dumps(result, indent=2) + "\n")
+  written = not multihost.is_writer()
+  try:
+    if multihost.is_writer():
+      output_dir.mkdir(parents=True, exist_ok=True)
+      with atomic_writer(output_dir / PREDICTIONS_FILE) as out:
+        for record in records:
+          line = {key: record[key] for key in ("inputs", "targets", "prediction", "stats")}
+          out.write(json.dumps(line, ensure_ascii=False) + "\n")
+      with atomic_writer(output_dir / METRICS_FILE) as f:
+        f.write(json.dumps(result, indent=2) + "\n")
+      written = True
+  finally:
+    multihost.all_succeeded(written, f"writing {output_dir} (process 0)")
   logging.info("%s metrics: %s; decoding: %s", task.name, metrics, result["decoding"])
   return result
+
+
+def _record(
+    task: seqio.Task,
+    vocabulary: seqio.Vocabulary,
+    index: int,
+    example: Mapping[str, Any],
+    tokens: np.ndarray,
+    stats: Mapping[str, Any],
+) -> dict:
+  """One line of predictions.jsonl, with the example's index in the split."""
+  return {
+      "index": index,
+      "inputs": example["inputs_pretokenized"].decode("utf-8"),
+      "targets": task.postprocess_fn(
+          example["targets_pretokenized"].decode("utf-8"), example=example, is_target=True
+      ),
+      "prediction": task.postprocess_fn(
+          vocabulary.decode(tokens.tolist()), example=example, is_target=False
+      ),
+      "stats": dict(stats),
+  }
+
+
+def _gathered(records: Sequence[dict], examples: int) -> list[dict]:
+  """Every process's records, in the split's order; raises RuntimeError unless each of the
+  `examples` indices appears exactly once (no partial output may pass for complete)."""
+  everyone = [json.loads(text) for text in multihost.gather_texts([json.dumps(r) for r in records])]
+  everyone.sort(key=lambda record: record["index"])
+  indices = [record["index"] for record in everyone]
+  if indices != list(range(examples)):
+    missing = sorted(set(range(examples)) - set(indices))
+    repeated = sorted({i for i in indices if indices.count(i) > 1})
+    raise RuntimeError(
+        f"the processes decoded {len(indices)} examples of {examples}: missing {missing[:20]}, "
+        f"repeated {repeated[:20]}; nothing is written"
+    )
+  return everyone

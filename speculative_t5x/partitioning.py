@@ -340,3 +340,65 @@ class Partitioner:
         ),
         out_shardings=self.data_sharding,
     )
+
+  # --------------------------------------------------------------------------- several processes
+
+  def process_rows(self, global_rows: int) -> tuple[int, int]:
+    """(this process's rows, their first row) of a batch-first array of `global_rows` rows split
+    over 'data' (`data_sharding`): the rows this process feeds to
+    `place_process_batch`. With one process, (global_rows, 0).
+
+    Raises ValueError if `global_rows` does not divide over the 'data' axis, or if this process's
+    devices do not hold one contiguous block of rows of their own (a 'model' axis across
+    processes, where two processes would feed the same rows).
+    """
+    data = self.mesh.shape[DATA_AXIS]
+    if global_rows % data:
+      raise ValueError(
+          f"a batch of {global_rows} rows does not split over the {data} devices of the mesh's "
+          f"'data' axis: use a multiple of {data}"
+      )
+    index_map = self.data_sharding.addressable_devices_indices_map((global_rows,))
+    starts = sorted({index[0].start or 0 for index in index_map.values()})
+    rows = len(starts) * (global_rows // data)
+    if rows * jax.process_count() != global_rows or starts != list(
+        range(starts[0], starts[0] + rows, global_rows // data)
+    ):
+      raise ValueError(
+          f"this process's devices hold rows starting at {starts} of {global_rows}, not a block "
+          f"of 1/{jax.process_count()} of them: give the 'model' axis devices of one process "
+          "(num_partitions dividing the local device count)"
+      )
+    return rows, starts[0]
+
+  def place_process_batch(self, local: Any, global_rows: int) -> Any:
+    """Assembles a global batch from every process's rows (`jax.make_array_from_process_local_data`):
+    `local` is a tree of batch-first arrays of `process_rows(global_rows)[0]` rows, this
+    process's block; the result is split over 'data' like `place_batch`."""
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(
+            self.data_sharding, np.asarray(x), (global_rows,) + np.shape(x)[1:]
+        ),
+        local,
+    )
+
+  def place_params_per_process(
+      self, model: models.EncoderDecoderModel, params: Any, shardings: Any = None
+  ) -> Any:
+    """`place_params` for a mesh across processes: every process builds only the shards its own
+    devices hold (`jax.make_array_from_callback`), from its copy of `params` (the same on every
+    process). shardings: `params_shardings(model)`, if already computed."""
+
+    def place(sharding: NamedSharding, subtree: Any) -> Any:
+      def one(x):
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+      return jax.tree.map(one, subtree)
+
+    return jax.tree.map(
+        place,
+        self.params_shardings(model) if shardings is None else shardings,
+        params,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )

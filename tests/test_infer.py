@@ -15,6 +15,8 @@ import sys
 
 import gin
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import seqio
 import tensorflow_datasets as tfds
@@ -154,6 +156,41 @@ def test_speculative_and_baseline_greedy_predictions_are_identical(tmp_path, wmt
   # The baseline calls the target once per generated token.
   assert [set(line["stats"]) for line in lines["baseline"]] == [{"target_calls"}] * 5
   assert all(1 <= line["stats"]["target_calls"] <= LENGTHS["targets"] for line in lines["baseline"])
+
+
+def test_an_example_decodes_the_same_in_any_batch_and_row(tmp_path, wmt_task):
+  # Each example's random stream is fold_in(PRNGKey(decode_seed), its index in the split): at
+  # T = 1, batches of 2 (rows 0-1, 2-3, 4 and padding) and of 3 (rows 0-2, 3-4 and padding) put
+  # examples in other batches and rows, and must give the same tokens.
+  runs = {
+      batch_size: _config(
+          tmp_path / f"b{batch_size}", wmt_task, batch_size=batch_size, temperature=1.0
+      )
+      for batch_size in (2, 3)
+  }
+  lines = {}
+  for key, config in runs.items():
+    inference.infer(config)
+    lines[key] = _lines(config.output_dir)
+  counts = {"target_calls", "drafter_calls", "drafted_tokens", "accepted_tokens", "beta_count"}
+
+  def integers(run):
+    return [(line["prediction"], {k: line["stats"][k] for k in counts}) for line in lines[run]]
+
+  assert integers(2) == integers(3)
+  # beta_sum adds float32 probabilities, rounded differently at another batch shape.
+  assert [line["stats"]["beta_sum"] for line in lines[2]] == pytest.approx(
+      [line["stats"]["beta_sum"] for line in lines[3]], rel=1e-5
+  )
+
+
+def test_the_per_example_keys_depend_on_the_seed_and_index_alone():
+  keys = np.asarray(inference.example_keys(np.uint32(5), jnp.array([0, 3, -1, 3])))
+  assert (keys[1] == keys[3]).all() and (keys[2] == keys[0]).all()  # padding rows reuse index 0
+  expected = jax.random.fold_in(jax.random.PRNGKey(5), 3)
+  assert (keys[1] == np.asarray(expected)).all()
+  other_seed = np.asarray(inference.example_keys(np.uint32(6), jnp.array([0, 3, -1, 3])))
+  assert not (other_seed[1] == keys[1]).all()
 
 
 def test_an_interrupted_write_leaves_no_file(tmp_path):

@@ -1,0 +1,357 @@
+"""Multi-process inference on localhost (speculative_t5x/multihost.py, scripts/infer.py's flags).
+
+Every scenario runs in fresh CPU processes joined by JAX's distributed runtime (gloo collectives),
+all started at once by the module's fixture, since most of each is importing JAX, TensorFlow and
+seqio:
+  - the same inference (tests/multihost_check.py: a tiny random target and T5 drafter, 9 examples,
+    global batches of 4 rows) by 2 processes of 2 devices and by 1 process of 4 devices, each at
+    T = 0 and T = 1, with a chain and a draft tree: the outputs must be identical, and process 1
+    must write nothing;
+  - scripts/infer.py with a process killed once it has joined: the other must end with a non-zero
+    status, within 60 s, saying which process died, and leave no outputs;
+  - scripts/infer.py with mismatched --process_count: both refuse before any model loads;
+  - scripts/infer.py with a duplicated --process_index: the join never completes; both end with a
+    non-zero status, one with our message naming the process that did not join.
+Flags one process can judge alone are checked here, in this process.
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+import seqio
+
+from conftest import REPO_ROOT, SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS
+from speculative_t5x import decoding
+from speculative_t5x import gin_utils
+from speculative_t5x import inference
+from speculative_t5x import multihost
+from speculative_t5x import tasks
+import multihost_check
+
+HERE = pathlib.Path(__file__).resolve().parent
+PAIRS = TRANSLATION_PAIRS + [("close window", "fenster schliessen")]  # 9: shards of 5 and 4
+RUNS = ("chain_t0", "chain_t1", "tree_t0", "tree_t1")  # tests/multihost_check.py's RUNS
+# XLA:CPU at optimization level 0 compiles in about half the time; every side of a comparison
+# runs with the same flags.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+FAULT_TIMEOUT = 10  # --multiprocess_timeout_seconds of the fault scenarios
+FAULT_LIMIT = 60  # the issue's bound on the time from a fault to every process's end
+INFER_FLAGS = (
+    "--gin_file=configs/runs/infer.gin",
+    "--gin_file=configs/models/t5_1_1_tiny.gin",
+    "--gin_file=configs/tasks/demo_ende.gin",
+    "--gin_file=configs/drafters/t5.gin",
+    "--gin.TARGET_CONFIG=%T5_1_1_TINY",
+    "--gin.DRAFTER_CONFIG=%T5_1_1_TINY",
+    "--gin.VOCAB_SIZE=32",
+    "--gin.CHECKPOINT_PATH=None",
+    "--gin.DRAFTER_CHECKPOINT_PATH=None",
+    "--gin.RANDOM_INIT_SEED=0",
+    "--gin.RESTORE_DTYPE='float32'",
+    "--gin.TASK_FEATURE_LENGTHS={'inputs': 12, 'targets': 6}",
+    "--gin.BATCH_SIZE=4",
+    "--multiprocess_gpu",
+    f"--multiprocess_timeout_seconds={FAULT_TIMEOUT}",
+)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _start(args, corpus, devices: int, log: pathlib.Path | None) -> subprocess.Popen:
+  """A process with `devices` CPU devices; its stderr goes to `log`, or to a pipe if None."""
+  env = dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      TF_CPP_MIN_LOG_LEVEL="3",
+      XLA_FLAGS=f"{FAST_COMPILE} --xla_force_host_platform_device_count={devices}",
+      **{tasks.DEMO_DATA_ENV: str(corpus)},
+  )
+  process = subprocess.Popen(
+      [sys.executable, *map(str, args)],
+      cwd=REPO_ROOT,
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE if log is None else log.open("w"),
+      text=True,
+  )
+  process.log = log
+  return process
+
+
+def _infer(corpus, out, count: int, index: int, port: int, log) -> subprocess.Popen:
+  return _start(
+      [
+          REPO_ROOT / "scripts" / "infer.py",
+          *INFER_FLAGS,
+          f"--gin.INFER_OUTPUT_DIR='{out}'",
+          f"--coordinator_address=localhost:{port}",
+          f"--process_count={count}",
+          f"--process_index={index}",
+      ],
+      corpus,
+      devices=2,
+      log=log,
+  )
+
+
+def _finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+  """Waits for `process` -> (its exit status, its stderr)."""
+  _, stderr = process.communicate(timeout=timeout)
+  return process.returncode, stderr if process.log is None else process.log.read_text()
+
+
+class _Killer(threading.Thread):
+  """Kills `victim` (SIGKILL) as soon as its stderr says it has joined the runtime, then waits for
+  `survivor` to end; records both times (`killed_at`, `survivor_ended_at`, time.monotonic()) and
+  what the victim wrote (`stderr`)."""
+
+  def __init__(self, victim: subprocess.Popen, survivor: subprocess.Popen):
+    super().__init__(daemon=True)
+    self.victim, self.survivor, self.stderr = victim, survivor, []
+    self.killed_at = self.survivor_ended_at = None
+
+  def run(self):
+    for line in self.victim.stderr:
+      self.stderr.append(line)
+      if self.killed_at is None and "process 1 of 2 joined" in line:
+        self.victim.send_signal(signal.SIGKILL)
+        self.killed_at = time.monotonic()
+    self.victim.wait()
+    self.survivor.wait()
+    self.survivor_ended_at = time.monotonic()
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+  """Every scenario's processes, started at once -> {name: (Popen, ...), 'dirs': ...}."""
+  root = tmp_path_factory.mktemp("multihost")
+  corpus = root / "corpus"
+  corpus.mkdir()
+  for split in tasks.DEMO_SPLITS:
+    (corpus / f"{split}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in PAIRS))
+  (corpus / tasks.DEMO_VOCABULARY_FILE).write_bytes(SEQIO_TEST_VOCABULARY.read_bytes())
+  check = HERE / "multihost_check.py"
+  saved = root / "pair"
+  multihost_check.save_pair(str(saved))
+  dirs = {
+      name: root / name for name in ("one", "two", "two_p1", "killed", "count", "index", "alone")
+  }
+  port, kill_port, count_port, index_port = (_free_port() for _ in range(4))
+  logs = root / "logs"
+  logs.mkdir()
+  started = {
+      "one": (_start([check, dirs["one"], 4, saved], corpus, 4, logs / "one"),),
+      "two": tuple(
+          _start([check, dirs[out], 2, saved, f"localhost:{port}", 2, i], corpus, 2, logs / out)
+          for i, out in enumerate(("two", "two_p1"))
+      ),
+      "killed": (
+          _infer(corpus, dirs["killed"], 2, 0, kill_port, logs / "killed_0"),
+          _infer(corpus, dirs["killed"], 2, 1, kill_port, None),  # read as it goes
+      ),
+      "count": (
+          _infer(corpus, dirs["count"], 2, 0, count_port, logs / "count_0"),
+          _infer(corpus, dirs["count"], 3, 1, count_port, logs / "count_1"),
+      ),
+      "index": tuple(
+          _infer(corpus, dirs["index"], 2, 0, index_port, logs / f"index_{i}") for i in (0, 1)
+      ),
+      # One process alone can see this is wrong: refused before it joins anything.
+      "alone": (_infer(corpus, dirs["alone"], 2, 2, _free_port(), logs / "alone"),),
+  }
+  killer = _Killer(started["killed"][1], started["killed"][0])
+  killer.start()
+  started["killer"] = killer
+  yield started, dirs
+  for name, processes in started.items():
+    for process in () if name == "killer" else processes:
+      if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+
+@pytest.fixture(scope="module")
+def decoded(launched):
+  """The inference runs' output directories, once every process has ended with status 0."""
+  started, dirs = launched
+  for name in ("one", "two"):
+    for i, process in enumerate(started[name]):
+      code, stderr = _finish(process)
+      assert code == 0, f"{name}, process {i}:\n{stderr[-4000:]}"
+  return dirs
+
+
+def _lines(directory: pathlib.Path) -> list[dict]:
+  return [json.loads(line) for line in (directory / inference.PREDICTIONS_FILE).open()]
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_two_processes_decode_what_one_process_does(decoded, run):
+  one, two = decoded["one"] / run, decoded["two"] / run
+  lines = _lines(two)
+  assert lines == _lines(one)  # predictions and per-example statistics, bit for bit
+  assert [line["targets"] for line in lines] == [de for _, de in PAIRS]  # the split's order
+  metrics = {d: json.loads((d / inference.METRICS_FILE).read_text()) for d in (one, two)}
+  for d in (one, two):
+    del metrics[d]["seconds"]
+  assert metrics[two]["settings"].pop("processes") == 2
+  assert metrics[one]["settings"].pop("processes") == 1
+  assert metrics[one] == metrics[two]
+  # Pooled over all examples, whichever process decoded them: summed counts, then ratios.
+  totals = {name: np.array([line["stats"][name] for line in lines]) for name in lines[0]["stats"]}
+  assert metrics[two]["decoding"] == decoding.SpeculativeStats.from_dict(totals).summary()
+  assert not decoded["two_p1"].exists()  # process 1 writes nothing
+
+
+def test_sampling_differs_from_greedy(decoded):
+  # Guards the comparison above: T = 1 must sample (not fall back to greedy) in these runs.
+  for shape in ("chain", "tree"):
+    greedy, sampled = (
+        [line["prediction"] for line in _lines(decoded["two"] / f"{shape}_t{t}")] for t in (0, 1)
+    )
+    assert greedy != sampled
+
+
+def test_a_killed_process_ends_the_other_with_a_message_naming_it(launched):
+  started, dirs = launched
+  killer = started["killer"]
+  killer.join(timeout=FAULT_LIMIT + 300)
+  assert killer.killed_at is not None, "process 1 ended before joining:\n" + "".join(
+      killer.stderr[-40:]
+  )
+  code, stderr = _finish(started["killed"][0])
+  assert code != 0, stderr[-3000:]
+  assert killer.survivor_ended_at - killer.killed_at < FAULT_LIMIT, stderr[-3000:]
+  assert re.search(r"Task 1 heartbeat timeout|stopped sending heartbeats\):\s*1\b", stderr), stderr[
+      -3000:
+  ]
+  outputs = {inference.PREDICTIONS_FILE, inference.METRICS_FILE}
+  assert not dirs["killed"].exists() or not outputs & {p.name for p in dirs["killed"].iterdir()}
+
+
+def test_a_mismatched_process_count_is_refused_before_any_model_loads(launched):
+  started, dirs = launched
+  for process in started["count"]:
+    code, stderr = _finish(process)
+    assert code == 1, stderr[-3000:]
+    assert (
+        "configuration error: process(es) [1] differ from process 0 in ['--process_count'] "
+        "(process 0 vs process 1: {'--process_count': ('2', '3')})" in stderr
+    ), stderr[-3000:]
+    assert "Random weights" not in stderr  # no model was built
+  assert not dirs["count"].exists()
+
+
+def test_a_duplicated_process_index_never_completes_the_join(launched):
+  started, dirs = launched
+  results = [_finish(process, timeout=FAULT_LIMIT + 60) for process in started["index"]]
+  assert all(code != 0 for code, _ in results), [stderr[-2000:] for _, stderr in results]
+  assert any(
+      re.search(
+          "multihost: process 0 of 2: process 1 did not join the JAX distributed runtime at "
+          rf"localhost:\d+ within {FAULT_TIMEOUT} s",
+          stderr,
+      )
+      for _, stderr in results
+  ), [stderr[-2000:] for _, stderr in results]
+  assert not dirs["index"].exists()
+
+
+def test_a_flag_one_process_can_judge_ends_the_script_before_it_joins(launched):
+  started, dirs = launched
+  code, stderr = _finish(started["alone"][0])
+  assert code == 1, stderr[-3000:]
+  assert stderr.strip().splitlines()[-1] == (
+      "infer.py: configuration error: --process_index=2 is not one of 0 .. 1 "
+      "(--process_count=2): number the processes 0, 1, ..., process_count - 1, each index on "
+      "one process"
+  )
+  assert "joining" not in stderr and not dirs["alone"].exists()
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(process_count=2), "--process_count given without --multiprocess_gpu"),
+        (
+            dict(multiprocess_gpu=True, process_count=2, process_index=0),
+            "but not --coordinator_address: give all three",
+        ),
+        (
+            dict(
+                multiprocess_gpu=True, coordinator_address="h:1", process_count=2, process_index=2
+            ),
+            "--process_index=2 is not one of 0 .. 1",
+        ),
+        (
+            dict(
+                multiprocess_gpu=True, coordinator_address="h:1", process_count=2, process_index=-1
+            ),
+            "--process_index=-1 is not one of 0 .. 1",
+        ),
+        (
+            dict(
+                multiprocess_gpu=True, coordinator_address="h:1", process_count=0, process_index=0
+            ),
+            "--process_count=0: give the number of processes, >= 1",
+        ),
+        (
+            dict(multiprocess_gpu=True, coordinator_address="h", process_count=2, process_index=0),
+            "--coordinator_address='h' is not 'host:port'",
+        ),
+        (
+            dict(
+                multiprocess_gpu=True, coordinator_address="h:0", process_count=2, process_index=0
+            ),
+            "--coordinator_address='h:0' is not 'host:port' with a port in 1..65535",
+        ),
+        (dict(multiprocess_gpu=True, timeout_seconds=0), "--multiprocess_timeout_seconds=0"),
+    ],
+)
+def test_flags_one_process_can_judge_are_refused_before_anything_starts(fields, message):
+  with pytest.raises(gin_utils.ConfigError, match=re.escape(message)):
+    multihost.ProcessFlags(**fields)
+
+
+def test_good_flags_pass():
+  assert multihost.ProcessFlags(
+      multiprocess_gpu=True, coordinator_address="10.0.0.1:1234", process_count=2, process_index=1
+  ).explicit
+  assert not multihost.ProcessFlags(multiprocess_gpu=True).explicit  # JAX detects them
+  multihost.ProcessFlags()  # one process
+
+
+def test_one_process_is_shard_0_of_1_and_gathers_its_own():
+  assert multihost.shard_info() == seqio.ShardInfo(index=0, num_shards=1)
+  assert multihost.gather_texts(["a", "é"]) == ["a", "é"]
+  multihost.check_same_everywhere({"anything": 1})
+  multihost.all_succeeded(True, "nothing")
+
+
+def test_a_one_process_script_refuses_several(monkeypatch):
+  monkeypatch.setattr(jax, "process_count", lambda: 4)
+  monkeypatch.setattr(jax, "process_index", lambda: 2)
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=re.escape(
+          "scripts/benchmark.py runs in one process, and JAX runs 4 (this is process 2)"
+      ),
+  ):
+    multihost.refuse_multiprocess("scripts/benchmark.py")
+  monkeypatch.setattr(jax, "process_count", lambda: 1)
+  multihost.refuse_multiprocess("scripts/benchmark.py")
