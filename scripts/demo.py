@@ -12,7 +12,8 @@ A --pair_dir that is missing or incomplete is an error (exit status 1), never re
 pair of random weights, for the mechanics only (its alpha says nothing about real drafters), is
 the explicit --random_pair. Every flag is checked before anything loads.
 
-  python scripts/demo.py [--pair_dir=demo_models] [--num_examples=16] [--gamma=1]
+  python scripts/demo.py [--pair_dir=demo_models] [--drafter=drafter] [--num_examples=16]
+    [--gamma=1 | --draft_tree=2,2,1] [--verbose]
   python scripts/demo.py --random_pair
 """
 
@@ -42,7 +43,6 @@ from speculative_t5x import validation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DRAFTER = "demo drafter"
-MEMBERS = ("target", "drafter")  # checkpoints.save_pair's directories
 EOS_ID = 1
 RANDOM_INPUT_LENGTH = 16
 
@@ -50,6 +50,12 @@ _PAIR_DIR = flags.DEFINE_string(
     "pair_dir",
     str(REPO / "demo_models"),
     "Directory written by checkpoints.save_pair (+ sentencepiece.model).",
+)
+_DRAFTER = flags.DEFINE_string(
+    "drafter",
+    "drafter",
+    "The drafter's subdirectory of --pair_dir: demo_models/ holds drafter/ (the shared-encoder "
+    "drafter) and feature_drafter/ (the feature-level drafter, demo_models/MODEL_CARD.md).",
 )
 _RANDOM_PAIR = flags.DEFINE_bool(
     "random_pair",
@@ -109,20 +115,23 @@ def check_flags() -> tuple[float, ...]:
   except validation.InvalidInputError as e:
     raise gin_utils.ConfigError(str(e)) from e
   if _RANDOM_PAIR.value:
-    if flags.FLAGS["pair_dir"].present:
-      raise gin_utils.ConfigError(
-          "--random_pair decodes with random weights, --pair_dir with a trained pair: give one"
-      )
+    for name in ("pair_dir", "drafter"):
+      if flags.FLAGS[name].present:
+        raise gin_utils.ConfigError(
+            f"--random_pair decodes with random weights, --{name} names a trained pair's "
+            "member: give one"
+        )
     return temperatures
   pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
-  needed = (*MEMBERS, tasks.DEMO_VOCABULARY_FILE)
+  needed = ("target", _DRAFTER.value, tasks.DEMO_VOCABULARY_FILE)
   missing = [name for name in needed if not (pair_dir / name).exists()]
   if missing:
     problem = "does not exist" if not pair_dir.is_dir() else f"has no {', '.join(missing)}"
     raise gin_utils.ConfigError(
         f"--pair_dir={_PAIR_DIR.value} {problem}: give a directory written by "
         f"checkpoints.save_pair with its {tasks.DEMO_VOCABULARY_FILE} (the shipped demo_models/ "
-        "is the default), or --random_pair for a tiny random pair (mechanics only)"
+        "is the default) and --drafter one of its drafter subdirectories, or --random_pair for "
+        "a tiny random pair (mechanics only)"
     )
   return temperatures
 
@@ -135,9 +144,10 @@ def _demo_pair() -> tuple[pairs.Pair, seqio.Vocabulary | None, str]:
   vocabulary = seqio.SentencePieceVocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
   # Parameters may be stored in bfloat16 (demo_models/ is, to halve its size); from_pair_dir
   # restores them in the compute dtype the target's config.json records (float32 for the demo).
-  config = pairs.PairConfig.from_pair_dir(pair_dir)
+  members = ("target", _DRAFTER.value)
+  config = pairs.PairConfig.from_pair_dir(pair_dir, drafter_member=_DRAFTER.value)
   stored = sorted(
-      set().union(*(checkpoints.stored_dtypes(pair_dir / member) for member in MEMBERS))
+      set().union(*(checkpoints.stored_dtypes(pair_dir / member) for member in members))
   )
   return (
       pairs.load_pair(config, vocabulary.eos_id),

@@ -134,11 +134,19 @@ class PairConfig:
 
   @classmethod
   def from_pair_dir(
-      cls, directory: str | os.PathLike, restore_dtype: str | None = None
+      cls,
+      directory: str | os.PathLike,
+      restore_dtype: str | None = None,
+      drafter_member: str = "drafter",
   ) -> "PairConfig":
     """The pair written by `checkpoints.save_pair` into `directory` (target/ and drafter/, each
     with its config.json): a T5 target and the drafter drafter/config.json records
-    (`drafters.read_drafter`: a `T5Drafter` or a `SharedEncoderDrafter`).
+    (`drafters.read_drafter`: any registered kind, e.g. a `SharedEncoderDrafter` or a
+    `feature_drafter.FeatureDrafter`).
+
+    drafter_member: the drafter's subdirectory; a directory may hold several drafters of one
+    target, each written by its `Drafter.save_params` (demo_models/ holds drafter/ and
+    feature_drafter/).
 
     restore_dtype: None restores the parameters in the compute dtype target/config.json records,
     whatever dtype they are stored in (the demo pair is stored in bfloat16 and computes in
@@ -152,12 +160,12 @@ class PairConfig:
           f"drafter/, e.g. 'demo_models'), got {directory!r}."
       )
     directory = gin_utils.resolve_path(directory)
-    target, drafter = (os.path.join(directory, member) for member in ("target", "drafter"))
+    target, drafter = (os.path.join(directory, member) for member in ("target", drafter_member))
     for member in (target, drafter):
       if not os.path.isdir(member):
         raise FileNotFoundError(
             f"{member} does not exist: {directory} is not a pair written by "
-            "checkpoints.save_pair (it needs target/ and drafter/)."
+            f"checkpoints.save_pair (it needs target/ and {drafter_member}/)."
         )
     target_config = checkpoints.read_config(target)
     return cls(

@@ -3,6 +3,7 @@ one protocol (checkpoint, fitted, no weights, random with a seed), and configura
 raised before anything loads, naming the macro."""
 
 import dataclasses
+import shutil
 
 import jax
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from conftest import tiny_config
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters
+from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import pairs
@@ -107,6 +109,24 @@ def test_shared_encoder_drafter_from_pair_dir(saved, tmp_path):
   pair = pairs.load_pair(config, EOS)
   _leaves_equal(pair.params["drafter"], params, np.dtype("float32"))
   assert pair.drafter.eos_id == EOS and not pair.random_weights
+
+
+def test_from_pair_dir_reads_a_second_drafter_of_the_same_target(saved, tmp_path):
+  """A directory may hold several drafters of one target (demo_models/ holds drafter/ and
+  feature_drafter/): drafter_member picks one, of whatever kind its config.json records."""
+  directory, _, _ = saved
+  shutil.copytree(directory, tmp_path, dirs_exist_ok=True)
+  drafter = feature_drafter.FeatureDrafter(DRAFTER, TARGET.emb_dim, draft_vocab=(1, 5, 9))
+  params = drafter.init_params(jax.random.PRNGKey(4), {})
+  drafter.save_params(tmp_path / "feature_drafter", params)
+  config = pairs.PairConfig.from_pair_dir(tmp_path, drafter_member="feature_drafter")
+  assert type(config.drafter) is feature_drafter.FeatureDrafter  # pylint: disable=unidiomatic-typecheck
+  assert config.drafter.draft_vocab == (1, 5, 9)
+  assert config.drafter_checkpoint_path == str(tmp_path / "feature_drafter")
+  _leaves_equal(pairs.load_pair(config, EOS).params["drafter"], params, np.dtype("float32"))
+  assert type(pairs.PairConfig.from_pair_dir(tmp_path).drafter) is drafters.T5Drafter  # pylint: disable=unidiomatic-typecheck
+  with pytest.raises(FileNotFoundError, match="needs target/ and spare/"):
+    pairs.PairConfig.from_pair_dir(tmp_path, drafter_member="spare")
 
 
 @pytest.mark.parametrize("kind", [drafters.UnigramDrafter, drafters.BigramDrafter])
