@@ -178,11 +178,17 @@ def load_setup() -> BenchmarkSetup:
           f"TASK_FEATURE_LENGTHS {setup.task_feature_lengths} needs a " f"positive '{name}' length."
       )
   drafter = setup.pair.drafter
-  if drafter is None or drafter.network_config is None:
+  if drafter is None:
     raise gin_utils.ConfigError(
-        f"DRAFTER is {drafter!r}: scripts/benchmark.py times drafters that run a T5 "
-        "network (c and the verification cost come from their decode steps); include "
-        "configs/drafters/t5.gin and set DRAFTER_CONFIG."
+        "DRAFTER is None: scripts/benchmark.py times a drafter against the target; include one "
+        "file of configs/drafters/ (e.g. configs/drafters/t5.gin and DRAFTER_CONFIG)."
+    )
+  if not setup.pair.drafter_checkpoint_path and drafter.network_config is None:
+    raise gin_utils.ConfigError(
+        f"DRAFTER {type(drafter).__name__} has no DRAFTER_CHECKPOINT_PATH, and the random "
+        f"drafters {tuple(setup.random_drafters)} are built from a T5 drafter's network, which "
+        "it has none of: give its checkpoint (a drafter without one is timed by "
+        "scripts/demo.py or report.sweep)."
     )
   if not (setup.pair.drafter_checkpoint_path or setup.random_drafters):
     raise gin_utils.ConfigError(
@@ -307,7 +313,8 @@ def main(argv):
       f"Batch 1, {len(inputs)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "
       f"each (median per example); feature lengths {dict(setup.task_feature_lengths)}; "
       f"{jax.default_backend()} backend; decode-step costs from {result.cost_rounds} rounds "
-      f"timed between the examples; 1-minute load average before the run {load['load_1m']:.2f}."
+      f"timed between the examples; before the run: 1-minute load average {load['load_1m']:.2f}, "
+      f"other processes running {load['runnable_others']}."
   )
   if warning:
     header += f" {warning}"

@@ -73,8 +73,9 @@ _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
 _GAMMA = flags.DEFINE_integer(
     "gamma",
     1,
-    "Drafted tokens per target call. 1 suits the demo pair on a CPU, where verifying 2 tokens "
-    "costs about 1.4 target steps and 3 tokens 2.2 (demo_models/MODEL_CARD.md).",
+    "Drafted tokens per target call. 1 is the fastest for either demo drafter on this CPU: a "
+    "draft costs 0.2-0.3 target steps in the loop and alpha is 0.52-0.60, while verifying 2-4 "
+    "tokens costs 1.1-1.3 steps (demo_models/MODEL_CARD.md).",
     lower_bound=1,
 )
 _DRAFT_TREE = flags.DEFINE_list(
@@ -271,8 +272,8 @@ def main(argv):
       )
   print(
       f"Speculative against baseline decoding, {len(encoder_tokens)} examples at batch 1 "
-      f"(median of {_REPEATS.value} runs each; 1-minute load average before the run "
-      f"{load['load_1m']:.2f}):"
+      f"(median of {_REPEATS.value} runs each; before the run: 1-minute load average "
+      f"{load['load_1m']:.2f}, other processes running {load['runnable_others']}):"
   )
   print(report.plain_summary(rows), end="")
   warning = benchmark.busy_warning(load)

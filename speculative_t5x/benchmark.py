@@ -45,25 +45,57 @@ _FIRST_NON_SPECIAL_ID = 3  # T5 vocabularies: 0 = PAD, 1 = EOS, 2 = UNK.
 STREAM_WIDTH = 256  # columns of a StreamStage's matrix: rows = bytes / (4 * STREAM_WIDTH).
 
 
-# A machine whose 1-minute load average is above this before a timing has other work on its
-# cores: its timings are not to be used (the figures of a quiet machine were 2x off otherwise).
-BUSY_LOAD = 0.5
+# Before a timing: other processes running on the cores make it not a quiet machine's (the
+# figures of a quiet machine were 2x off otherwise). The 1-minute load average lags (a script
+# run just before, or an install, raises it for minutes), so the verdict rests on the processes
+# runnable at the moment (/proc/loadavg, sampled), the load averages being recorded beside it.
+_RUNNABLE_SAMPLES = 5
+_SAMPLE_SECONDS = 0.1
+
+
+def _runnable_others() -> int | None:
+  """The fewest runnable tasks besides this one over a few samples, or None without
+  /proc/loadavg (then only the load averages speak)."""
+  try:
+    counts = []
+    for _ in range(_RUNNABLE_SAMPLES):
+      with open("/proc/loadavg", encoding="ascii") as f:
+        counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+      time.sleep(_SAMPLE_SECONDS)
+  except (OSError, ValueError, IndexError):
+    return None
+  return max(0, min(counts))
 
 
 def machine_load() -> dict:
-  """The load averages (1, 5, 15 minutes) and the core count, to record beside timings."""
+  """The load averages (1, 5, 15 minutes), the core count and the other processes runnable now,
+  to record beside timings."""
   one, five, fifteen = os.getloadavg()
-  return {"load_1m": one, "load_5m": five, "load_15m": fifteen, "cpus": os.cpu_count()}
+  return {
+      "load_1m": one,
+      "load_5m": five,
+      "load_15m": fifteen,
+      "cpus": os.cpu_count(),
+      "runnable_others": _runnable_others(),
+  }
 
 
 def busy_warning(load: dict) -> str | None:
-  """A loud warning when `machine_load()` taken before a timing shows other work, else None."""
-  if load["load_1m"] <= BUSY_LOAD:
+  """A loud warning when `machine_load()` taken before a timing shows other work running (or,
+  where runnable tasks cannot be read, a 1-minute load average above 0.5), else None."""
+  others = load["runnable_others"]
+  if others is None:
+    if load["load_1m"] <= 0.5:
+      return None
+    seen = f"1-minute load average {load['load_1m']:.2f} > 0.5"
+  elif others == 0:
     return None
+  else:
+    seen = f"{others} other process(es) running"
   return (
-      f"WARNING: the machine was busy before this timing (1-minute load average "
-      f"{load['load_1m']:.2f} > {BUSY_LOAD}): other work shares the cores, so these times and "
-      "speedups are not a quiet machine's. Rerun with nothing else running before using them."
+      f"WARNING: the machine was busy before this timing ({seen}): other work shares the "
+      "cores, so these times and speedups are not a quiet machine's. Rerun with nothing else "
+      "running before using them."
   )
 
 
@@ -492,7 +524,9 @@ class StreamStage:
 
   def run(self, params, cache, tokens, position, u, standardize, temperature):
     del position, u, standardize, temperature
-    vector = (tokens[0, :1] % 7 + 1).astype(jnp.float32) * jnp.ones((STREAM_WIDTH,))
+    # Not a multiple of one fixed vector (XLA would factor the product and hoist it out of the
+    # loop): a different vector for each token value.
+    vector = jnp.cos(jnp.arange(STREAM_WIDTH) * (tokens[0, 0] % 7 + 1).astype(jnp.float32))
     total = jnp.sum(params @ vector)
     return jnp.where(total > 1e30, tokens + 1, tokens), cache
 

@@ -452,9 +452,9 @@ def plain_summary(rows: Sequence[SpeedupRow]) -> str:
     verified = r.gamma + 1 if r.draft_tree is None else len(r.draft_tree) + 1
     in_loop = "" if math.isnan(r.c_in_loop) else f", a draft in the loop {r.c_in_loop:.2f}"
     lines.append(
-        f"  {r.drafter}, {shape}, temperature {r.temperature:g}: {r.speedup:.2f}x (baseline "
-        f"{baseline:.1f} ms, speculative {speculative:.1f} ms per example)\n"
-        f"    alpha {r.alpha:.2f}, {r.tokens_per_target_call:.2f} tokens per target call\n"
+        f"  {r.drafter}, {shape}, temperature {r.temperature:g}: speedup {r.speedup:.2f}x per token\n"
+        f"    per example: baseline {baseline:.1f} ms, speculative {speculative:.1f} ms; alpha "
+        f"{r.alpha:.2f}, {r.tokens_per_target_call:.2f} tokens per target call\n"
         f"    in target steps: a verification of {verified} tokens {r.verify_cost:.2f}{in_loop}"
     )
   return "\n".join(lines) + "\n"

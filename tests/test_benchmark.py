@@ -314,3 +314,16 @@ def test_a_stream_stage_reads_its_megabytes_and_passes_the_tokens_on():
   alone, args = benchmark.decode_step_call([stage], geometry, temperature=0.0)
   paired, paired_args = benchmark.decode_step_call([stream, stage], geometry, temperature=0.0)
   np.testing.assert_array_equal(alone(*args), paired(*paired_args))
+
+
+def test_busy_warning_rests_on_the_processes_running_now():
+  quiet = {"load_1m": 3.0, "load_5m": 3.0, "load_15m": 3.0, "cpus": 2, "runnable_others": 0}
+  assert benchmark.busy_warning(quiet) is None  # a high average from work that has ended
+  busy = dict(quiet, runnable_others=2)
+  assert "2 other process(es) running" in benchmark.busy_warning(busy)
+  unknown = dict(quiet, runnable_others=None)  # no /proc/loadavg: the 1-minute average decides
+  assert "1-minute load average 3.00 > 0.5" in benchmark.busy_warning(unknown)
+  assert benchmark.busy_warning(dict(unknown, load_1m=0.2)) is None
+  load = benchmark.machine_load()
+  assert set(load) == {"load_1m", "load_5m", "load_15m", "cpus", "runnable_others"}
+  assert load["runnable_others"] is None or load["runnable_others"] >= 0

@@ -21,10 +21,11 @@ def test_demo_translates_and_checks_greedy_equality():
   )
   assert "trained demo pair" in out
   assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2
-  assert "1-minute load average before the run" in out
+  assert "before the run: 1-minute load average" in out
   for temperature in (0, 1):
     assert f"  demo drafter, gamma {GAMMA}, temperature {temperature}: " in out
   assert out.count("tokens per target call\n    in target steps: a verification of") == 2
+  assert "speedup" in out and "x per token" in out
   assert "--verbose" in out and "| task |" not in out  # the full table only when asked
   assert "identical to the baseline on all 2 examples: True" in out
 

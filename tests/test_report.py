@@ -182,8 +182,9 @@ def test_markdown_table_and_costs_table():
 def test_plain_summary_gives_a_newcomer_the_few_figures_that_matter():
   summary = report.plain_summary([make_row()])
   assert summary == (
-      "  d, gamma 2, temperature 0: 2.46x (baseline 20.0 ms, speculative 9.5 ms per example)\n"
-      "    alpha 0.75, 2.50 tokens per target call\n"
+      "  d, gamma 2, temperature 0: speedup 2.46x per token\n"
+      "    per example: baseline 20.0 ms, speculative 9.5 ms; alpha 0.75, 2.50 tokens per "
+      "target call\n"
       "    in target steps: a verification of 3 tokens 1.50, a draft in the loop 0.50\n"
   )
   assert max(len(line) for line in summary.splitlines()) < 100
