@@ -313,6 +313,13 @@ class Tree(DraftShape):
           "a draft tree needs move_target_cache (network.move_cache_slots), which makes the "
           "accepted path's cache slots contiguous."
       )
+    siblings = int(np.bincount(np.asarray(self.tree.parents)).max())
+    if drafter.vocab_size and siblings > drafter.vocab_size:
+      raise validation.InvalidInputError(
+          f"the draft tree {self.tree.parents} gives a node {siblings} children, but the "
+          f"vocabulary has {drafter.vocab_size} tokens and siblings are distinct drafts: give "
+          f"at most {drafter.vocab_size} children per node."
+      )
 
   def iterate(self, parts: Parts, position: Position, u: jax.Array) -> Iteration:
     """Drafts the tree (`Drafter.propose_tree`), scores it under its mask, verifies it

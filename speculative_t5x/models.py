@@ -393,6 +393,12 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
         z_loss=z_loss,
         loss_normalizing_factor=loss_normalizing_factor,
     )
+    if decode_fn is decoding.temperature_sample:
+      raise ValueError(
+          "decode_fn=decoding.temperature_sample is the baseline's loop, which takes no drafter: "
+          "SpeculativeEncoderDecoderModel needs a speculative loop (decoding.speculative_sample, "
+          "the default); for the baseline use EncoderDecoderModel."
+      )
     if gamma is None and draft_tree is None and draft_shape is None:
       gamma = DEFAULT_GAMMA
     for name, vocabulary in (("input", input_vocabulary), ("output", output_vocabulary)):

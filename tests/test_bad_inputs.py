@@ -1729,6 +1729,18 @@ _TRAIN_INTEGER_CASES = [
 THIRD_CASES = [
     # ---- draft trees
     (
+        "tree: more siblings than the vocabulary has tokens",
+        lambda: _tree_model(tree=(V + 1,)),
+        ValueError,
+        rf"gives a node {V + 1} children, but the vocabulary has {V} tokens .*at most {V} children",
+    ),
+    (
+        "model: the baseline's loop as decode_fn",
+        lambda: _speculative_model(decode_fn=decoding.temperature_sample),
+        ValueError,
+        "decode_fn=decoding.temperature_sample is the baseline's loop.*use EncoderDecoderModel",
+    ),
+    (
         "tree: a zero branch",
         lambda: trees.DraftTree.from_branching((2, 0)),
         ValueError,
