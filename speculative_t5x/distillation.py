@@ -135,13 +135,19 @@ def token_divergence(
     [B, L] float32.
   """
   _check_divergence_temperature(temperature)
+  if name != "cross_entropy" and name not in _DIVERGENCE_FNS:
+    raise ValueError(f"unknown divergence {name!r}: use one of {DIVERGENCES}.")
+  if name != "cross_entropy" and np.shape(target_logits) != np.shape(drafter_logits):
+    raise ValueError(
+        f"target_logits {np.shape(target_logits)} and drafter_logits "
+        f"{np.shape(drafter_logits)} must have one shape [B, L, V]: the two models' logits at "
+        "the same positions over one vocabulary."
+    )
   log_q = log_probs(drafter_logits, temperature)
   if name == "cross_entropy":
     if targets is None:
       raise ValueError("the 'cross_entropy' divergence needs the targets y_t: pass targets.")
     return -jnp.take_along_axis(log_q, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  if name not in _DIVERGENCE_FNS:
-    raise ValueError(f"unknown divergence {name!r}: use one of {DIVERGENCES}.")
   return _DIVERGENCE_FNS[name](log_probs(target_logits, temperature), log_q)
 
 

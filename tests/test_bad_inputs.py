@@ -1735,6 +1735,12 @@ THIRD_CASES = [
         rf"gives a node {V + 1} children, but the vocabulary has {V} tokens .*at most {V} children",
     ),
     (
+        "distillation: logits of two shapes",
+        lambda: distillation.token_divergence("tvd", np.zeros((1, 2, 5)), np.zeros((1, 2, 6))),
+        ValueError,
+        r"target_logits \(1, 2, 5\) and drafter_logits \(1, 2, 6\) must have one shape",
+    ),
+    (
         "model: the baseline's loop as decode_fn",
         lambda: _speculative_model(decode_fn=decoding.temperature_sample),
         ValueError,
