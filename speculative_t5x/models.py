@@ -316,6 +316,11 @@ class EncoderDecoderModel:
     compiled_greedy = jax.jit(lambda params, batch, rng: fn(params, batch, rng, 0.0))
 
     def predict(params, batch, rng, temperature):
+      if isinstance(temperature, (list, tuple)):
+        raise ValueError(
+            f"temperature {temperature!r} is a Python {type(temperature).__name__}: give a "
+            "number, or per-row temperatures as an array (np.asarray(...), shape [B])."
+        )
       self._settings(batch, decoder_params(temperature), rng, num_decodes)
       if sampling.is_greedy(temperature) and np.ndim(temperature) == 0:
         return compiled_greedy(params, batch, rng)

@@ -1741,6 +1741,13 @@ THIRD_CASES = [
         r"target_logits \(1, 2, 5\) and drafter_logits \(1, 2, 6\) must have one shape",
     ),
     (
+        "jit_predict: a temperature as a Python list",
+        lambda: _jit("spec", temperature=[0.5]),
+        ValueError,
+        r"temperature \[0\.5\] is a Python list: give a number, or per-row temperatures as an "
+        r"array",
+    ),
+    (
         "model: the baseline's loop as decode_fn",
         lambda: _speculative_model(decode_fn=decoding.temperature_sample),
         ValueError,
