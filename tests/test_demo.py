@@ -38,7 +38,8 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
   cases = {
       f"--pair_dir={tmp_path / 'nowhere'}": f"--pair_dir={tmp_path / 'nowhere'} does not exist: "
       "give a directory written by checkpoints.save_pair with its sentencepiece.model (the "
-      "shipped demo_models/ is the default), or --random_pair for a tiny random pair",
+      "shipped demo_models/ is the default) and --drafter one of its drafter subdirectories, or "
+      "--random_pair for a tiny random pair",
       f"--pair_dir={tmp_path / 'incomplete'}": f"--pair_dir={tmp_path / 'incomplete'} has no "
       "drafter, sentencepiece.model: give a directory",
       "--temperatures=0,-1": "--temperatures=0,-1 (0.0, -1.0): temperature must be >= 0 and finite",
