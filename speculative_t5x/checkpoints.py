@@ -20,12 +20,13 @@ checkpoint is the code the tests run locally; only the store driver differs. GCS
 credentials tensorstore can find (e.g. `gcloud auth application-default login`). Orbax-format
 checkpoints on GCS go through orbax's own path handling (etils.epath).
 
-Writing: `save_model` / `restore_model` keep one model's params and `T5Config`, `save_pair` /
-`restore_pair` a (target, drafter) pair in one directory, each as orbax params plus
-`config.json`; `stored_dtypes` reads the dtypes a directory stores without restoring it. A
-shared-encoder drafter (`save_shared_encoder_drafter`, a decoder reading the target's encoder
-output) has the same layout; its config.json adds to the T5Config fields the entry
-"drafter": {"kind": "shared_encoder", "encoder_emb_dim": E_target} (`read_drafter_config`).
+Writing: `save_model` / `restore_model` keep one model's params and `T5Config`, `save_pair` a
+(target, drafter) pair in one directory (read back by `pairs.PairConfig.from_pair_dir` and
+`pairs.load_pair`), each as orbax params plus `config.json`; `stored_dtypes` reads the dtypes a
+directory stores without restoring it. A shared-encoder drafter (`save_shared_encoder_drafter`, a
+decoder reading the target's encoder output) has the same layout; its config.json adds to the
+T5Config fields the entry "drafter": {"kind": "shared_encoder", "encoder_emb_dim": E_target}
+(`read_drafter_entry`; `drafters.read_drafter` gives the drafter back).
 
 Damaged weights are refused, never loaded: a file that fails what its format checks (gzip's CRC
 and zstd's frame checks of a zarr chunk, msgpack's framing and array sizes) raises a ValueError
@@ -668,7 +669,7 @@ def restore_checked(
 # ----------------------------------------------------------------------------------------------
 def config_to_json(config: network.T5Config, drafter: Mapping | None = None) -> str:
   """`config` as JSON text (tuples become lists); `drafter`, if given, as its 'drafter' entry
-  (the kind of a drafter without an encoder, see `read_drafter_config`)."""
+  (the kind of a drafter without an encoder, see `read_drafter_entry`)."""
   fields = dataclasses.asdict(config)
   if drafter is not None:
     fields[_DRAFTER_ENTRY] = dict(drafter)
@@ -701,8 +702,9 @@ def _t5_config(fields: dict, source: str) -> network.T5Config:
   if _DRAFTER_ENTRY in fields:
     raise ValueError(
         f"{source} describes a drafter without an encoder (its '{_DRAFTER_ENTRY}' entry is "
-        f"{fields[_DRAFTER_ENTRY]!r}), not a T5 model: read it with read_drafter_config or "
-        "drafters.read_drafter, restore it with restore_pair or the drafter's restore_params."
+        f"{fields[_DRAFTER_ENTRY]!r}), not a T5 model: read it with drafters.read_drafter (or "
+        "a whole pair with pairs.PairConfig.from_pair_dir) and restore it with that drafter's "
+        "restore_params (pairs.load_pair does both)."
     )
   known = {f.name for f in dataclasses.fields(network.T5Config)}
   unknown = sorted(fields.keys() - known)
@@ -818,33 +820,6 @@ def read_config(directory: str | os.PathLike) -> network.T5Config:
   return _t5_config(*_read_config_file(directory))
 
 
-def read_drafter_config(directory: str | os.PathLike) -> tuple[network.T5Config, int | None]:
-  """(config, encoder_emb_dim) of a drafter's directory: encoder_emb_dim is None for a T5 drafter
-  (a `save_model` directory) and the width of the target's encoder output for a shared-encoder
-  drafter (`save_shared_encoder_drafter`). A 'drafter' entry of another form is refused."""
-  fields, source = _read_config_file(directory)
-  entry = fields.pop(_DRAFTER_ENTRY, None)
-  config = _t5_config(fields, source)
-  if entry is None:
-    return config, None
-  width = entry.get("encoder_emb_dim") if isinstance(entry, dict) else None
-  if (
-      not isinstance(entry, dict)
-      or set(entry) != {"kind", "encoder_emb_dim"}
-      or entry["kind"] != SHARED_ENCODER_KIND
-      or isinstance(width, bool)
-      or not isinstance(width, int)
-      or width < 1
-  ):
-    raise ValueError(
-        f"{source} has the '{_DRAFTER_ENTRY}' entry {entry!r}, which this version does not "
-        f'read: it writes {{"kind": "{SHARED_ENCODER_KIND}", "encoder_emb_dim": <the target\'s '
-        "emb_dim, an int >= 1>} (save_shared_encoder_drafter); fix the entry or save the "
-        "drafter again."
-    )
-  return config, width
-
-
 def restore_model(
     directory: str | os.PathLike, dtype: Any = None, check_finite: bool = True
 ) -> tuple[dict, network.T5Config]:
@@ -889,47 +864,32 @@ def save_pair(
     directory: str | os.PathLike,
     target_params: Mapping,
     target_config: network.T5Config,
-    drafter_params: Mapping,
+    drafter_params: Any,
     drafter: Any,
     overwrite: bool = False,
 ) -> None:
-  """Writes a (target, drafter) pair: `save_model` into `directory/target`, and into
-  `directory/drafter` the drafter: `save_model` for a `network.T5Config` (a T5 drafter), else
-  `drafter.save_params` for a `drafters.Drafter` (a `T5Drafter` or a `SharedEncoderDrafter`),
-  after `drafter.check_target(target_config)`."""
-  directory = _epath(directory)
-  if not isinstance(drafter, network.T5Config):
-    if not all(callable(getattr(drafter, name, None)) for name in ("check_target", "save_params")):
-      raise ValueError(
-          f"save_pair's drafter must be a network.T5Config (a T5 drafter) or a "
-          f"drafters.Drafter, got {drafter!r}."
-      )
-    drafter.check_target(target_config)
-  save_model(directory / _PAIR_MEMBERS[0], target_params, target_config, overwrite)
+  """Writes a (target, drafter) pair, which `pairs.PairConfig.from_pair_dir` and `pairs.load_pair`
+  read back: `save_model` into `directory/target`, and `drafter.save_params` into
+  `directory/drafter` (`drafter`: a `drafters.Drafter`, whose kind its config.json records).
+
+  The drafter is refused before anything is written unless it serves the target
+  (`drafter.check_target(target_config)`) and `drafter_params` are its parameters
+  (`drafter.check_params`)."""
   if isinstance(drafter, network.T5Config):
-    save_model(directory / _PAIR_MEMBERS[1], drafter_params, drafter, overwrite)
-  else:
-    drafter.save_params(directory / _PAIR_MEMBERS[1], drafter_params, overwrite=overwrite)
-
-
-def restore_pair(
-    directory: str | os.PathLike, dtype: Any = None, check_finite: bool = True
-) -> tuple[tuple[dict, network.T5Config], tuple[dict, Any]]:
-  """((target_params, target_config), (drafter_params, drafter)) from `save_pair`, the target
-  restored by `restore_model`. drafter: the drafter's `network.T5Config` for a T5 drafter (as
-  `restore_model` gives it), else the `drafters.SharedEncoderDrafter` that config.json records;
-  `drafters.as_drafter` and `models.SpeculativeEncoderDecoderModel` take either."""
-  validation.check_restore_dtype(dtype)  # before anything is read
+    raise ValueError(
+        "save_pair's drafter must be a drafters.Drafter, got a network.T5Config: pass "
+        "drafters.T5Drafter(config) for a T5 drafter of that config."
+    )
+  if not all(
+      callable(getattr(drafter, name, None))
+      for name in ("check_target", "check_params", "save_params")
+  ):
+    raise ValueError(
+        f"save_pair's drafter must be a drafters.Drafter (e.g. drafters.T5Drafter(config)), got "
+        f"{drafter!r}."
+    )
+  drafter.check_target(target_config)
+  drafter.check_params(drafter_params, "save_pair's drafter_params")
   directory = _epath(directory)
-  target = restore_model(directory / _PAIR_MEMBERS[0], dtype, check_finite)
-  location = directory / _PAIR_MEMBERS[1]
-  config, encoder_emb_dim = read_drafter_config(location)
-  if encoder_emb_dim is None:
-    return target, restore_model(location, dtype, check_finite)
-  # drafters restores T5 drafters through this module, so it is imported here, not at the top.
-  from speculative_t5x import drafters  # pylint: disable=g-import-not-at-top
-
-  params = restore_shared_encoder_params(
-      config, encoder_emb_dim, location, dtype=dtype, check_finite=check_finite
-  )
-  return target, (params, drafters.SharedEncoderDrafter(config, encoder_emb_dim))
+  save_model(directory / _PAIR_MEMBERS[0], target_params, target_config, overwrite)
+  drafter.save_params(directory / _PAIR_MEMBERS[1], drafter_params, overwrite=overwrite)

@@ -31,9 +31,13 @@ from speculative_t5x import draft_length
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import trees
+from speculative_t5x import validation
 
 # An empty draft slot: the row stopped drafting before it (`draft_length`); verifiers reject it.
 EMPTY = -1
+# The feature shapes `init_params` gets where no batch is at hand (`param_shapes`, untrained
+# parameters in `pairs`): one row of one token each. A drafter's parameters do not depend on them.
+INIT_FEATURE_SHAPES = {"encoder_input_tokens": (1, 1), "decoder_input_tokens": (1, 1)}
 
 
 def _check_int(owner: str, name: str, value: Any, minimum: int) -> None:
@@ -53,6 +57,27 @@ def _check_token_ids(tokens: np.ndarray, vocab_size: int, owner: str) -> np.ndar
         "sequences of the target's vocabulary, with the target's vocab_size."
     )
   return tokens.ravel()
+
+
+def _is_shape(node: Any) -> bool:
+  """Whether `node` is a shape in a tree of `Drafter.param_shapes` (a tuple of sizes or None)."""
+  return isinstance(node, tuple) and all(
+      d is None or isinstance(d, (int, np.integer)) for d in node
+  )
+
+
+def _shapes_by_path(tree: Any, leaves_are_shapes: bool = False) -> dict[str, tuple]:
+  """'a/b/c' path -> shape of every leaf of `tree`: an array's (or a tracer's) shape, or where
+  `leaves_are_shapes` the leaf itself, a tuple of `Drafter.param_shapes`. Reads no values."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=_is_shape if leaves_are_shapes else None
+  )
+  return {
+      jax.tree_util.keystr(path, simple=True, separator="/"): (
+          tuple(leaf) if leaves_are_shapes else tuple(np.shape(leaf))
+      )
+      for path, leaf in flat
+  }
 
 
 def check_reads_target(
@@ -258,6 +283,57 @@ class Drafter(abc.ABC):
     del rng, input_shapes
     return {}
 
+  def param_shapes(self) -> Any:
+    """The shape of every parameter: the tree of `init_params` with a shape tuple at each leaf
+    ({} for a drafter without parameters), traced (`jax.eval_shape`), nothing allocated. A size
+    None is free: parameters of any size there are the drafter's (`BigramDrafter`'s successors
+    per token)."""
+    shapes = jax.eval_shape(lambda: self.init_params(jax.random.PRNGKey(0), INIT_FEATURE_SHAPES))
+    return jax.tree.map(lambda x: tuple(x.shape), shapes)
+
+  def check_params(self, params: Any, name: str = "drafter params", shapes: Any = None) -> None:
+    """Raises `validation.InvalidInputError` unless `params` are this drafter's parameters: a leaf
+    at every path of `shapes`, of that shape, and no other leaf. A drafter without parameters
+    takes any tree without leaves ({} or None).
+
+    Only paths and shapes are compared (no value is read, nothing moves between devices), so it
+    takes arrays, tracers and `jax.ShapeDtypeStruct`s alike and runs before anything is traced.
+
+    Args:
+      params: the parameter tree to check.
+      name: what `params` are, for the message (e.g. "params['drafter']").
+      shapes: the shapes `param_shapes()` gives (None: computed here, which traces `init_params`;
+        a caller checking at every call computes them once and passes them).
+    """
+    expected = _shapes_by_path(self.param_shapes() if shapes is None else shapes, True)
+    got = _shapes_by_path(params)
+    kind = type(self).__name__
+
+    def where(path: str) -> str:
+      return path or "the tree itself"
+
+    problems = []
+    for path, shape in expected.items():
+      if path not in got:
+        problems.append(f"{where(path)} {shape} is missing")
+      elif len(got[path]) != len(shape) or any(
+          e is not None and e != g for e, g in zip(shape, got[path])
+      ):
+        problems.append(f"{where(path)} is {got[path]}, the {kind} needs {shape}")
+    problems += [
+        f"{where(path)} {shape} is not a parameter of the {kind}"
+        for path, shape in got.items()
+        if path not in expected
+    ]
+    if problems:
+      raise validation.InvalidInputError(
+          f"{name} are not this {kind}'s parameters ({len(problems)} problem(s); the first: "
+          f"{problems[0]}): they are another drafter's, of another kind or other sizes (emb_dim, "
+          "layers, heads, the target width it reads). Restore them with the drafter they were "
+          "saved with (pairs.PairConfig.from_pair_dir, or drafters.read_drafter on their "
+          "directory), or build the drafter with the sizes they have."
+      )
+
   @property
   def needs_checkpoint(self) -> bool:
     """Whether useful parameters come only from a checkpoint (`restore_params`); random ones
@@ -432,8 +508,8 @@ class Drafter(abc.ABC):
 
 
 def as_drafter(drafter: "Drafter | network.Transformer | network.T5Config") -> Drafter:
-  """A `Drafter` as it is; a `network.Transformer`, or a `network.T5Config` (what
-  `checkpoints.restore_pair` gives for a T5 drafter), as the `T5Drafter` of its config."""
+  """A `Drafter` as it is; a `network.Transformer` or a `network.T5Config` as the `T5Drafter` of
+  its config."""
   if isinstance(drafter, Drafter):
     return drafter
   if isinstance(drafter, network.Transformer):
@@ -900,6 +976,17 @@ class BigramDrafter(_TableDrafter):
 
   def fit_params(self, targets):
     return self.fit(targets, self.vocab_size, self.top, self.smoothing, self.backoff)
+
+  def param_shapes(self):
+    """`fit`'s tables, whatever number of successors per token they keep: `top` is what
+    `fit_params` keeps, and the proposals read the tables as they are."""
+    vocab = self.vocab_size
+    return {
+        "unigram": (vocab,),
+        "next_ids": (vocab, None),
+        "next_logp": (vocab, None),
+        "backoff": (vocab,),
+    }
 
   def next_logits(self, params, previous):
     params = jax.tree.map(jnp.asarray, params)  # `fit` returns numpy arrays.

@@ -351,12 +351,6 @@ class FeatureDrafter(drafters.Drafter):
     del input_shapes  # its parameter shapes do not depend on them.
     return nn.meta.unbox(self._boxed(rng))
 
-  def param_shapes(self) -> dict:
-    return jax.tree.map(
-        lambda x: tuple(x.shape),
-        jax.eval_shape(lambda: self.init_params(jax.random.PRNGKey(0), {})),
-    )
-
   def init_from_target(self, params: Any, target_params: Any) -> Any:
     """`params` with the target's token embedding and logits kernel (its draft-vocabulary
     columns) copied in: the parts the head shares with the target."""

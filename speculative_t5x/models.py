@@ -181,11 +181,13 @@ class EncoderDecoderModel:
     return [p.name for p in parameters if p.name not in self.MODEL_DECODE_ARGS]
 
   def _settings(
-      self, batch: Batch, decoder_params: Mapping[str, Any] | None, rng, num_decodes: int
+      self, params, batch: Batch, decoder_params: Mapping[str, Any] | None, rng, num_decodes: int
   ) -> dict:
     """The decode function's settings, `decoder_params` over the defaults with `rng` as its
     decode_rng, checked with the batch (token ids within the vocab_size where they are concrete)
-    and the output vocabulary before anything is traced (see `validation`)."""
+    and the output vocabulary before anything is traced (see `validation`). The baseline's
+    `params` go to the network as they are; the speculative model checks its drafter's."""
+    del params
     validation.check_decoder_params(decoder_params, self._decoder_param_names())
     settings = dict(_DECODER_PARAM_DEFAULTS, **(decoder_params or {}))
     if rng is not None:
@@ -244,7 +246,7 @@ class EncoderDecoderModel:
       prompt_with_targets: bool = False,
   ):
     """-> (decodes [B, L] or [B, N, L], {'scores': [B] or [B, N]})."""
-    settings = self._settings(batch, decoder_params, rng, num_decodes)
+    settings = self._settings(params, batch, decoder_params, rng, num_decodes)
     decoder_inputs = batch["decoder_input_tokens"]
     if prompt_with_targets:
       inputs = jnp.where(decoder_inputs == self.eos_id, 0, decoder_inputs)
@@ -321,7 +323,7 @@ class EncoderDecoderModel:
             f"temperature {temperature!r} is a Python {type(temperature).__name__}: give a "
             "number, or per-row temperatures as an array (np.asarray(...), shape [B])."
         )
-      self._settings(batch, decoder_params(temperature), rng, num_decodes)
+      self._settings(params, batch, decoder_params(temperature), rng, num_decodes)
       if sampling.is_greedy(temperature) and np.ndim(temperature) == 0:
         return compiled_greedy(params, batch, rng)
       return compiled(params, batch, rng, temperature)
@@ -338,7 +340,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     drafter: a `drafters.Drafter` (a `network.Transformer` or a `network.T5Config` is taken as
       the `drafters.T5Drafter` of its config); its vocab_size and eos_id, where unset, are the
       target's, and it must serve the target (`Drafter.check_target`, a ValueError here). Its
-      parameters sit beside the target's: params = {'target': ..., 'drafter': ...}.
+      parameters sit beside the target's: params = {'target': ..., 'drafter': ...}, the drafter's
+      checked against its `param_shapes()` at every call, before tracing (`Drafter.check_params`).
     gamma: drafts per target call (the most, under `draft_stop`); default 4, or the depth of
       `draft_tree` or `draft_shape`.
     verifier: a `speculative.Verifier`, or None: the draft shape's default (Algorithm 1,
@@ -421,6 +424,8 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     )
     self.drafter.check_target(module.config)
     self.draft_shape.check(self.verifier, self.drafter, network.move_cache_slots)
+    # Traced here, once: each call compares params['drafter'] with them, tracing nothing.
+    self._drafter_param_shapes = self.drafter.param_shapes()
 
   def get_initial_variables(self, rng, input_shapes, input_types=None) -> dict:
     """{'params': {'target': ..., 'drafter': ...}} (the drafter's from `Drafter.init_params`:
@@ -433,6 +438,22 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
 
   def _compute_logits(self, params, batch, dropout_rng=None):
     return super()._compute_logits(params["target"], batch, dropout_rng)
+
+  def _settings(self, params, batch, decoder_params, rng, num_decodes):
+    """The baseline's settings, after checking that `params` are {'target': ..., 'drafter': ...}
+    with the drafter's parameters of its shapes (`Drafter.check_params`), before tracing."""
+    if not isinstance(params, Mapping) or not {"target", "drafter"} <= set(params):
+      got = (
+          f"one with the keys {list(params)}"
+          if isinstance(params, Mapping)
+          else f"a {type(params).__name__}"
+      )
+      raise validation.InvalidInputError(
+          "params of a SpeculativeEncoderDecoderModel must be a mapping {'target': ..., "
+          f"'drafter': ...}} (get_initial_variables, or pairs.load_pair(...).params), got {got}."
+      )
+    self.drafter.check_params(params["drafter"], "params['drafter']", self._drafter_param_shapes)
+    return super()._settings(params, batch, decoder_params, rng, num_decodes)
 
   def prefill(self, params, batch: Batch) -> tuple[Any, Any]:
     """The target's encoder and cache, then the drafter's state (which may read the target's
@@ -466,7 +487,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
           "prompt_with_targets=True is not supported by speculative decoding: decode "
           "from BOS (the encoder-decoder default)."
       )
-    settings = self._settings(batch, decoder_params, rng, num_decodes)
+    settings = self._settings(params, batch, decoder_params, rng, num_decodes)
     decoder_inputs = batch["decoder_input_tokens"]
     target_cache, drafter_state = self.prefill(params, batch)
     output = self._decode_fn(

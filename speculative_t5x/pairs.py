@@ -37,7 +37,6 @@ from speculative_t5x import network
 from speculative_t5x import validation
 
 RANDOM_WEIGHTS = "RANDOM weights (seed {seed}), not a trained model"
-_FEATURE_SHAPES = {"encoder_input_tokens": (1, 1), "decoder_input_tokens": (1, 1)}
 
 FitTargets = Callable[[], Iterable[np.ndarray]]
 
@@ -333,11 +332,13 @@ def load_drafter(
   elif drafter.needs_checkpoint:
     seed = config.random_init_seed + 1
     params = _random_params(
-        lambda rng: drafter.init_params(rng, _FEATURE_SHAPES), seed, config.restore_dtype
+        lambda rng: drafter.init_params(rng, drafters_lib.INIT_FEATURE_SHAPES),
+        seed,
+        config.restore_dtype,
     )
     source = _source(None, seed)
   else:
-    params = drafter.init_params(jax.random.PRNGKey(0), _FEATURE_SHAPES)
+    params = drafter.init_params(jax.random.PRNGKey(0), drafters_lib.INIT_FEATURE_SHAPES)
     source = f"{name} (nothing to restore or fit)"
   return drafter, jax.device_put(params), source
 

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import tiny_config
 from speculative_t5x import alpha, drafters, network, sampling, trees
+from speculative_t5x.validation import InvalidInputError
 
 CONFIG = tiny_config(11)
 GAMMA, LENGTH = 3, 24
@@ -530,9 +531,73 @@ def test_as_drafter():
   assert drafters.as_drafter(lookup) is lookup
   t5 = drafters.as_drafter(network.Transformer(CONFIG))
   assert isinstance(t5, drafters.T5Drafter) and t5.config == CONFIG and t5.eos_id is None
-  assert drafters.as_drafter(CONFIG).config == CONFIG  # what restore_pair gives for a T5.
+  assert drafters.as_drafter(CONFIG).config == CONFIG
   with pytest.raises(ValueError, match="network.Transformer, got dict"):
     drafters.as_drafter({"emb_dim": 8})
+
+
+# The fix every mismatch names.
+RESTORE_FIX = (
+    r"Restore them with the drafter they were saved with \(pairs\.PairConfig\.from_pair_dir, or "
+    r"drafters\.read_drafter on their directory\), or build the drafter with the sizes they have"
+)
+
+
+def test_check_params_takes_the_drafters_own_parameters():
+  drafter = drafters.SharedEncoderDrafter(CONFIG, E_TARGET)
+  assert drafter.param_shapes() == jax.tree.map(lambda x: tuple(x.shape), _shared_params())
+  drafter.check_params(_shared_params())
+  drafters.T5Drafter(CONFIG).check_params(_t5_params())
+  lookup = drafters.PromptLookupDrafter(vocab_size=CONFIG.vocab_size)
+  lookup.check_params({})
+  lookup.check_params(None)  # no parameters: any tree without leaves
+
+
+def test_check_params_refuses_a_shared_encoder_drafter_of_another_width():
+  """Parameters of a drafter reading an encoder output of width 16 (another target's), given to
+  one reading width 24: the cross-attention kernels differ, and the first is named."""
+  narrow = jax.eval_shape(
+      lambda: network.shared_encoder_init_params(CONFIG, 16, jax.random.PRNGKey(0))
+  )
+  with pytest.raises(
+      InvalidInputError,
+      match=r"^drafter params are not this SharedEncoderDrafter's parameters \(4 problem\(s\); "
+      r"the first: decoder/layers_0/encoder_decoder_attention/key/kernel is \(16, 16\), the "
+      r"SharedEncoderDrafter needs \(24, 16\)\): .*" + RESTORE_FIX,
+  ):
+    drafters.SharedEncoderDrafter(CONFIG, E_TARGET).check_params(narrow)
+
+
+def test_check_params_refuses_the_parameters_of_another_kind():
+  """A T5 drafter's parameters given to a shared-encoder drafter of the same sizes: its encoder
+  is what the other kind does not have."""
+  t5 = jax.eval_shape(lambda: network.init_params(CONFIG, jax.random.PRNGKey(0)))
+  with pytest.raises(
+      InvalidInputError,
+      match=r"^params\['drafter'\] are not this SharedEncoderDrafter's parameters \(\d+ "
+      r"problem\(s\); the first: encoder/encoder_norm/scale \(16,\) is not a parameter of the "
+      r"SharedEncoderDrafter\): .*" + RESTORE_FIX,
+  ):
+    drafters.SharedEncoderDrafter(CONFIG, CONFIG.emb_dim).check_params(t5, "params['drafter']")
+  with pytest.raises(InvalidInputError, match=r"the first: logits \(11,\) is not a parameter"):
+    drafters.PromptLookupDrafter(vocab_size=11).check_params({"logits": np.zeros(11)})
+  with pytest.raises(
+      InvalidInputError,
+      match=r"\(43 problem\(s\); the first: decoder/decoder_norm/scale \(16,\) is missing\)",
+  ):
+    drafters.T5Drafter(CONFIG).check_params({})
+
+
+def test_check_params_of_a_bigram_table_takes_any_number_of_successors():
+  """`top` is what fitting keeps; the tables of any top serve, those of another vocabulary not."""
+  drafter = drafters.BigramDrafter(vocab_size=TABLE_V, top=32)
+  drafter.check_params(drafters.BigramDrafter.fit([np.array([3, 4, 1])], TABLE_V, top=2))
+  other = drafters.BigramDrafter.fit([], TABLE_V + 1, top=2)
+  with pytest.raises(
+      InvalidInputError,
+      match=rf"the first: backoff is \({TABLE_V + 1},\), the BigramDrafter needs \({TABLE_V},\)",
+  ):
+    drafter.check_params(other)
 
 
 def test_shared_encoder_drafter_reads_the_targets_encoder_output_and_nothing_else():

@@ -37,7 +37,7 @@ def saved(tmp_path_factory):
   directory = tmp_path_factory.mktemp("pair")
   target = network.init_params(TARGET, jax.random.PRNGKey(1))
   drafter = network.init_params(DRAFTER, jax.random.PRNGKey(2))
-  checkpoints.save_pair(directory, target, TARGET, drafter, DRAFTER)
+  checkpoints.save_pair(directory, target, TARGET, drafter, drafters.T5Drafter(DRAFTER))
   return directory, target, drafter
 
 
@@ -85,12 +85,28 @@ def test_from_pair_dir(saved, tmp_path, monkeypatch):
     pairs.PairConfig.from_pair_dir(tmp_path / "lonely")
 
 
+def test_a_pair_comes_back_exactly_with_every_config_field(tmp_path):
+  """A drafter config unlike the target's in every kind of field (relu MLP, tied logits, another
+  compute dtype): from_pair_dir gives back both configs, load_pair the parameters bit for bit."""
+  drafter_config = DRAFTER.replace(
+      mlp_activations=("relu",), logits_via_embedding=True, dtype="bfloat16"
+  )
+  target = jax.tree.map(np.asarray, network.init_params(TARGET, jax.random.PRNGKey(1)))
+  drafter = jax.tree.map(np.asarray, network.init_params(drafter_config, jax.random.PRNGKey(2)))
+  checkpoints.save_pair(tmp_path, target, TARGET, drafter, drafters.T5Drafter(drafter_config))
+  config = pairs.PairConfig.from_pair_dir(tmp_path)
+  assert (config.target_config, config.drafter.config) == (TARGET, drafter_config)
+  pair = pairs.load_pair(config, EOS)
+  _leaves_equal(pair.params["target"], target, np.dtype("float32"))
+  _leaves_equal(pair.params["drafter"], drafter, np.dtype("float32"))
+
+
 def test_from_pair_dir_restores_a_bfloat16_pair_in_its_compute_dtype(saved, tmp_path):
   """A pair stored in bfloat16 (as demo_models/ is) comes back in the float32 its configs
   compute in, not as stored."""
   _, target, drafter = saved
   target, drafter = jax.tree.map(lambda x: np.asarray(x, jax.numpy.bfloat16), (target, drafter))
-  checkpoints.save_pair(tmp_path, target, TARGET, drafter, DRAFTER)
+  checkpoints.save_pair(tmp_path, target, TARGET, drafter, drafters.T5Drafter(DRAFTER))
   assert checkpoints.stored_dtypes(tmp_path / "target") == {"bfloat16"}
   pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(tmp_path), EOS)
   for member in ("target", "drafter"):
@@ -109,6 +125,53 @@ def test_shared_encoder_drafter_from_pair_dir(saved, tmp_path):
   pair = pairs.load_pair(config, EOS)
   _leaves_equal(pair.params["drafter"], params, np.dtype("float32"))
   assert pair.drafter.eos_id == EOS and not pair.random_weights
+  half = pairs.load_pair(pairs.PairConfig.from_pair_dir(tmp_path, "bfloat16"), EOS)
+  _leaves_equal(half.params["drafter"], params, np.dtype("bfloat16"))
+
+
+@pytest.mark.parametrize(
+    "damage, error, message",
+    [
+        (lambda text: text[: len(text) // 2], ValueError, "is not valid JSON"),
+        (
+            lambda text: "[1, 2]",
+            ValueError,
+            "holds a JSON list, not the object of T5Config fields",
+        ),
+        (
+            lambda text: text.replace('"shared_encoder"', '"medusa"'),
+            ValueError,
+            r"records a drafter of kind 'medusa', which no imported module reads \(known: .*"
+            r"'shared_encoder'.*\): import the module that defines it",
+        ),
+        (
+            lambda text: text.replace('"encoder_emb_dim": 16', '"encoder_emb_dim": "16"'),
+            ValueError,
+            r"(?s)drafter entry .* cannot be read \(SharedEncoderDrafter\.encoder_emb_dim must be "
+            r"an integer >= 1, got '16'\..*\): save the drafter again",
+        ),
+        (
+            lambda text: text.replace('"encoder_emb_dim": 16', '"encoder_emb_dim": 12'),
+            gin_utils.ConfigError,
+            r"DRAFTER \(SharedEncoderDrafter\) does not fit TARGET_CONFIG: .*its encoder_emb_dim "
+            r"12 != the target's emb_dim 16",
+        ),
+        (
+            lambda text: text.replace('"emb_dim": 8', '"emb_dim": 0'),
+            ValueError,
+            "emb_dim must be >= 1",
+        ),
+    ],
+)
+def test_a_damaged_or_mismatched_drafter_config_is_refused(saved, tmp_path, damage, error, message):
+  _, target, _ = saved
+  drafter = drafters.SharedEncoderDrafter(DRAFTER, TARGET.emb_dim)
+  params = drafter.init_params(jax.random.PRNGKey(3), {})
+  checkpoints.save_pair(tmp_path, target, TARGET, params, drafter)
+  config_file = tmp_path / "drafter" / "config.json"
+  config_file.write_text(damage(config_file.read_text()))
+  with pytest.raises(error, match=message):
+    pairs.load_pair(pairs.PairConfig.from_pair_dir(tmp_path), EOS)
 
 
 def test_from_pair_dir_reads_a_second_drafter_of_the_same_target(saved, tmp_path):
@@ -271,9 +334,13 @@ def test_weights_holding_nan_or_inf_are_refused_naming_the_macro(tmp_path):
   target = jax.tree.map(np.array, network.init_params(TARGET, jax.random.PRNGKey(1)))
   drafter = jax.tree.map(np.array, network.init_params(DRAFTER, jax.random.PRNGKey(2)))
   drafter["decoder"]["logits_dense"]["kernel"][2, 4] = np.nan
-  checkpoints.save_pair(tmp_path / "nan_drafter", target, TARGET, drafter, DRAFTER)
+  checkpoints.save_pair(
+      tmp_path / "nan_drafter", target, TARGET, drafter, drafters.T5Drafter(DRAFTER)
+  )
   target["encoder"]["relpos_bias"]["rel_embedding"][1, 0] = np.inf
-  checkpoints.save_pair(tmp_path / "inf_target", target, TARGET, drafter, DRAFTER)
+  checkpoints.save_pair(
+      tmp_path / "inf_target", target, TARGET, drafter, drafters.T5Drafter(DRAFTER)
+  )
   for name, macro, parameter in (
       ("nan_drafter", "DRAFTER_CHECKPOINT_PATH", r"decoder/logits_dense/kernel \(8, 13\): 1 NaN"),
       (
@@ -321,7 +388,6 @@ def test_a_restore_dtype_that_is_not_floating_is_refused_before_anything_is_read
   for restore in (
       lambda: checkpoints.restore_params(TARGET, nowhere, dtype=dtype),
       lambda: checkpoints.restore_model(nowhere, dtype=dtype),
-      lambda: checkpoints.restore_pair(nowhere, dtype=dtype),
       lambda: checkpoints.load_t5x_checkpoint(nowhere, restore_dtype=dtype),
       lambda: pairs.cast({"w": np.ones(2, np.float32)}, dtype),
   ):

@@ -22,6 +22,7 @@ from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import pairs
 from speculative_t5x import tasks
 from speculative_t5x import training
 
@@ -185,27 +186,26 @@ def test_make_optimizer_rejects_unknown_names():
 
 
 def test_demo_pair_greedy_speculative_equals_baseline():
-  """The shipped pair (stored in bfloat16, restored in the float32 it computes in): a target and
-  the drafter its config.json records (the shared-encoder drafter)."""
-  (target_params, target_config), (drafter_params, drafter) = checkpoints.restore_pair(
-      DEMO_PAIR, "float32"
-  )
-  assert drafters.as_drafter(drafter).vocab_size == target_config.vocab_size
+  """The shipped pair (stored in bfloat16, restored in the float32 it computes in), loaded as the
+  scripts load it: a target and the drafter its config.json records (the shared-encoder
+  drafter)."""
   vocabulary = tasks.get_vocabulary(str(DEMO_PAIR / tasks.DEMO_VOCABULARY_FILE))
+  pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(DEMO_PAIR), vocabulary.eos_id)
+  assert pair.config.restore_dtype == "float32"
+  assert isinstance(pair.drafter, drafters.SharedEncoderDrafter)
   sentences = ["Open file", "The file could not be saved.", "Show hidden files", "Invalid argument"]
   inputs = np.zeros((len(sentences), 48), np.int32)
   for i, sentence in enumerate(sentences):
     ids = list(vocabulary.encode(tasks.TRANSLATE_EN_DE_PREFIX + sentence)) + [vocabulary.eos_id]
     inputs[i, : len(ids)] = ids
   batch = {"encoder_input_tokens": inputs, "decoder_input_tokens": np.zeros((4, 32), np.int32)}
-  target = network.Transformer(target_config)
+  target = network.Transformer(pair.target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
-  expected, _ = baseline(target_params, batch, jax.random.PRNGKey(0), 0.0)
+  expected, _ = baseline(pair.target_params, batch, jax.random.PRNGKey(0), 0.0)
   speculative = models.SpeculativeEncoderDecoderModel(
-      target, drafter, vocabulary, vocabulary, gamma=4
+      target, pair.drafter, vocabulary, vocabulary, gamma=4
   ).jit_predict()
-  params = {"target": target_params, "drafter": drafter_params}
-  decodes, aux = speculative(params, batch, jax.random.PRNGKey(0), 0.0)
+  decodes, aux = speculative(pair.params, batch, jax.random.PRNGKey(0), 0.0)
   np.testing.assert_array_equal(decodes, expected)
   texts = training.detokenize(vocabulary, decodes, vocabulary.eos_id)
   assert all(texts), texts  # a trained target translates every sentence into something.
