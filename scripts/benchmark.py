@@ -54,6 +54,7 @@ from speculative_t5x import multihost
 from speculative_t5x import pairs
 from speculative_t5x import report
 from speculative_t5x import speculative
+from speculative_t5x import tasks
 from speculative_t5x import trees
 from speculative_t5x import validation
 
@@ -150,7 +151,8 @@ def _flag_numbers(values: Sequence[str], flag: str, kind: type) -> list:
 
 
 def load_setup() -> BenchmarkSetup:
-  """The gin configuration, with --gammas and --temperatures applied and checked."""
+  """The gin configuration, with --gammas and --temperatures applied and checked, and the name
+  of --task checked: a bad setting is refused before the models load."""
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   setup = BenchmarkSetup()
   overrides = {}
@@ -194,6 +196,11 @@ def load_setup() -> BenchmarkSetup:
     raise gin_utils.ConfigError(
         "no DRAFTER_CHECKPOINT_PATH and no " "BenchmarkSetup.random_drafters: nothing to benchmark."
     )
+  if FLAGS.task is not None:  # before the models load; an empty name is refused, not ignored
+    try:
+      tasks.get_task(FLAGS.task)
+    except ValueError as e:
+      raise gin_utils.ConfigError(f"--task={FLAGS.task}: {e}") from e
   return setup
 
 

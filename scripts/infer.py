@@ -4,7 +4,8 @@ metrics.
 A thin shell over `speculative_t5x.inference` (which documents the outputs, truncation and
 weights): gin files and bindings in, predictions.jsonl, metrics.json and the run's config.gin out,
 in INFER_OUTPUT_DIR. A configuration error (an unknown task, a macro left %gin.REQUIRED, a bad
-setting) ends the run before any model loads, with a message naming it and exit status 1.
+setting, a binding the run does not use) ends the run before any model loads, with a message
+naming it and exit status 1.
 
 Usage (T5X's flags; --gin.NAME=value is short for --gin_bindings='NAME = value'):
   python scripts/infer.py --gin_file=configs/paper/ende_small_t0.gin \
@@ -44,7 +45,9 @@ import gin
 
 from speculative_t5x import gin_utils
 from speculative_t5x import inference
+from speculative_t5x import models
 from speculative_t5x import multihost
+from speculative_t5x import partitioning
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string(
@@ -74,9 +77,10 @@ flags.DEFINE_integer(
 
 
 def main(argv):
-  """Checks the flags and the gin configuration, joins the other processes (if any) and compares
-  their configurations, then runs the inference, which writes config.gin once the task, the
-  weights and the settings have passed their checks."""
+  """Checks the flags and the gin configuration (every binding but those of what the inference
+  builds later), joins the other processes (if any) and compares their configurations, then
+  runs the inference, which writes config.gin once the task, the weights and the settings have
+  passed their checks."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
   process_flags = multihost.ProcessFlags(
@@ -88,6 +92,16 @@ def main(argv):
   )
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings)
   config = inference.InferConfig()
+  # Before any work: a binding this run does not use. `inference.infer` builds the partitioner
+  # (and its default rules) and the model later, and with the model what its bindings name.
+  gin_utils.check_unused_bindings(
+      later=(
+          models.EncoderDecoderModel,
+          models.SpeculativeEncoderDecoderModel,
+          partitioning.Partitioner,
+          partitioning.standard_logical_axis_rules,
+      )
+  )
   multihost.initialize(process_flags)
   multihost.check_same_everywhere({"gin configuration": gin.config_str()})
   inference.get_task(config)  # before anything is loaded

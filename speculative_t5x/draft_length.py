@@ -12,6 +12,10 @@ Exactness: the rule reads only what the drafter computed, never the target, so w
 filled is decided before, and independently of, the verification's uniforms. Conditioned on the
 drafted prefix, verification is Algorithm 1 (or block verification) on a shorter block, and an
 empty slot behaves as a draft of zero probability: its residual norm(max(0, p_i - 0)) is p_i.
+
+A rule is any function of that signature (`DraftStop`); `check_rule` traces it once on abstract
+arguments before the loop is traced (`draft_shapes.Chain.check`), so a rule that returns another
+dtype or shape is refused with the fix instead of failing, or broadcasting, inside the loop.
 """
 
 from __future__ import annotations
@@ -23,10 +27,46 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from speculative_t5x import validation
+
 MEASURES = ("max", "draft")
 
 # (the drafter's logits at the drafted position [B, V], the drafts [B]) -> stop after it [B] bool.
 DraftStop = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def check_rule(rule: DraftStop, vocab_size: int) -> None:
+  """Raises `validation.InvalidInputError` unless `rule` maps logits [rows, V] float32 and drafts
+  [rows] int32 to bool [rows]. The rule is traced once on abstract arguments (`jax.eval_shape`:
+  nothing is computed or compiled), at a row count other than 1 and V, so that a [1] or [V]
+  result cannot pass for one flag per row."""
+  rows = 3 if vocab_size == 2 else 2
+  logits = jax.ShapeDtypeStruct((rows, vocab_size), jnp.float32)
+  drafts = jax.ShapeDtypeStruct((rows,), jnp.int32)
+  name = getattr(rule, "__qualname__", None) or repr(rule)
+  given = f"logits [rows, V] = [{rows}, {vocab_size}] float32 and drafts [rows] = [{rows}] int32"
+  needed = (
+      "a draft_length rule must return bool [rows], one stop flag per row, e.g. "
+      "`jnp.max(jax.nn.softmax(logits), axis=-1) < 0.4` (draft_length.ConfidenceStop(0.4))"
+  )
+  try:
+    out = jax.eval_shape(rule, logits, drafts)
+  except Exception as e:  # the rule's own error, named with the arguments it will be called on
+    raise validation.InvalidInputError(
+        f"draft_stop {name} fails when called on {given} ({type(e).__name__}: {e}): {needed}, "
+        "and it is called inside jax.jit, on traced arrays."
+    ) from e
+  if isinstance(out, jax.ShapeDtypeStruct):
+    if out.dtype == jnp.bool_ and out.shape == (rows,):
+      return
+    returned = f"{out.dtype} {list(out.shape)}"
+  else:
+    returned = repr(out)
+  raise validation.InvalidInputError(
+      f"draft_stop {name} returns {returned} for {given}: {needed}. Compare a score with a "
+      "threshold rather than return the score, reduce over the vocabulary axis (axis=-1), and "
+      "keep the row axis (no [rows, 1] column, no single flag for every row)."
+  )
 
 
 @gin.configurable(module="draft_length")

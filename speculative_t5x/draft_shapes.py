@@ -220,6 +220,12 @@ class Chain(DraftShape):
   def num_drafts(self) -> int:
     return self.gamma
 
+  def check(self, verifier, drafter, move_target_cache) -> None:
+    """A draft_stop rule must return bool [rows] (`draft_length.check_rule`)."""
+    del verifier, move_target_cache
+    if self.draft_stop is not None:
+      draft_length.check_rule(self.draft_stop, drafter.vocab_size)
+
   @property
   def default_verifier(self) -> speculative.Verifier:
     return speculative.ALGORITHM_1

@@ -27,8 +27,8 @@ temperature. Here it is a `ConfigError` listing close matches, in two steps:
     `main` returns (`check_unused_bindings`, from gin's operative config): a parameter binding
     given on the command line must have been used by a call of its configurable, and one from a
     gin file wherever its configurable was called in its scope. The early check leaves aside the
-    configurables the script's work may still call (its `later`), which the check after `main`
-    judges.
+    configurables the script's work may still call (its `later`) and those their bindings refer
+    to, which the check after `main` judges.
 Gin files are layered, so the rules for them are looser: a file may bind a macro for the runs
 that read it (configs/models/ files), a later file may replace the binding that read a macro
 (configs/runs/benchmark_small.gin's gammas, which read GAMMA), and a file may configure what a
@@ -46,7 +46,7 @@ import pathlib
 import re
 import sys
 import tokenize
-from typing import Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from absl import app
 import gin
@@ -210,6 +210,27 @@ def _selector(configurable: Callable | str) -> str:
   return found.selector
 
 
+def _referred_selectors(config: Mapping[tuple[str, str], Any], selectors: set[str]) -> set[str]:
+  """`selectors` and those of every configurable their bindings in `config` refer to (@name or
+  @name()), directly, through macros or through other such configurables."""
+  found = set(selectors)
+  keys = [key for key in config if key[1] in found]
+  seen = set(keys)
+  while keys:
+    key = keys.pop()
+    for reference in gin.config.iterate_references({key: config[key]}):
+      referred = reference.config_key  # (scope, selector); a macro's is (its name, gin.macro)
+      if referred[1] == _MACRO_SELECTOR:  # the macro's own binding, `NAME = value`
+        more = [referred] if referred in config else []
+      else:  # the configurable's bindings, in any scope
+        found.add(referred[1])
+        more = [k for k in config if k[1] == referred[1]]
+      more = [k for k in more if k not in seen]
+      seen.update(more)
+      keys += more
+  return found
+
+
 def check_unused_bindings(later: Collection[Callable | str] | None = None) -> None:
   """Raises one ConfigError naming every parameter binding this run has not used, with close
   matches among the parameters it did use: a binding given on the command line that no call of
@@ -220,13 +241,15 @@ def check_unused_bindings(later: Collection[Callable | str] | None = None) -> No
 
   A script calls it early too, before any work, once it has built its configuration, with
   `later`: the configurables (functions, classes or their names) its work may still call (e.g.
-  the model classes `pairs.load_pair` builds). Their bindings are left to the check after `main`;
-  every other binding is judged now, so a misplaced one stops the run before anything is loaded,
-  decoded or written.
+  the model classes `pairs.load_pair` builds). Their bindings are left to the check after `main`,
+  and so are those of the configurables their bindings refer to (`_referred_selectors`: a
+  model's `draft_stop = @draft_length.ConfidenceStop()` is called when the model is); every other
+  binding is judged now, so a misplaced one stops the run before anything is loaded, decoded or
+  written.
   """
   config = gin.config._CONFIG  # pylint: disable=protected-access
   operative = dict(gin.config._OPERATIVE_CONFIG)  # pylint: disable=protected-access
-  pending = {_selector(c) for c in later} if later is not None else set()
+  pending = _referred_selectors(config, {_selector(c) for c in later or ()})
   if pending:
     config = {key: value for key, value in config.items() if key[1] not in pending}
   used, called = set(), set()

@@ -397,6 +397,31 @@ def test_the_early_check_leaves_the_configurables_still_to_call_to_the_final_one
 
 
 @gin.configurable(module="gin_utils_test")
+def referred_size(size=1):
+  return size
+
+
+def test_what_the_bindings_of_a_later_configurable_refer_to_waits_for_the_final_check():
+  """A configurable that a later one's binding refers to, here through a macro, is called when
+  the later one is: its bindings wait for the final check too."""
+  _tiny_run(
+      [
+          "SIZE = @gin_utils_test.referred_size()",
+          "gin_utils_test.later_step.size = %SIZE",
+          "gin_utils_test.referred_size.size = 3",
+      ]
+  )
+  gin_utils.check_unused_bindings(later=[later_step])
+  with pytest.raises(
+      gin_utils.ConfigError,
+      match=r"never used:\n  later_step.size \(given.*\n  referred_size.size \(given",
+  ):
+    gin_utils.check_unused_bindings(later=[])  # nothing later: both judged now, neither called
+  assert later_step() == 3
+  gin_utils.check_unused_bindings()
+
+
+@gin.configurable(module="gin_utils_test")
 def needs_settings(size=gin.REQUIRED, name=gin.REQUIRED):
   return size, name
 

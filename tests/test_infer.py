@@ -422,6 +422,11 @@ def test_script_writes_outputs_and_stops_on_configuration_errors(tmp_path):
       "--gin.BATCH_SIZE=2",
       "--gin.TEMPERATURE=1.0",
       f"--gin.INFER_OUTPUT_DIR='{out}'",
+      # Bindings of what the run builds after its early check of unused bindings: the
+      # partitioner, and the model with what its bindings name.
+      "--gin.partitioning.Partitioner.num_partitions=1",
+      "--gin.SpeculativeEncoderDecoderModel.draft_stop=@draft_length.ConfidenceStop()",
+      "--gin.draft_length.ConfidenceStop.threshold=0.1",
       env={tasks.DEMO_DATA_ENV: str(corpus)},
   )
   _, stderr = run.communicate(timeout=300)
@@ -444,7 +449,9 @@ def test_script_writes_outputs_and_stops_on_configuration_errors(tmp_path):
   )
   assert [line["targets"] for line in _lines(out)] == [de for _, de in pairs]
   assert all(set(line["stats"]) == STAT_KEYS for line in _lines(out))
-  assert "DRAFTER = @drafters.UnigramDrafter()" in (out / "config.gin").read_text()
+  config = (out / "config.gin").read_text()
+  assert "DRAFTER = @drafters.UnigramDrafter()" in config
+  assert "ConfidenceStop.threshold = 0.1" in config
 
   _, stderr = bad_run.communicate(timeout=300)
   assert bad_run.returncode == 1
