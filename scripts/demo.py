@@ -42,7 +42,7 @@ from speculative_t5x import trees
 from speculative_t5x import validation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DRAFTER = "demo drafter"
+RANDOM_DRAFTER = "random drafter"
 EOS_ID = 1
 RANDOM_INPUT_LENGTH = 16
 
@@ -51,11 +51,13 @@ _PAIR_DIR = flags.DEFINE_string(
     str(REPO / "demo_models"),
     "Directory written by checkpoints.save_pair (+ sentencepiece.model).",
 )
-_DRAFTER = flags.DEFINE_string(
+_DRAFTERS = flags.DEFINE_list(
     "drafter",
-    "drafter",
-    "The drafter's subdirectory of --pair_dir: demo_models/ holds drafter/ (the shared-encoder "
-    "drafter) and feature_drafter/ (the feature-level drafter, demo_models/MODEL_CARD.md).",
+    ["feature_drafter_128"],
+    "The drafter's subdirectory of --pair_dir, or several separated by commas, all timed side by "
+    "side in one run: demo_models/ holds feature_drafter_128/ (the fastest here), "
+    "feature_drafter/ (feature-level drafters) and drafter/ (the shared-encoder drafter); see "
+    "demo_models/MODEL_CARD.md.",
 )
 _RANDOM_PAIR = flags.DEFINE_bool(
     "random_pair",
@@ -73,9 +75,9 @@ _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
 _GAMMA = flags.DEFINE_integer(
     "gamma",
     1,
-    "Drafted tokens per target call. 1 is the fastest for either demo drafter on this CPU: a "
-    "draft costs 0.2-0.3 target steps in the loop and alpha is 0.52-0.60, while verifying 2-4 "
-    "tokens costs 1.1-1.3 steps (demo_models/MODEL_CARD.md).",
+    "Drafted tokens per target call. 1 is the fastest for every demo drafter on this CPU: a "
+    "draft costs 0.2-0.3 target steps in the loop and alpha is 0.47-0.60, while verifying 2-4 "
+    "tokens costs 1.1-1.5 steps (demo_models/MODEL_CARD.md).",
     lower_bound=1,
 )
 _DRAFT_TREE = flags.DEFINE_list(
@@ -124,7 +126,12 @@ def check_flags() -> tuple[float, ...]:
         )
     return temperatures
   pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
-  needed = ("target", _DRAFTER.value, tasks.DEMO_VOCABULARY_FILE)
+  if not _DRAFTERS.value or len(set(_DRAFTERS.value)) != len(_DRAFTERS.value):
+    raise gin_utils.ConfigError(
+        f"--drafter={','.join(_DRAFTERS.value)}: give one or more distinct drafter "
+        "subdirectories of --pair_dir, e.g. --drafter=drafter,feature_drafter"
+    )
+  needed = ("target", *_DRAFTERS.value, tasks.DEMO_VOCABULARY_FILE)
   missing = [name for name in needed if not (pair_dir / name).exists()]
   if missing:
     problem = "does not exist" if not pair_dir.is_dir() else f"has no {', '.join(missing)}"
@@ -137,28 +144,34 @@ def check_flags() -> tuple[float, ...]:
   return temperatures
 
 
-def _demo_pair() -> tuple[pairs.Pair, seqio.Vocabulary | None, str]:
-  """-> (the pair, its sentencepiece vocabulary or None for the random pair, a label)."""
+def _demo_pairs() -> tuple[dict[str, pairs.Pair], seqio.Vocabulary | None, str]:
+  """-> (drafter label -> its pair with the target, the sentencepiece vocabulary or None for the
+  random pair, a label of where the weights come from)."""
   if _RANDOM_PAIR.value:
     return _random_pair()
   pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
   vocabulary = seqio.SentencePieceVocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
   # Parameters may be stored in bfloat16 (demo_models/ is, to halve its size); from_pair_dir
   # restores them in the compute dtype the target's config.json records (float32 for the demo).
-  members = ("target", _DRAFTER.value)
-  config = pairs.PairConfig.from_pair_dir(pair_dir, drafter_member=_DRAFTER.value)
+  loaded = {}
+  for member in _DRAFTERS.value:
+    config = pairs.PairConfig.from_pair_dir(pair_dir, drafter_member=member)
+    loaded[member] = pairs.load_pair(config, vocabulary.eos_id)
   stored = sorted(
-      set().union(*(checkpoints.stored_dtypes(pair_dir / member) for member in members))
+      set().union(
+          *(checkpoints.stored_dtypes(pair_dir / m) for m in ("target", *_DRAFTERS.value))
+      )
   )
+  restored = loaded[_DRAFTERS.value[0]].config.restore_dtype
   return (
-      pairs.load_pair(config, vocabulary.eos_id),
+      loaded,
       vocabulary,
       f"trained demo pair from {pair_dir} (stored as {', '.join(stored)}, restored as "
-      f"{config.restore_dtype})",
+      f"{restored})",
   )
 
 
-def _random_pair() -> tuple[pairs.Pair, None, str]:
+def _random_pair() -> tuple[dict[str, pairs.Pair], None, str]:
   """--random_pair: a tiny target and drafter of random weights, and no vocabulary."""
   print("[demo] --random_pair: a tiny RANDOM pair (mechanics only; its alpha is not meaningful).")
   target = network.T5Config(
@@ -181,7 +194,7 @@ def _random_pair() -> tuple[pairs.Pair, None, str]:
       restore_dtype=None,
       random_init_seed=0,
   )
-  return pairs.load_pair(config, EOS_ID), None, "random tiny pair"
+  return {RANDOM_DRAFTER: pairs.load_pair(config, EOS_ID)}, None, "random tiny pair"
 
 
 def read_test_pairs() -> list[tuple[str, str]]:
@@ -215,7 +228,7 @@ def _draft_trees() -> dict[str, trees.DraftTree] | None:
     raise gin_utils.ConfigError(
         f"{given}: {e}: give children per depth, integers >= 1, e.g. --draft_tree=2,2,1"
     ) from e
-  return {DRAFTER: tree}
+  return {",".join(_DRAFT_TREE.value): tree}
 
 
 def main(argv):
@@ -226,7 +239,8 @@ def main(argv):
   test_pairs = None if _RANDOM_PAIR.value else read_test_pairs()
   load = benchmark.machine_load()
   logging.set_verbosity(logging.WARNING)
-  pair, vocabulary, label = _demo_pair()
+  loaded, vocabulary, label = _demo_pairs()
+  pair = next(iter(loaded.values()))
   target = pair.target_config
   if vocabulary is None:
     sources = references = None
@@ -241,14 +255,15 @@ def main(argv):
   shape = f"gamma {_GAMMA.value}" if draft_trees is None else f"draft tree {_DRAFT_TREE.value}"
   print(
       f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} decoder layers, "
-      f"drafter {type(pair.drafter).__name__}, {shape}, {len(encoder_tokens)} examples at "
+      f"drafters {', '.join(f'{name} ({type(p.drafter).__name__})' for name, p in loaded.items())}"
+      f", {shape}, {len(encoder_tokens)} examples at "
       f"batch 1, backend {jax.default_backend()}"
   )
 
   result = report.sweep(
       target,
       pair.target_params,
-      {DRAFTER: (pair.drafter, pair.drafter_params)},
+      {name: (p.drafter, p.drafter_params) for name, p in loaded.items()},
       [_GAMMA.value],
       list(temperatures),
       encoder_tokens[:, None],
@@ -261,7 +276,7 @@ def main(argv):
   )
   rows = [row for row in result.rows if (row.draft_tree is None) == (draft_trees is None)]
   greedy = [row for row in rows if sampling.is_greedy(row.temperature)]
-  if greedy and vocabulary is not None:
+  if greedy and vocabulary is not None and _SHOW.value:
     print("\nTranslations (temperature 0, speculative decoding):")
     key = greedy[0].drafter, greedy[0].gamma
     outputs = result.results[greedy[0].temperature][key]

@@ -667,7 +667,7 @@ def test_the_models_decode_fn_is_its_decoding_path():
   )
   assert model.decode_fn is my_fn
   target, _ = _tiny_params()
-  params = {"target": target, "drafter": {"marker": np.ones(1)}}
+  params = {"target": target, "drafter": {"logits": np.zeros(61, np.float32)}}
   decodes, aux = jax.jit(
       lambda params, batch: model.predict_batch_with_aux(
           params, batch, decoder_params={"temperature": 0.5}
@@ -679,7 +679,7 @@ def test_the_models_decode_fn_is_its_decoding_path():
   call = calls[0]
   assert call["drafter"] is model.drafter and call["drafter"].vocab_size == 61
   assert call["verifier"] is verifier and call["gamma"] == 2 and call["eos_id"] == EOS
-  assert call["drafter_params"]["marker"].shape == (1,) and call["temperature"] == 0.5
+  assert call["drafter_params"]["logits"].shape == (61,) and call["temperature"] == 0.5
   assert call["inputs"].shape == (3, GREEDY_L) and call["num_decodes"] == 1
 
 
