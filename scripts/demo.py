@@ -158,9 +158,7 @@ def _demo_pairs() -> tuple[dict[str, pairs.Pair], seqio.Vocabulary | None, str]:
     config = pairs.PairConfig.from_pair_dir(pair_dir, drafter_member=member)
     loaded[member] = pairs.load_pair(config, vocabulary.eos_id)
   stored = sorted(
-      set().union(
-          *(checkpoints.stored_dtypes(pair_dir / m) for m in ("target", *_DRAFTERS.value))
-      )
+      set().union(*(checkpoints.stored_dtypes(pair_dir / m) for m in ("target", *_DRAFTERS.value)))
   )
   restored = loaded[_DRAFTERS.value[0]].config.restore_dtype
   return (
