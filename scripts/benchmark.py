@@ -54,7 +54,6 @@ from speculative_t5x import multihost
 from speculative_t5x import pairs
 from speculative_t5x import report
 from speculative_t5x import speculative
-from speculative_t5x import tasks
 from speculative_t5x import trees
 from speculative_t5x import validation
 
@@ -151,8 +150,8 @@ def _flag_numbers(values: Sequence[str], flag: str, kind: type) -> list:
 
 
 def load_setup() -> BenchmarkSetup:
-  """The gin configuration, with --gammas and --temperatures applied and checked, and the name
-  of --task checked: a bad setting is refused before the models load."""
+  """The gin configuration, with --gammas and --temperatures applied and checked, and the
+  inputs checked (`report.check_input_source`): a bad setting is refused before the models load."""
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   setup = BenchmarkSetup()
   overrides = {}
@@ -196,11 +195,15 @@ def load_setup() -> BenchmarkSetup:
     raise gin_utils.ConfigError(
         "no DRAFTER_CHECKPOINT_PATH and no " "BenchmarkSetup.random_drafters: nothing to benchmark."
     )
-  if FLAGS.task is not None:  # before the models load; an empty name is refused, not ignored
+  if not FLAGS.costs_only:  # the inputs are read after the models load: check them before
     try:
-      tasks.get_task(FLAGS.task)
+      report.check_input_source(
+          FLAGS.task, FLAGS.split, FLAGS.input_file, FLAGS.sentencepiece_model, FLAGS.num_examples
+      )
     except ValueError as e:
-      raise gin_utils.ConfigError(f"--task={FLAGS.task}: {e}") from e
+      raise gin_utils.ConfigError(
+          f"the inputs (--task, --split, --input_file, --num_examples): {e}"
+      ) from e
   return setup
 
 

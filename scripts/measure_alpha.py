@@ -173,15 +173,14 @@ def check_task(setup: AlphaSetup, task: seqio.Task) -> None:
   """Before anything loads: the task has the splits read (the fitting split where a drafter
   learns from targets) and 'inputs' and 'targets' features whose vocabularies the target's
   vocab_size covers."""
-  splits = task.source.splits  # empty where a source does not list them (TFDS mock data)
   read = [("SPLIT", setup.split)]
   if any(drafter.learns_from_targets for drafter in setup.drafters.values()):
     read.append(("measure_alpha.AlphaSetup.ngram_fit_split", setup.ngram_fit_split))
   for macro, split in read:
-    if splits and split not in splits:
-      raise gin_utils.ConfigError(
-          f"{macro} {split!r} is not a split of {task.name}: use one of {sorted(splits)}"
-      )
+    try:
+      tasks.check_split(task, split, macro)
+    except ValueError as e:
+      raise gin_utils.ConfigError(str(e)) from e
   vocab_size = setup.pair.target_config.vocab_size
   for feature in ("inputs", "targets"):
     if feature not in task.output_features:

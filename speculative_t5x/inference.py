@@ -243,11 +243,10 @@ def get_task(config: InferConfig) -> seqio.Task:
         f"MIXTURE_OR_TASK_NAME {task.name!r} is a mixture: infer decodes "
         f"one task; name one of {sorted(t.name for t in task.tasks)}"
     )
-  splits = task.source.splits  # empty where a source does not list them (TFDS mock data)
-  if splits and config.split not in splits:
-    raise gin_utils.ConfigError(
-        f"SPLIT {config.split!r} is not a split of {task.name}: use one " f"of {sorted(splits)}"
-    )
+  try:
+    tasks.check_split(task, config.split, "SPLIT")
+  except ValueError as e:
+    raise gin_utils.ConfigError(str(e)) from e
   missing = [feature for feature in FEATURES if feature not in task.output_features]
   if missing:
     raise gin_utils.ConfigError(

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import pathlib
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -665,6 +666,36 @@ def time_example(
   return results
 
 
+def check_input_source(
+    task: str | None,
+    split: str,
+    input_file: str | None,
+    sentencepiece_model: str | None,
+    num_examples: int,
+) -> None:
+  """What `load_inputs` will read, checked without reading it: one source (a task or an input
+  file), a registered task with `split`, an input file and sentencepiece model that exist, and a
+  count of examples >= 0 (>= 1 for random inputs). Raises ValueError naming the fix."""
+  if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)):
+    raise ValueError(f"num_examples must be an integer >= 0, got {num_examples!r}.")
+  if num_examples < 0:
+    raise ValueError(f"num_examples must be >= 0 (0: every example), got {num_examples}.")
+  if task is not None and input_file is not None:
+    raise ValueError(f"give a task ({task}) or an input file ({input_file}), not both.")
+  if task is not None:
+    tasks.check_split(tasks.get_task(task), split, "the split")
+    return
+  if input_file is not None:
+    if not sentencepiece_model:
+      raise ValueError(f"the input file {input_file!r} needs a sentencepiece model to tokenize it.")
+    for path, what in ((input_file, "input file"), (sentencepiece_model, "sentencepiece model")):
+      if not os.path.isfile(path):
+        raise ValueError(f"the {what} {path!r} does not exist (or is not a file).")
+    return
+  if num_examples < 1:
+    raise ValueError(f"random inputs need num_examples >= 1, got {num_examples}.")
+
+
 def load_inputs(
     vocab_size: int,
     task_feature_lengths: Mapping[str, int],
@@ -690,9 +721,8 @@ def load_inputs(
   Returns:
     (task label, vocabulary, encoder inputs [N, Le] int32, EOS-ended and 0-padded).
   """
+  check_input_source(task, split, input_file, sentencepiece_model, num_examples)
   length = int(task_feature_lengths["inputs"])
-  if task and input_file:
-    raise ValueError(f"give a task ({task}) or an input file ({input_file}), not both.")
   if task:
     seqio_task = tasks.get_task(task)
     vocabulary = seqio_task.output_features["targets"].vocabulary
@@ -705,8 +735,6 @@ def load_inputs(
         ),
     )
   if input_file:
-    if not sentencepiece_model:
-      raise ValueError(f"{input_file} needs a sentencepiece model to tokenize it.")
     vocabulary = seqio.SentencePieceVocabulary(sentencepiece_model)
     benchmark.check_vocabulary(vocabulary, vocab_size, sentencepiece_model)
     lines = benchmark.read_lines(input_file, num_examples or None)
@@ -715,8 +743,6 @@ def load_inputs(
         vocabulary,
         benchmark.encode_texts(lines, vocabulary, length),
     )
-  if num_examples < 1:
-    raise ValueError(f"random inputs need num_examples >= 1, got {num_examples}.")
   return (
       RANDOM_TASK,
       seqio.PassThroughVocabulary(vocab_size, eos_id=eos_id),

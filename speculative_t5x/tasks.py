@@ -28,7 +28,7 @@ import difflib
 import os
 import pathlib
 import re
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 from rouge_score import rouge_scorer
@@ -279,6 +279,19 @@ def get_task(name: str) -> seqio.Task:
         f"speculative_t5x.tasks`). Registered: {', '.join(registered) or 'none'}."
     )
   return seqio.get_mixture_or_task(name)
+
+
+def check_split(task: Union[seqio.Task, seqio.Mixture], split: Any, setting: str) -> None:
+  """Raises InvalidInputError, naming `setting` (e.g. 'SPLIT' or '--split'), unless `split` is a
+  split's name that `task`'s source lists. A source that lists none (TFDS mock data, a mixture)
+  accepts any name; reading the split then tells."""
+  validation.check_text(split, f"{setting} (a split's name, e.g. 'validation')")
+  source = getattr(task, "source", None)
+  splits = sorted(getattr(source, "splits", None) or ())
+  if splits and split not in splits:
+    raise validation.InvalidInputError(
+        f"{setting} {split!r} is not a split of {task.name}: use one of {splits}."
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -612,18 +612,10 @@ def _checked_task(name: Any, eval_split: str | None) -> seqio.Task | seqio.Mixtu
   except ValueError as e:
     raise gin_utils.ConfigError(f"training.train.mixture_or_task_name: {e}") from e
   if eval_split is not None:
-    if not isinstance(eval_split, str) or not eval_split:
-      raise gin_utils.ConfigError(
-          f"training.train.eval_split must be a split's name, e.g. 'validation', got "
-          f"{eval_split!r}."
-      )
-    source = getattr(task, "source", None)
-    splits = list(getattr(source, "splits", None) or ())
-    if splits and eval_split not in splits:
-      raise gin_utils.ConfigError(
-          f"training.train.eval_split {eval_split!r} is not a split of {name}: use one of "
-          f"{sorted(splits)}, or eval_period = 0 to train without evaluating."
-      )
+    try:
+      tasks.check_split(task, eval_split, "training.train.eval_split")
+    except ValueError as e:
+      raise gin_utils.ConfigError(f"{e} Or set eval_period = 0 to train without evaluating.") from e
   return task
 
 

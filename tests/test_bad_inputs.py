@@ -42,6 +42,7 @@ from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import pairs
+from speculative_t5x import report
 from speculative_t5x import speculative
 from speculative_t5x import tasks
 from speculative_t5x import training
@@ -1338,15 +1339,16 @@ SCRIPT_CASES = [
         "benchmark.py: an unknown task, before the models load",
         "benchmark.py",
         ["--task=demo_end"],
-        "benchmark.py: configuration error: --task=demo_end: unknown task or mixture 'demo_end': "
-        "did you mean 'demo_ende'?",
+        "benchmark.py: configuration error: the inputs (--task, --split, --input_file, "
+        "--num_examples): unknown task or mixture 'demo_end': did you mean 'demo_ende'?",
     ),
     (
-        "benchmark.py: an empty task name, not ignored",
+        "benchmark.py: a split the task does not have, before the models load",
         "benchmark.py",
-        ["--task="],
-        "benchmark.py: configuration error: --task=: the task or mixture name must be a non-empty "
-        "string, got ''",
+        ["--task=demo_ende", "--split=tset"],
+        "benchmark.py: configuration error: the inputs (--task, --split, --input_file, "
+        "--num_examples): the split 'tset' is not a split of demo_ende: use one of ['test', "
+        "'train', 'validation'].",
     ),
     (
         "infer.py: a binding in a scope no call enters, before the models load",
@@ -1473,7 +1475,64 @@ _TRAIN_INTEGER_CASES = [
 ]
 
 
+_SPM = str(REPO / "demo_models" / "sentencepiece.model")
+
 THIRD_CASES = [
+    # ---- the inputs of a sweep (scripts/benchmark.py), checked before anything loads
+    (
+        "inputs: an empty task name, not ignored",
+        lambda: report.check_input_source("", "test", None, None, 2),
+        ValueError,
+        r"the task or mixture name must be a non-empty string, got ''",
+    ),
+    (
+        "inputs: a task and an input file",
+        lambda: report.check_input_source("demo_ende", "test", _SPM, _SPM, 2),
+        ValueError,
+        r"give a task \(demo_ende\) or an input file \(.*\), not both",
+    ),
+    (
+        "inputs: an empty split name",
+        lambda: report.check_input_source("demo_ende", "", None, None, 2),
+        ValueError,
+        r"the split \(a split's name, e\.g\. 'validation'\) must be a non-empty string",
+    ),
+    (
+        "inputs: an input file without a sentencepiece model",
+        lambda: report.check_input_source(None, "test", _SPM, None, 2),
+        ValueError,
+        r"the input file '.*' needs a sentencepiece model to tokenize it",
+    ),
+    (
+        "inputs: an input file that does not exist",
+        lambda: report.check_input_source(None, "test", "/nonexistent/lines.txt", _SPM, 2),
+        ValueError,
+        r"the input file '/nonexistent/lines\.txt' does not exist",
+    ),
+    (
+        "inputs: a sentencepiece model that does not exist",
+        lambda: report.check_input_source(None, "test", _SPM, "/nonexistent/spm.model", 2),
+        ValueError,
+        r"the sentencepiece model '/nonexistent/spm\.model' does not exist",
+    ),
+    (
+        "inputs: a negative count of examples",
+        lambda: report.check_input_source(None, "test", None, None, -1),
+        ValueError,
+        r"num_examples must be >= 0 \(0: every example\), got -1",
+    ),
+    (
+        "inputs: a count of examples as text",
+        lambda: report.check_input_source(None, "test", None, None, "2"),
+        ValueError,
+        r"num_examples must be an integer >= 0, got '2'",
+    ),
+    (
+        "inputs: no random examples",
+        lambda: report.check_input_source(None, "test", None, None, 0),
+        ValueError,
+        r"random inputs need num_examples >= 1, got 0",
+    ),
     # ---- draft trees
     (
         "tree: more siblings than the vocabulary has tokens",

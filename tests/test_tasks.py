@@ -119,6 +119,21 @@ def test_unknown_task_names_close_matches():
     tasks.get_task("glue_cola")
 
 
+def test_check_split_names_the_setting_and_the_splits():
+  task = tasks.get_task("demo_ende")
+  tasks.check_split(task, "validation", "SPLIT")
+  with pytest.raises(ValueError, match=r"^SPLIT 'dev' is not a split of demo_ende: use one of "):
+    tasks.check_split(task, "dev", "SPLIT")
+  with pytest.raises(ValueError, match=r"--split \(a split's name.*\) must be a non-empty"):
+    tasks.check_split(task, "", "--split")
+  listed_none = seqio.Task(
+      "listed_none",
+      seqio.FunctionDataSource(lambda split, shuffle_files: None, splits=()),
+      output_features={},
+  )
+  tasks.check_split(listed_none, "anything", "SPLIT")  # its reading tells
+
+
 @pytest.mark.parametrize("name", ["wmt_ende", "cnn_dailymail", "demo_ende"])
 def test_task_gin_files_name_registered_tasks(name):
   gin.clear_config()
