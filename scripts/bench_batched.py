@@ -42,6 +42,7 @@ import numpy as np
 import seqio
 
 from speculative_t5x import benchmark
+from speculative_t5x import drafters
 from speculative_t5x import network
 from speculative_t5x import report
 
@@ -184,7 +185,7 @@ def main(argv):
     sweep = report.sweep(
         target_config,
         target_params,
-        {DRAFTER: (drafter_config, drafter_params)},
+        {DRAFTER: (drafters.T5Drafter(drafter_config), drafter_params)},
         [FLAGS.gamma],
         FLAGS.temperatures,
         np.asarray(inputs),

@@ -206,19 +206,19 @@ def random_drafter(
     kind: str,
     target_config: network.T5Config,
     target_params: dict,
-    drafter: network.T5Config | drafters_lib.Drafter,
+    drafter: drafters_lib.Drafter,
     drafter_params: dict,
-) -> tuple[network.T5Config | drafters_lib.Drafter, dict]:
+) -> tuple[drafters_lib.Drafter, dict]:
   """A random-weight drafter of one of RANDOM_DRAFTER_KINDS -> (drafter, params).
 
-  'independent' is `drafter` (a T5 drafter's config or a `drafters.Drafter`) with its own
-  (random) parameters; 'copy' is the target's config
-  and its very parameters (alpha ~ 1: the drafter proposes what the target would sample).
+  'independent' is `drafter` with its own (random) parameters; 'copy' is the T5 drafter of the
+  target's config with the target's very parameters (alpha ~ 1: the drafter proposes what the
+  target would sample).
   """
   if kind == "independent":
     return drafter, drafter_params
   if kind == "copy":
-    return target_config, target_params
+    return drafters_lib.T5Drafter(target_config), target_params
   raise ValueError(f"unknown random drafter kind {kind!r}: use one of {RANDOM_DRAFTER_KINDS}.")
 
 
@@ -756,26 +756,30 @@ class DecodeCosts:
     }
 
 
-def drafter_network(
-    drafter: network.T5Config | drafters_lib.Drafter,
-) -> tuple[network.T5Config, int | None] | None:
-  """The network one drafter step runs -> (its config, E_target or None), or None when a
-  proposal is not gamma single steps of one T5 network (`ProposalStage` times it): a T5Config is a
-  T5 drafter's; a `drafters.Drafter` gives `network_config` and `network_encoder_emb_dim` (a
-  shared-encoder drafter's decoder reads the target's encoder output)."""
-  if isinstance(drafter, network.T5Config):
-    return drafter, None
+def check_drafter(drafter: Any, name: str = "the drafter") -> None:
+  """Raises ValueError unless `drafter` is a `drafters.Drafter` (a T5 network's config is
+  not one: wrap it, `drafters.T5Drafter(config)`)."""
   if not isinstance(drafter, drafters_lib.Drafter):
-    raise ValueError(
-        f"the benchmark times a drafters.Drafter (or a T5 drafter's network.T5Config), got "
-        f"{drafter!r}."
+    fix = (
+        f"wrap it: drafters.T5Drafter({type(drafter).__name__}(...))"
+        if isinstance(drafter, (network.T5Config, network.Transformer))
+        else "e.g. drafters.T5Drafter(config), or a pair's drafter (pairs.load_pair)"
     )
+    raise ValueError(f"{name} must be a drafters.Drafter, got a {type(drafter).__name__}: {fix}.")
+
+
+def drafter_network(drafter: drafters_lib.Drafter) -> tuple[network.T5Config, int | None] | None:
+  """The network one drafter step runs -> (its config, E_target or None), or None when a
+  proposal is not gamma single steps of one T5 network (`ProposalStage` times it): the drafter's
+  `network_config` and `network_encoder_emb_dim` (a shared-encoder drafter's decoder reads the
+  target's encoder output)."""
+  check_drafter(drafter)
   if drafter.network_config is None:
     return None
   return drafter.network_config, drafter.network_encoder_emb_dim
 
 
-def drafter_record(drafter: network.T5Config | drafters_lib.Drafter) -> dict:
+def drafter_record(drafter: drafters_lib.Drafter) -> dict:
   """What a results file records of a drafter: its network's T5Config fields (plus
   encoder_emb_dim for a decoder reading the target's encoder output), or its kind and fields."""
   stepped = drafter_network(drafter)
@@ -796,7 +800,7 @@ def drafter_record(drafter: network.T5Config | drafters_lib.Drafter) -> dict:
 def cost_steps(
     target_config: network.T5Config,
     target_params: dict,
-    drafters: Mapping[str, tuple[network.T5Config | drafters_lib.Drafter, dict]],
+    drafters: Mapping[str, tuple[drafters_lib.Drafter, dict]],
     gammas: Sequence[int],
 ) -> dict[Hashable, list[Stage | ProposalStage]]:
   """The decode steps Theorem 3.8's costs need, name -> stages (see `decode_step_call`).
@@ -809,7 +813,7 @@ def cost_steps(
   (`ProposalStage`): its step is a proposal of one draft, its iteration a proposal of gamma.
 
   Args:
-    drafters: name -> (a T5 drafter's config or a `drafters.Drafter`, params).
+    drafters: name -> (a `drafters.Drafter`, params).
   """
   if not gammas or min(gammas) < 1:
     raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
@@ -875,7 +879,7 @@ def measure_costs(
   standardizing and drawing from its logits, as the decoding loops do (see `decode_step_call`).
 
   Args:
-    drafters: name -> (config, params).
+    drafters: name -> (a `drafters.Drafter`, params).
   Returns:
     name -> DecodeCosts.
   """

@@ -531,9 +531,8 @@ class Setting:
   params: Any
 
 
-# name -> (a T5 drafter's config, or any `drafters.Drafter` running a T5 network, e.g. a
-# shared-encoder drafter; its params).
-Drafters = Mapping[str, tuple[network.T5Config | drafters_lib.Drafter, Any]]
+# name -> (a `drafters.Drafter`, e.g. `drafters.T5Drafter(config)`; its params).
+Drafters = Mapping[str, tuple[drafters_lib.Drafter, Any]]
 
 
 Verifiers = Mapping[str, speculative.Verifier]
@@ -601,7 +600,7 @@ def build_settings(
   verifier, rule and tree (their parameters are arguments).
 
   Args:
-    drafters: name -> (a T5 drafter's config or a `drafters.Drafter`, params).
+    drafters: name -> (a `drafters.Drafter`, params).
     verifiers: label -> speculative.Verifier (default: Algorithm 1 alone).
     draft_stops: label -> a `draft_length` rule or None (default: static gamma alone).
     draft_trees: label -> `trees.DraftTree`, each run at its depth (default: none).
@@ -614,6 +613,7 @@ def build_settings(
   for label, spec in labels.items():
     name, verifier, stop, tree = spec
     drafter, drafter_params = drafters[name]
+    benchmark.check_drafter(drafter, f"drafter {name!r}")
     for gamma in setting_gammas(spec, gammas):
       key = (drafter, gamma, verifier, stop, tree)
       if key not in functions:
@@ -776,9 +776,10 @@ def _check_sweep(
     cost_repeats,
 ) -> None:
   if not drafters:
-    raise ValueError("no drafters to sweep: give at least one name -> (config, params).")
+    raise ValueError("no drafters to sweep: give at least one name -> (drafter, params).")
   for name, (drafter, _) in drafters.items():
-    vocab_size = drafters_lib.as_drafter(drafter).vocab_size
+    benchmark.check_drafter(drafter, f"drafter {name!r}")
+    vocab_size = drafter.vocab_size
     if vocab_size != target_config.vocab_size:
       raise ValueError(
           f"drafter {name!r} has vocab_size {vocab_size} but the target has "
@@ -834,8 +835,7 @@ def sweep(
   temperature's standardization and draw).
 
   Args:
-    drafters: name -> (a T5 drafter's config or a `drafters.Drafter` running a T5 network, e.g.
-      a shared-encoder drafter; params).
+    drafters: name -> (a `drafters.Drafter`, params).
     encoder_inputs: [examples, B, Le] int32: each example a batch of B rows (1 for Table 2).
     decode_length: tokens decoded per row (the decoder input length).
     vocabulary: the models' output vocabulary (its eos_id ends the decodes).

@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import tiny_config
+
 from speculative_t5x import benchmark
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
@@ -181,10 +183,12 @@ def test_decode_geometry_fits_the_timed_blocks():
 
 
 def test_random_drafter_kinds():
-  target, drafter = object(), object()  # configs, only passed through
+  target, drafter = tiny_config(16), object()  # the drafter is only passed through
   target_params, drafter_params = {"w": np.ones(2)}, {"w": np.zeros(2)}
   args = (target, target_params, drafter, drafter_params)
-  assert benchmark.random_drafter("copy", *args) == (target, target_params)
+  copy, copy_params = benchmark.random_drafter("copy", *args)
+  assert isinstance(copy, drafters.T5Drafter) and copy.network_config == target
+  assert copy_params is target_params
   assert benchmark.random_drafter("independent", *args) == (drafter, drafter_params)
   with pytest.raises(ValueError, match="unknown random drafter kind 'twin'"):
     benchmark.random_drafter("twin", *args)

@@ -236,7 +236,7 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   sweep = report.sweep(
       config,
       params,
-      {"copy": (config, params)},
+      {"copy": (drafters.T5Drafter(config), params)},
       [2],
       [0.0],
       inputs[:, None],
@@ -318,7 +318,7 @@ def test_sweep_rejects_bad_arguments_before_compiling():
     report.sweep(
         config,
         params,
-        {"d": (config, params)},
+        {"d": (drafters.T5Drafter(config), params)},
         [2],
         [0.0],
         inputs,
@@ -330,7 +330,7 @@ def test_sweep_rejects_bad_arguments_before_compiling():
     report.sweep(
         config,
         params,
-        {"d": (config, params)},
+        {"d": (drafters.T5Drafter(config), params)},
         [0],
         [0.0],
         inputs[:, None],
@@ -342,7 +342,7 @@ def test_sweep_rejects_bad_arguments_before_compiling():
     report.sweep(
         config,
         params,
-        {"d": (config.replace(vocab_size=33), params)},
+        {"d": (drafters.T5Drafter(config.replace(vocab_size=33)), params)},
         [2],
         [0.0],
         inputs[:, None],
