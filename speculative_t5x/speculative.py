@@ -521,3 +521,50 @@ class TreeVerifier(Verifier):
 
   def verify_tree_greedy(self, target_tokens, drafts, tree):
     return accept_tree_greedy(target_tokens, drafts, tree)
+
+
+@gin.configurable(module="speculative")
+@dataclasses.dataclass(frozen=True)
+class LenientVerifier(Verifier):
+  """Lenience (the paper's Appendix A.5), opt-in and NOT exact: Algorithm 1 with q scaled by
+  l in (0, 1] before it is compared with p. Draft x_i is accepted when r_i < p_i(x_i) /
+  (l q_i(x_i)), and the first rejection is corrected from norm(max(0, p_{n+1} - l q_{n+1})).
+
+  - At l = 1 it is Algorithm 1, token for token (`accept` on the same arrays).
+  - At l < 1 more drafts are accepted: the acceptance probability at position i is
+    alpha_l = sum_x min(p_i(x) / l, q_i(x)) (the paper's formula), which `beta` reports, so the
+    loop's alpha and Theorem 3.8 read it. The emitted tokens then follow the drafter more than
+    the target: no token is emitted with probability above p(x) / l (the paper's guarantee), but
+    there is no lower bound, so diversity may suffer. Measure what it costs (BLEU, ROUGE) before
+    using it.
+  - At temperature 0 the loop passes argmaxes only (`verify_greedy`), so greedy decoding stays
+    exact: Algorithm 1's `accept_greedy`. Chains only (a draft tree raises, as for any chain
+    verifier).
+
+  lenience: l, a number in (0, 1].
+  """
+
+  lenience: float = 1.0
+
+  def __post_init__(self):
+    value = self.lenience
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+      raise ValueError(
+          f"LenientVerifier.lenience must be a number in (0, 1], got {value!r} "
+          f"({type(value).__name__})."
+      )
+    if not 0.0 < float(value) <= 1.0:  # NaN fails too
+      raise ValueError(
+          f"LenientVerifier.lenience must be in (0, 1], got {value}: 1 is Algorithm 1, 0.1 lets "
+          "a token be emitted at up to 10x its probability under the target."
+      )
+    object.__setattr__(self, "lenience", float(value))
+
+  def verify(self, p, q, drafts, u, draw=sampling.sample):
+    n, token, _ = accept(p, self.lenience * q, drafts, u, draw)
+    q, _ = valid_drafts(q, drafts)
+    beta = jnp.sum(jnp.minimum(p[:, : drafts.shape[1]] / self.lenience, q), axis=-1)
+    return n, token, beta
+
+  def verify_greedy(self, target_tokens, drafts):
+    return accept_greedy(target_tokens, drafts)

@@ -765,6 +765,37 @@ def test_the_models_verifier_reaches_the_loop():
   assert not np.any(np.all(np.asarray(base)[:, :3] == 5, axis=1))
 
 
+def test_a_lenient_verifier_in_the_loop():
+  """Lenience (lossy, its law in tests/test_speculative.py) through the model: at l = 1 the tokens
+  of Algorithm 1 for one rng; at l = 0.1 a higher alpha and more tokens per target call."""
+  target, drafter_params = _tiny_params()
+  inputs = _batch(_random_inputs(8, seed=3))
+  rng = jax.random.PRNGKey(4)
+  params = {"target": target, "drafter": drafter_params}
+  outputs = {}
+  for name, verifier in (
+      ("algorithm_1", speculative.TokenVerifier()),
+      ("l=1", speculative.LenientVerifier(1.0)),
+      ("l=0.1", speculative.LenientVerifier(0.1)),
+  ):
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TINY),
+        drafters.T5Drafter(TINY_DRAFTER),
+        _vocab(61),
+        _vocab(61),
+        gamma=3,
+        verifier=verifier,
+    )
+    decodes, aux = model.jit_predict()(params, inputs, rng, 1.0)
+    outputs[name] = np.asarray(decodes), decoding.SpeculativeStats.from_dict(
+        aux["speculative_stats"]
+    )
+  np.testing.assert_array_equal(outputs["l=1"][0], outputs["algorithm_1"][0])
+  exact, lenient = outputs["algorithm_1"][1], outputs["l=0.1"][1]
+  assert lenient.alpha > exact.alpha + 0.05 and lenient.tokens_per_call > exact.tokens_per_call
+  assert not np.array_equal(outputs["l=0.1"][0], outputs["algorithm_1"][0])
+
+
 # --- block verification and broken drafters, whole sequences ------------------------------------
 BLOCK = speculative.BlockVerifier()
 

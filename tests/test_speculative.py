@@ -129,31 +129,39 @@ def test_accept_needs_one_uniform_per_test_and_one_for_the_token():
     speculative.accept(p, q, jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2)))
 
 
-def _sample_blocks(p, q, rows, seed):
-  """Draws drafts from q and runs `accept` on `rows` copies -> (n [rows], token [rows], drafts)."""
+def _sample_blocks(p, q, rows, seed, verify=speculative.accept):
+  """Draws drafts from q and runs `verify` (default `accept`) on `rows` copies -> (n [rows],
+  token [rows], drafts [rows, gamma], beta [rows, gamma])."""
   gamma, vocab = q.shape
   key_drafts, key_accept = jax.random.split(jax.random.PRNGKey(seed))
   q_rows = jnp.broadcast_to(jnp.asarray(q, jnp.float32), (rows, gamma, vocab))
   drafts = jax.random.categorical(key_drafts, jnp.log(q_rows), axis=-1).astype(jnp.int32)
   p_rows = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (rows, gamma + 1, vocab))
   u = sampling.uniforms(key_accept, (rows, gamma + 1))
-  n, token, beta = jax.jit(speculative.accept)(p_rows, q_rows, drafts, u)
+  n, token, beta = jax.jit(verify)(p_rows, q_rows, drafts, u)
   assert not np.any(np.isnan(np.asarray(beta)))
-  return np.asarray(n), np.asarray(token), np.asarray(drafts)
+  return np.asarray(n), np.asarray(token), np.asarray(drafts), np.asarray(beta)
+
+
+def _continued_blocks(p, q, rows, seed, verify=speculative.accept):
+  """`_sample_blocks`, each block continued with fresh samples from p -> (codes [rows] of the
+  sequences y_1..y_{gamma+1} in base V, n [rows], beta [rows, gamma])."""
+  gamma, vocab = q.shape
+  n, token, drafts, beta = _sample_blocks(p, q, rows, seed, verify)
+  rng = np.random.default_rng(3)
+  sequences = np.zeros((rows, gamma + 1), np.int64)
+  for j in range(gamma + 1):
+    fresh = rng.choice(vocab, size=rows, p=p[j])
+    sequences[:, j] = np.where(j < n, drafts[:, min(j, gamma - 1)], np.where(j == n, token, fresh))
+  return sequences @ (vocab ** np.arange(gamma, -1, -1)), n, beta
 
 
 @pytest.mark.parametrize("case", ["random", "q_zero_where_p_positive", "one_hot_q"])
 def test_accept_samples_follow_the_target(case):
   gamma, vocab, rows = 2, 3, 60000
   p, q = _cases(gamma, vocab, seed=7)[case]
-  n, token, drafts = _sample_blocks(p, q, rows, seed=11)
-  # Continue each block with fresh samples from p, then compare the whole sequence's law to p.
-  rng = np.random.default_rng(3)
-  sequences = np.zeros((rows, gamma + 1), np.int64)
-  for j in range(gamma + 1):
-    fresh = rng.choice(vocab, size=rows, p=p[j])
-    sequences[:, j] = np.where(j < n, drafts[:, min(j, gamma - 1)], np.where(j == n, token, fresh))
-  codes = sequences @ (vocab ** np.arange(gamma, -1, -1))
+  # Each block continued with fresh samples from p: the whole sequence's law must be p's.
+  codes, _, _ = _continued_blocks(p, q, rows, seed=11)
   observed = np.bincount(codes, minlength=vocab ** (gamma + 1))
   expected = np.array(
       [
@@ -167,7 +175,7 @@ def test_accept_samples_follow_the_target(case):
 def test_accept_count_follows_acceptance_probability():
   gamma, vocab, rows = 3, 4, 40000
   p, q = _cases(gamma, vocab, seed=5)["random"]
-  n, _, _ = _sample_blocks(p, q, rows, seed=2)
+  n, *_ = _sample_blocks(p, q, rows, seed=2)
   beta = np.minimum(p[:gamma], q).sum(-1)  # P(accept at i) for context-free p, q
   expected = [np.prod(beta[:k]) * (1 - beta[k] if k < gamma else 1) for k in range(gamma + 1)]
   observed = np.bincount(n, minlength=gamma + 1)
@@ -1072,3 +1080,131 @@ def test_accept_tree_checks_its_shapes():
     speculative.accept_tree(p, q, drafts, jnp.zeros((1, 4)), sampling.sample, tree)
   with pytest.raises(ValueError, match="a draft tree of 4 nodes needs p"):
     speculative.accept_tree(p[:, :4], q, drafts, jnp.zeros((1, 5)), sampling.sample, tree)
+
+
+# --- lenience (the paper's Appendix A.5: lossy, opt-in) -----------------------------------------
+def _lenient_law(p, q, lenience):
+  """The documented law of a lenient block continued by sampling p, enumerated in float64 from
+  the definition: x_i is accepted with min(1, p_i(x_i) / (l q_i(x_i))), the first rejection is
+  corrected from norm(max(0, p_{n+1} - l q_{n+1})), p_{gamma+1} after gamma acceptances
+  -> {(y_1..y_{gamma+1}): probability}."""
+  gamma, vocab = q.shape
+  scaled = lenience * q
+  accept = np.where(scaled > p[:gamma], p[:gamma] / np.where(scaled > 0, scaled, 1.0), 1.0)
+  residual = np.maximum(p[:gamma] - scaled, 0.0)
+  residual /= residual.sum(-1, keepdims=True)
+  reject = 1.0 - np.sum(q * accept, axis=1)
+  law = {}
+  for y in itertools.product(range(vocab), repeat=gamma + 1):
+    total = 0.0
+    for n in range(gamma + 1):
+      prob = np.prod([q[i, y[i]] * accept[i, y[i]] for i in range(n)])
+      prob *= reject[n] * residual[n, y[n]] if n < gamma else p[gamma, y[gamma]]
+      prob *= np.prod([p[j, y[j]] for j in range(n + 1, gamma + 1)])
+      total += prob
+    law[y] = total
+  return law
+
+
+def _law_vector(law):
+  return np.array([law[y] for y in sorted(law)])
+
+
+def test_lenience_one_is_algorithm_1_token_for_token():
+  p, q, drafts, u = _random_block(3)
+  got = jax.jit(speculative.LenientVerifier(1.0).verify)(p, q, drafts, u)
+  want = jax.jit(speculative.accept)(p, q, drafts, u)
+  assert len(set(np.asarray(want[0]))) > 1
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("lenience", [0.5, 0.1])
+def test_lenient_blocks_follow_the_documented_law_and_not_the_target(lenience):
+  gamma, vocab, rows = 2, 3, 60000
+  p, q = _cases(gamma, vocab, seed=7)["random"]
+  law = _law_vector(_lenient_law(p, q, lenience))
+  target = _law_vector(_lenient_law(p, q, 1.0))  # l = 1: Algorithm 1, whose law is the target's
+  np.testing.assert_allclose(
+      target,
+      [np.prod([p[j, y[j]] for j in range(gamma + 1)]) for y in sorted(_lenient_law(p, q, 1.0))],
+      atol=1e-12,
+  )
+  codes, _, _ = _continued_blocks(p, q, rows, 11, speculative.LenientVerifier(lenience).verify)
+  observed = np.bincount(codes, minlength=vocab ** (gamma + 1))
+  assert chisquare_pvalue(observed, law) > SIGNIFICANCE
+  # The test has power: Algorithm 1's blocks fail it, and the lenient ones fail the target's law.
+  exact, _, _ = _continued_blocks(p, q, rows, 11, speculative.TokenVerifier().verify)
+  assert chisquare_pvalue(np.bincount(exact, minlength=vocab ** (gamma + 1)), law) < SIGNIFICANCE
+  assert chisquare_pvalue(observed, target) < SIGNIFICANCE
+  # What it costs: the total variation distance from the target's law, and the paper's bound.
+  distance = 0.5 * np.abs(law - target).sum()
+  assert {0.5: 0.05, 0.1: 0.15}[lenience] < distance < 1.0, distance
+  first = law.reshape(vocab, -1).sum(1)  # the first emitted token's law
+  assert np.all(first <= p[0] / lenience + 1e-12) and not np.allclose(first, p[0])
+
+
+@pytest.mark.parametrize("lenience", [1.0, 0.5, 0.2, 0.1])
+def test_lenient_acceptance_follows_the_papers_alpha(lenience):
+  gamma, vocab, rows = 3, 4, 40000
+  p, q = _cases(gamma, vocab, seed=5)["random"]
+  alpha = np.minimum(p[:gamma] / lenience, q).sum(-1)  # Appendix A.5: sum_x min(p(x) / l, q(x))
+  _, n, beta = _continued_blocks(p, q, rows, 2, speculative.LenientVerifier(lenience).verify)
+  np.testing.assert_allclose(beta, np.broadcast_to(alpha, beta.shape), rtol=1e-5)
+  expected = [np.prod(alpha[:k]) * (1 - alpha[k] if k < gamma else 1) for k in range(gamma + 1)]
+  assert chisquare_pvalue(np.bincount(n, minlength=gamma + 1), expected) > SIGNIFICANCE
+  # Tokens per call n + 1: Eq. (1) with alpha per position, 1 + sum_k prod_{i<=k} alpha_i, which
+  # is theory.expected_tokens where the positions share one alpha.
+  predicted = 1 + sum(np.prod(alpha[:k]) for k in range(1, gamma + 1))
+  assert abs(np.mean(n + 1) - predicted) < 4 * np.std(n) / np.sqrt(rows)
+  shared = np.full(gamma, alpha.mean())
+  np.testing.assert_allclose(
+      1 + sum(np.prod(shared[:k]) for k in range(1, gamma + 1)),
+      theory.expected_tokens(alpha.mean(), gamma),
+  )
+
+
+def test_lenience_raises_tokens_per_call_and_keeps_greedy_exact():
+  p, q = _cases(3, 4, seed=5)["random"]
+  means = [
+      np.mean(_continued_blocks(p, q, 20000, 4, speculative.LenientVerifier(lenience).verify)[1])
+      for lenience in (1.0, 0.5, 0.2, 0.1)
+  ]
+  assert all(a < b for a, b in zip(means, means[1:])), means
+  rng = np.random.default_rng(1)
+  target = jnp.asarray(rng.integers(0, 4, (100, 4)), jnp.int32)
+  drafts = jnp.asarray(rng.integers(0, 4, (100, 3)), jnp.int32)
+  got = speculative.LenientVerifier(0.1).verify_greedy(target, drafts)
+  for g, w in zip(got, speculative.accept_greedy(target, drafts)):
+    np.testing.assert_array_equal(g, w)
+  tree = trees.as_tree((2, 1))
+  with pytest.raises(ValueError, match="LenientVerifier verifies chains of drafts only"):
+    speculative.LenientVerifier(0.5).verify_tree_greedy(target[:, :4], drafts, tree)
+
+
+@pytest.mark.parametrize(
+    "lenience, message",
+    [
+        (0.0, r"must be in \(0, 1\], got 0\.0"),
+        (1.5, r"must be in \(0, 1\], got 1\.5"),
+        (float("nan"), r"must be in \(0, 1\], got nan"),
+        (True, r"must be a number in \(0, 1\], got True \(bool\)"),
+        ("0.5", r"must be a number in \(0, 1\], got '0\.5' \(str\)"),
+    ],
+)
+def test_a_bad_lenience_is_refused(lenience, message):
+  with pytest.raises(ValueError, match=message):
+    speculative.LenientVerifier(lenience)
+
+
+def test_gin_binds_the_lenient_verifier():
+  gin.clear_config()
+  try:
+    gin.parse_config(
+        "speculative.LenientVerifier.lenience = 0.2\n"
+        "test_speculative._configured_verifier.verifier = @speculative.LenientVerifier()"
+    )
+    verifier = _configured_verifier()
+  finally:
+    gin.clear_config()
+  assert verifier == speculative.LenientVerifier(0.2) and hash(verifier) == hash(verifier)
