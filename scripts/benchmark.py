@@ -40,7 +40,7 @@ import json
 import pathlib
 import platform
 import sys
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from absl import flags
 from absl import logging
@@ -48,18 +48,14 @@ import gin
 import jax
 
 from speculative_t5x import benchmark
-from speculative_t5x import draft_length
+from speculative_t5x import benchmark_config
 from speculative_t5x import gin_utils
 from speculative_t5x import multihost
-from speculative_t5x import pairs
 from speculative_t5x import report
-from speculative_t5x import speculative
-from speculative_t5x import trees
 from speculative_t5x import validation
 
 DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
 EOS_ID = 1
-RANDOM_DRAFTER_LABELS = {"independent": "random, independent", "copy": "random, copy of target"}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None, f"Gin run files (default {DEFAULT_GIN_FILE}).")
@@ -69,9 +65,13 @@ flags.DEFINE_string(
     "/tmp/speculative_t5x/benchmark",
     "Directory for results.json and results.md (created if absent).",
 )
-flags.DEFINE_list("gammas", None, "Gammas, e.g. 1,2,4,7 (default: BenchmarkSetup.gammas).")
 flags.DEFINE_list(
-    "temperatures", None, "Temperatures, e.g. 0,1 (default: BenchmarkSetup.temperatures)."
+    "gammas", None, "Gammas, e.g. 1,2,4,7 (default: benchmark_config.BenchmarkSetup.gammas)."
+)
+flags.DEFINE_list(
+    "temperatures",
+    None,
+    "Temperatures, e.g. 0,1 (default: benchmark_config.BenchmarkSetup.temperatures).",
 )
 flags.DEFINE_integer("num_examples", 2, "Examples (batch 1 each); all lines of --input_file if 0.")
 flags.DEFINE_integer("repeats", 3, "Timed decodes per example and setting.")
@@ -104,38 +104,6 @@ flags.DEFINE_bool(
 )
 
 
-@gin.configurable(module="benchmark_script")
-@dataclasses.dataclass(frozen=True)
-class BenchmarkSetup:
-  """What configs/runs/benchmark*.gin choose.
-
-  pair: the target, a T5 drafter and their weights (configs/runs/pair.gin); a drafter without a
-    checkpoint gets random weights and one row per kind in `random_drafters`.
-  task_feature_lengths: {'inputs': Le, 'targets': decode length}.
-  gammas, temperatures: the settings swept.
-  random_drafters: kinds from `benchmark.RANDOM_DRAFTER_KINDS`.
-  seed: random inputs and decode rngs (random weights: the pair's RANDOM_INIT_SEED).
-  verifiers: label -> speculative.Verifier, each measured with every drafter, side by side
-    (None: Algorithm 1 alone), e.g. configs/runs/benchmark_verifiers.gin.
-  draft_stops: label -> a `draft_length` rule or None (static gamma), each measured with every
-    drafter and verifier, side by side, at every gamma as its most drafts (None: static gamma
-    alone), e.g. configs/runs/benchmark_draft_length.gin.
-  draft_trees: label -> a draft tree's branching (k_1, ..., k_D) or `trees.DraftTree`, each
-    measured with every drafter at its depth, beside the chains (None: chains alone), e.g.
-    configs/runs/benchmark_trees.gin.
-  """
-
-  pair: pairs.PairConfig
-  task_feature_lengths: Mapping[str, int]
-  gammas: Sequence[int]
-  temperatures: Sequence[float]
-  random_drafters: Sequence[str] = benchmark.RANDOM_DRAFTER_KINDS
-  seed: int = 0
-  verifiers: Mapping[str, speculative.Verifier] | None = None
-  draft_stops: Mapping[str, draft_length.DraftStop | None] | None = None
-  draft_trees: Mapping[str, trees.DraftTree | tuple[int, ...]] | None = None
-
-
 def _flag_numbers(values: Sequence[str], flag: str, kind: type) -> list:
   """--flag=a,b,c -> numbers of `kind`, each named where it does not parse."""
   numbers = []
@@ -149,52 +117,18 @@ def _flag_numbers(values: Sequence[str], flag: str, kind: type) -> list:
   return numbers
 
 
-def load_setup() -> BenchmarkSetup:
+def load_setup() -> benchmark_config.BenchmarkSetup:
   """The gin configuration, with --gammas and --temperatures applied and checked, and the
   inputs checked (`report.check_input_source`): a bad setting is refused before the models load."""
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
-  setup = BenchmarkSetup()
-  overrides = {}
   try:
-    if FLAGS.gammas:
-      overrides["gammas"] = tuple(_flag_numbers(FLAGS.gammas, "--gammas", int))
-    if FLAGS.temperatures:
-      overrides["temperatures"] = tuple(_flag_numbers(FLAGS.temperatures, "--temperatures", float))
-    setup = dataclasses.replace(setup, **overrides)
-    if not setup.gammas:
-      raise validation.InvalidInputError("gammas is empty: give at least one, e.g. --gammas=2,4.")
-    for gamma in setup.gammas:
-      validation.check_integer(gamma, "gammas", 1)
-    validation.check_temperatures(setup.temperatures, "temperatures")
-    if setup.draft_trees:
-      overrides["draft_trees"] = {
-          label: trees.as_tree(tree) for label, tree in setup.draft_trees.items()
-      }
-      setup = dataclasses.replace(setup, **overrides)
-  except ValueError as e:  # InvalidInputError, and a bad tree (trees.DraftTree)
+    gammas = _flag_numbers(FLAGS.gammas, "--gammas", int) if FLAGS.gammas else None
+    temperatures = (
+        _flag_numbers(FLAGS.temperatures, "--temperatures", float) if FLAGS.temperatures else None
+    )
+  except ValueError as e:
     raise gin_utils.ConfigError(str(e)) from e
-  for name in ("inputs", "targets"):
-    if int(setup.task_feature_lengths.get(name, 0)) < 1:
-      raise gin_utils.ConfigError(
-          f"TASK_FEATURE_LENGTHS {setup.task_feature_lengths} needs a " f"positive '{name}' length."
-      )
-  drafter = setup.pair.drafter
-  if drafter is None:
-    raise gin_utils.ConfigError(
-        "DRAFTER is None: scripts/benchmark.py times a drafter against the target; include one "
-        "file of configs/drafters/ (e.g. configs/drafters/t5.gin and DRAFTER_CONFIG)."
-    )
-  if not setup.pair.drafter_checkpoint_path and drafter.network_config is None:
-    raise gin_utils.ConfigError(
-        f"DRAFTER {type(drafter).__name__} has no DRAFTER_CHECKPOINT_PATH, and the random "
-        f"drafters {tuple(setup.random_drafters)} are built from a T5 drafter's network, which "
-        "it has none of: give its checkpoint (a drafter without one is timed by "
-        "scripts/demo.py or report.sweep)."
-    )
-  if not (setup.pair.drafter_checkpoint_path or setup.random_drafters):
-    raise gin_utils.ConfigError(
-        "no DRAFTER_CHECKPOINT_PATH and no " "BenchmarkSetup.random_drafters: nothing to benchmark."
-    )
+  setup = benchmark_config.BenchmarkSetup().checked(gammas, temperatures)
   if not FLAGS.costs_only:  # the inputs are read after the models load: check them before
     try:
       report.check_input_source(
@@ -207,23 +141,11 @@ def load_setup() -> BenchmarkSetup:
   return setup
 
 
-def load_models(setup: BenchmarkSetup) -> tuple[pairs.Pair, dict[str, tuple]]:
-  """-> the pair (`pairs.load_pair`), {drafter label: (config, params)}: the checkpointed
-  drafter, else one per kind in `setup.random_drafters`."""
-  pair = pairs.load_pair(setup.pair, EOS_ID)
-  if setup.pair.drafter_checkpoint_path:
-    name = pathlib.PurePath(str(setup.pair.drafter_checkpoint_path).rstrip("/")).name
-    return pair, {name: (pair.drafter, pair.drafter_params)}
-  return pair, {
-      RANDOM_DRAFTER_LABELS.get(kind, kind): benchmark.random_drafter(
-          kind, pair.target_config, pair.target_params, pair.drafter, pair.drafter_params
-      )
-      for kind in setup.random_drafters
-  }
-
-
 def write_costs(
-    output_dir: pathlib.Path, costs_by_temperature, setup: BenchmarkSetup, load: dict
+    output_dir: pathlib.Path,
+    costs_by_temperature,
+    setup: benchmark_config.BenchmarkSetup,
+    load: dict,
 ) -> None:
   """--costs_only: costs.json and costs.md (with the machine's load before and after)."""
   target = setup.pair.target_config
@@ -257,7 +179,7 @@ def main(argv):
   warning = benchmark.busy_warning(load)
   if warning:
     print(warning, file=sys.stderr)
-  pair, drafters = load_models(setup)
+  pair, drafters = benchmark_config.load_models(setup, EOS_ID)
   gammas, temperatures = sorted(set(setup.gammas)), list(setup.temperatures)
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)

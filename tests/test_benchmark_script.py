@@ -104,7 +104,7 @@ def test_benchmark_costs_only(tmp_path):
       "--gammas=2",
       "--temperatures=0,1",
       "--gin.TASK_FEATURE_LENGTHS={'inputs': 8, 'targets': 16}",
-      "--gin.benchmark_script.BenchmarkSetup.random_drafters=('independent',)",
+      "--gin.benchmark_config.BenchmarkSetup.random_drafters=('independent',)",
       cwd=tmp_path,
   )
   costs = json.loads((tmp_path / "costs.json").read_text())["costs"]

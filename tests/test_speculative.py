@@ -1148,7 +1148,7 @@ def test_lenient_blocks_follow_the_documented_law_and_not_the_target(lenience):
 def test_lenient_acceptance_follows_the_papers_alpha(lenience):
   gamma, vocab, rows = 3, 4, 40000
   p, q = _cases(gamma, vocab, seed=5)["random"]
-  alpha = np.minimum(p[:gamma] / lenience, q).sum(-1)  # Appendix A.5: sum_x min(p(x) / l, q(x))
+  alpha = theory.lenient_alpha(p[:gamma], q, lenience)  # Appendix A.5: sum_x min(p(x) / l, q(x))
   _, n, beta = _continued_blocks(p, q, rows, 2, speculative.LenientVerifier(lenience).verify)
   np.testing.assert_allclose(beta, np.broadcast_to(alpha, beta.shape), rtol=1e-5)
   expected = [np.prod(alpha[:k]) * (1 - alpha[k] if k < gamma else 1) for k in range(gamma + 1)]
