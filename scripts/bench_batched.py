@@ -186,7 +186,7 @@ def main(argv):
         target_config,
         target_params,
         {DRAFTER: (drafters.T5Drafter(drafter_config), drafter_params)},
-        [FLAGS.gamma],
+        report.grid_settings([DRAFTER], [FLAGS.gamma]),
         FLAGS.temperatures,
         np.asarray(inputs),
         FLAGS.decode_length,

@@ -224,7 +224,7 @@ def main(argv):
       pair.target_config,
       pair.target_params,
       drafters,
-      gammas,
+      report.grid_settings(drafters, gammas, setup.verifiers, setup.draft_stops, setup.draft_trees),
       temperatures,
       inputs[:, None],
       int(setup.task_feature_lengths["targets"]),
@@ -236,9 +236,6 @@ def main(argv):
       cost_repeats=FLAGS.cost_repeats,
       steps_per_call=FLAGS.steps_per_call,
       progress=True,
-      verifiers=setup.verifiers,
-      draft_stops=setup.draft_stops,
-      draft_trees=setup.draft_trees,
   )
 
   header = (

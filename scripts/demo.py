@@ -262,7 +262,9 @@ def main(argv):
       target,
       pair.target_params,
       {name: (p.drafter, p.drafter_params) for name, p in loaded.items()},
-      [_GAMMA.value],
+      report.grid_settings(
+          loaded, [_GAMMA.value] if draft_trees is None else [], None, None, draft_trees
+      ),
       list(temperatures),
       encoder_tokens[:, None],
       _DECODE_LENGTH.value,
@@ -270,9 +272,8 @@ def main(argv):
       task="demo_ende" if vocabulary else report.RANDOM_TASK,
       repeats=_REPEATS.value,
       cost_repeats=_COST_REPEATS.value,
-      draft_trees=draft_trees,
   )
-  rows = [row for row in result.rows if (row.draft_tree is None) == (draft_trees is None)]
+  rows = result.rows
   greedy = [row for row in rows if sampling.is_greedy(row.temperature)]
   if greedy and vocabulary is not None and _SHOW.value:
     print("\nTranslations (temperature 0, speculative decoding):")

@@ -64,7 +64,7 @@ import dataclasses
 import math
 import os
 import pathlib
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -538,27 +538,69 @@ Drafters = Mapping[str, tuple[drafters_lib.Drafter, Any]]
 Verifiers = Mapping[str, speculative.Verifier]
 DraftStops = Mapping[str, draft_length.DraftStop | None]
 DraftTrees = Mapping[str, trees.DraftTree]
-# What a label names: (drafter name, verifier or None: the draft shape's default, draft-length
-# rule, draft tree or None: a chain).
-SettingSpec = tuple[
-    str, speculative.Verifier | None, draft_length.DraftStop | None, trees.DraftTree | None
-]
 
 
-def setting_labels(
-    drafters: Drafters,
+@dataclasses.dataclass(frozen=True)
+class SweepSetting:
+  """One speculative setting of a sweep: which drafter decodes, with what draft shape and
+  verifier, under which row label. A new axis of the benchmark is one more field here, passed on
+  by `model_kwargs`.
+
+  label: the rows' drafter label (`SpeedupRow.drafter`); drafter: a key of the sweep's drafters;
+  gamma: drafts per target call (a tree's depth); verifier: None is the draft shape's default
+  (Algorithm 1 for a chain, `speculative.TreeVerifier` for a tree); draft_stop: a `draft_length`
+  rule or None (static gamma); draft_tree: a `trees.DraftTree` or None (a chain).
+  """
+
+  label: str
+  drafter: str
+  gamma: int
+  verifier: speculative.Verifier | None = None
+  draft_stop: draft_length.DraftStop | None = None
+  draft_tree: trees.DraftTree | None = None
+
+  def __post_init__(self):
+    if self.draft_tree is not None and self.gamma != self.draft_tree.depth:
+      raise ValueError(
+          f"setting {self.label!r}: a draft tree of depth {self.draft_tree.depth} runs at gamma "
+          f"{self.draft_tree.depth}, got gamma {self.gamma}."
+      )
+
+  @property
+  def key(self) -> tuple[str, int]:
+    """Its key in `build_settings` and `Sweep.results`: (label, gamma)."""
+    return self.label, self.gamma
+
+  @property
+  def verified(self) -> int:
+    """Drafts per verification: gamma for a chain, M for a tree of M nodes."""
+    return self.gamma if self.draft_tree is None else self.draft_tree.num_nodes
+
+  def model_kwargs(self) -> dict[str, Any]:
+    """The `models.SpeculativeEncoderDecoderModel` arguments it sets."""
+    return dict(
+        gamma=self.gamma,
+        verifier=self.verifier,
+        draft_stop=self.draft_stop,
+        draft_tree=self.draft_tree,
+    )
+
+
+def grid_settings(
+    drafters: Iterable[str],
+    gammas: Sequence[int],
     verifiers: Verifiers | None = None,
     draft_stops: DraftStops | None = None,
     draft_trees: DraftTrees | None = None,
-) -> dict[str, SettingSpec]:
-  """label -> (drafter name, verifier, draft-length rule, tree) of every speculative setting: the
-  drafter's name, then ', <verifier> verification' where several verifiers are swept and
-  ', <rule> draft length' where several rules are (the defaults: Algorithm 1, static gamma); and
-  per drafter and tree, '<name>, tree <label>' (verified by the tree shape's default verifier,
-  `speculative.TreeVerifier`)."""
+) -> list[SweepSetting]:
+  """Every drafter with every verifier, draft-length rule and gamma, then with every tree at its
+  depth. Labels: the drafter's name, then ', <verifier> verification' where several verifiers
+  are swept and ', <rule> draft length' where several rules are (the defaults: Algorithm 1,
+  static gamma); '<name>, tree <label>' for a tree (verified by the tree shape's default
+  verifier)."""
   verifiers = verifiers or {"token": speculative.ALGORITHM_1}
   draft_stops = draft_stops or {"static": None}
-  labels = {}
+  settings = []
   for name in drafters:
     for verifier_label, verifier in verifiers.items():
       for stop_label, stop in draft_stops.items():
@@ -567,70 +609,46 @@ def setting_labels(
           label += f", {verifier_label} verification"
         if len(draft_stops) > 1:
           label += f", {stop_label} draft length"
-        labels[label] = (name, verifier, stop, None)
+        settings += [
+            SweepSetting(label, name, int(g), verifier, stop) for g in sorted({*map(int, gammas)})
+        ]
     for tree_label, tree in (draft_trees or {}).items():
-      labels[f"{name}, tree {tree_label}"] = (name, None, None, tree)
-  return labels
+      settings.append(SweepSetting(f"{name}, tree {tree_label}", name, tree.depth, draft_tree=tree))
+  return settings
 
 
-def setting_gammas(spec: SettingSpec, gammas: Sequence[int]) -> list[int]:
-  """The gammas a setting runs at: all for a chain, its depth for a tree."""
-  tree = spec[3]
-  return list(gammas) if tree is None else [tree.depth]
-
-
-def cost_gammas(gammas: Sequence[int], draft_trees: DraftTrees | None = None) -> list[int]:
-  """The 'gammas' whose verification the costs time: the chains', and M per tree of M drafts
-  (the target on M + 1 tokens)."""
-  return sorted({int(g) for g in gammas} | {t.num_nodes for t in (draft_trees or {}).values()})
+def cost_gammas(settings: Sequence[SweepSetting]) -> list[int]:
+  """The 'gammas' whose verification the costs time: each setting's drafts per verification
+  (the target on that many + 1 tokens)."""
+  return sorted({setting.verified for setting in settings})
 
 
 def build_settings(
     target_config: network.T5Config,
     target_params: Any,
     drafters: Drafters,
-    gammas: Sequence[int],
+    settings: Sequence[SweepSetting],
     vocabulary: seqio.Vocabulary,
-    verifiers: Verifiers | None = None,
-    draft_stops: DraftStops | None = None,
-    draft_trees: DraftTrees | None = None,
 ) -> dict[Hashable, Setting]:
-  """BASELINE and (setting label, gamma) -> Setting (labels: `setting_labels`, gammas:
-  `setting_gammas`); drafters of one config (or one Drafter object) share compiled functions per
-  verifier, rule and tree (their parameters are arguments).
-
-  Args:
-    drafters: name -> (a `drafters.Drafter`, params).
-    verifiers: label -> speculative.Verifier (default: Algorithm 1 alone).
-    draft_stops: label -> a `draft_length` rule or None (default: static gamma alone).
-    draft_trees: label -> `trees.DraftTree`, each run at its depth (default: none).
-  """
+  """BASELINE and each setting's key (label, gamma) -> Setting; settings that differ only in
+  their drafter's parameters (drafters of one Drafter object) share compiled functions."""
   target = network.Transformer(target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary)
   result = {BASELINE: Setting(baseline.jit_predict(), jax.jit(baseline.prefill), target_params)}
   functions = {}
-  labels = setting_labels(drafters, verifiers, draft_stops, draft_trees)
-  for label, spec in labels.items():
-    name, verifier, stop, tree = spec
-    drafter, drafter_params = drafters[name]
-    benchmark.check_drafter(drafter, f"drafter {name!r}")
-    for gamma in setting_gammas(spec, gammas):
-      key = (drafter, gamma, verifier, stop, tree)
-      if key not in functions:
-        model = models.SpeculativeEncoderDecoderModel(
-            target,
-            drafter,
-            vocabulary,
-            vocabulary,
-            gamma=gamma,
-            verifier=verifier,
-            draft_stop=stop,
-            draft_tree=tree,
-        )
-        functions[key] = (model.jit_predict(), jax.jit(model.prefill))
-      result[label, gamma] = Setting(
-          *functions[key], {"target": target_params, "drafter": drafter_params}
+  for setting in settings:
+    drafter, drafter_params = drafters[setting.drafter]
+    benchmark.check_drafter(drafter, f"drafter {setting.drafter!r}")
+    kwargs = setting.model_kwargs()
+    key = (drafter, *kwargs.values())
+    if key not in functions:
+      model = models.SpeculativeEncoderDecoderModel(
+          target, drafter, vocabulary, vocabulary, **kwargs
       )
+      functions[key] = (model.jit_predict(), jax.jit(model.prefill))
+    result[setting.key] = Setting(
+        *functions[key], {"target": target_params, "drafter": drafter_params}
+    )
   return result
 
 
@@ -768,7 +786,7 @@ class Sweep:
 def _check_sweep(
     target_config,
     drafters,
-    gammas,
+    settings,
     temperatures,
     encoder_inputs,
     decode_length,
@@ -787,8 +805,26 @@ def _check_sweep(
           "whose vocab_size is unset takes the target's through `Drafter.for_target`, as "
           "`pairs.load_pair` does)."
       )
-  if not gammas or min(gammas) < 1:
-    raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {list(gammas)}.")
+  if not settings:
+    raise ValueError("no settings to sweep: give at least one (report.grid_settings).")
+  for setting in settings:
+    if not isinstance(setting, SweepSetting):
+      raise ValueError(
+          f"settings must be report.SweepSetting objects (report.grid_settings makes them), got "
+          f"{setting!r}."
+      )
+    if setting.drafter not in drafters:
+      raise ValueError(
+          f"setting {setting.label!r} names drafter {setting.drafter!r}, which is not one of "
+          f"the drafters {sorted(drafters)}."
+      )
+    if isinstance(setting.gamma, bool) or not isinstance(setting.gamma, int) or setting.gamma < 1:
+      raise ValueError(
+          f"setting {setting.label!r}: gamma must be an integer >= 1, got {setting.gamma!r}."
+      )
+  keys = [setting.key for setting in settings]
+  if len(set(keys)) != len(keys):
+    raise ValueError(f"two settings share a (label, gamma): {sorted(keys)}; give distinct labels.")
   if not temperatures:
     raise ValueError("no temperatures to sweep: give at least one (0 is greedy).")
   if np.ndim(encoder_inputs) != 3 or min(np.shape(encoder_inputs)) < 1:
@@ -808,7 +844,7 @@ def sweep(
     target_config: network.T5Config,
     target_params: Any,
     drafters: Drafters,
-    gammas: Sequence[int],
+    settings: Sequence[SweepSetting],
     temperatures: Sequence[float],
     encoder_inputs: np.ndarray,
     decode_length: int,
@@ -821,12 +857,8 @@ def sweep(
     cost_repeats: int = benchmark.DEFAULT_REPEATS,
     steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
     progress: bool = False,
-    verifiers: Verifiers | None = None,
-    draft_stops: DraftStops | None = None,
-    draft_trees: DraftTrees | None = None,
 ) -> Sweep:
-  """Measures every (drafter, verifier, gamma, temperature) against the baseline (the module
-  docstring).
+  """Measures every setting at every temperature against the baseline (the module docstring).
 
   For each temperature, each example's decodes (the baseline and every speculative setting, with
   the rng fold_in(PRNGKey(seed), example)) are timed side by side (`time_example`); after them,
@@ -836,25 +868,21 @@ def sweep(
 
   Args:
     drafters: name -> (a `drafters.Drafter`, params).
+    settings: the speculative settings (`SweepSetting`; `grid_settings` crosses drafters,
+      gammas, verifiers, draft-length rules and trees), all timed side by side per example.
     encoder_inputs: [examples, B, Le] int32: each example a batch of B rows (1 for Table 2).
     decode_length: tokens decoded per row (the decoder input length).
     vocabulary: the models' output vocabulary (its eos_id ends the decodes).
     task: the rows' task label.
     progress: show a progress bar over the examples.
-    draft_stops: label -> a `draft_length` rule (None: static gamma), each measured with every
-      drafter and verifier at every gamma (as its most drafts); default static gamma alone.
-    verifiers: label -> speculative.Verifier, each measured with every drafter (default:
-      Algorithm 1 alone); all settings of an example are timed side by side.
-    draft_trees: label -> `trees.DraftTree`, each measured with every drafter at its depth as
-      gamma (`speculative.TreeVerifier`), its verification timed on M + 1 tokens.
   Returns:
     The rows, the costs, every example's results and the cost rounds.
   """
-  gammas, temperatures = sorted({int(g) for g in gammas}), [float(t) for t in temperatures]
+  temperatures = [float(t) for t in temperatures]
   _check_sweep(
       target_config,
       drafters,
-      gammas,
+      settings,
       temperatures,
       encoder_inputs,
       decode_length,
@@ -862,21 +890,13 @@ def sweep(
       cost_repeats,
   )
   examples, batch_size, encoder_length = np.shape(encoder_inputs)
-  timed = cost_gammas(gammas, draft_trees)
+  timed = cost_gammas(settings)
   geometry = benchmark.DecodeGeometry.for_decoding(
       encoder_length, decode_length, max(timed) + 1, steps_per_call
   )
-  decoders = build_settings(
-      target_config,
-      target_params,
-      drafters,
-      gammas,
-      vocabulary,
-      verifiers,
-      draft_stops,
-      draft_trees,
-  )
-  steps = benchmark.cost_steps(target_config, target_params, drafters, timed)
+  decoders = build_settings(target_config, target_params, drafters, settings, vocabulary)
+  used = {setting.drafter: drafters[setting.drafter] for setting in settings}
+  steps = benchmark.cost_steps(target_config, target_params, used, timed)
   batches = [
       {
           "encoder_input_tokens": jnp.asarray(x, jnp.int32),
@@ -907,21 +927,20 @@ def sweep(
     timings = benchmark.marginal_step_timings(
         {key: np.concatenate(times) for key, times in seconds.items()}, geometry
     )
-    costs[temperature] = benchmark.costs_from_timings(timings, list(drafters), timed, geometry)
+    costs[temperature] = benchmark.costs_from_timings(timings, list(used), timed, geometry)
   bar.close()
   rows = [
       SpeedupRow.from_results(
           task,
-          label,
+          setting.label,
           t,
-          gamma,
-          costs[t][spec[0]],
+          setting.gamma,
+          costs[t][setting.drafter],
           results[t][BASELINE],
-          results[t][label, gamma],
-          draft_tree=spec[3],
+          results[t][setting.key],
+          draft_tree=setting.draft_tree,
       )
-      for label, spec in setting_labels(drafters, verifiers, draft_stops, draft_trees).items()
-      for gamma in setting_gammas(spec, gammas)
+      for setting in settings
       for t in temperatures
   ]
   return Sweep(rows, costs, results, cost_rounds * examples)

@@ -11,9 +11,12 @@ import seqio
 
 from speculative_t5x import benchmark
 from speculative_t5x import decoding
+from speculative_t5x import draft_length
 from speculative_t5x import drafters
 from speculative_t5x import network
 from speculative_t5x import report
+from speculative_t5x import speculative
+from speculative_t5x import trees
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GEOMETRY = benchmark.DecodeGeometry(4, 8, 0, 1)
@@ -237,7 +240,7 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
       config,
       params,
       {"copy": (drafters.T5Drafter(config), params)},
-      [2],
+      report.grid_settings(["copy"], [2]),
       [0.0],
       inputs[:, None],
       4,
@@ -291,7 +294,7 @@ def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
       config,
       params,
       {"shared": (drafter, drafter_params)},
-      [2],
+      report.grid_settings(["shared"], [2]),
       [0.0],
       inputs[:, None],
       6,
@@ -310,46 +313,65 @@ def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
   assert 0.0 <= row.alpha < 1.0  # a random drafter: some drafts rejected
 
 
-def test_sweep_rejects_bad_arguments_before_compiling():
+@pytest.mark.parametrize(
+    "drafters_of, settings, message",
+    [
+        (None, report.grid_settings(["d"], [2]), r"pass x\[:, None\]"),
+        (None, [report.SweepSetting("d", "d", 0)], r"setting 'd': gamma must be an integer >= 1"),
+        (None, [report.SweepSetting("e", "e", 2)], r"names drafter 'e', which is not one of"),
+        (None, [("d", 2)], r"settings must be report\.SweepSetting objects"),
+        (None, [], r"no settings to sweep"),
+        (None, report.grid_settings(["d"], [2]) * 2, r"two settings share a \(label, gamma\)"),
+        (33, report.grid_settings(["d"], [2]), r"drafter 'd' has vocab_size 33"),
+    ],
+    ids=["one_example_dim", "gamma_0", "unknown_drafter", "a_tuple", "none", "twice", "vocab"],
+)
+def test_sweep_rejects_bad_arguments_before_compiling(drafters_of, settings, message):
   config, params = _tiny_pair()
   vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
-  inputs = np.ones((2, 6), np.int32)
-  with pytest.raises(ValueError, match=r"pass x\[:, None\]"):
+  inputs = np.ones((2, 1, 6), np.int32) if message != r"pass x\[:, None\]" else np.ones((2, 6))
+  drafter_config = config if drafters_of is None else config.replace(vocab_size=drafters_of)
+  with pytest.raises(ValueError, match=message):
     report.sweep(
         config,
         params,
-        {"d": (drafters.T5Drafter(config), params)},
-        [2],
+        {"d": (drafters.T5Drafter(drafter_config), params)},
+        settings,
         [0.0],
         inputs,
         4,
         vocabulary=vocabulary,
         task="t",
     )
-  with pytest.raises(ValueError, match="gammas must be a non-empty list"):
-    report.sweep(
-        config,
-        params,
-        {"d": (drafters.T5Drafter(config), params)},
-        [0],
-        [0.0],
-        inputs[:, None],
-        4,
-        vocabulary=vocabulary,
-        task="t",
-    )
-  with pytest.raises(ValueError, match="drafter 'd' has vocab_size 33"):
-    report.sweep(
-        config,
-        params,
-        {"d": (drafters.T5Drafter(config.replace(vocab_size=33)), params)},
-        [2],
-        [0.0],
-        inputs[:, None],
-        4,
-        vocabulary=vocabulary,
-        task="t",
-    )
+
+
+def test_grid_settings_cross_the_axes_and_label_them():
+  tree = trees.as_tree((2, 1))
+  verifiers = {"token": speculative.TokenVerifier(), "block": speculative.BlockVerifier()}
+  settings = report.grid_settings(["a", "b"], [3, 1, 3], verifiers, None, {"2x1": tree})
+  assert [(s.label, s.drafter, s.gamma) for s in settings] == [
+      ("a, token verification", "a", 1),
+      ("a, token verification", "a", 3),
+      ("a, block verification", "a", 1),
+      ("a, block verification", "a", 3),
+      ("a, tree 2x1", "a", 2),
+      ("b, token verification", "b", 1),
+      ("b, token verification", "b", 3),
+      ("b, block verification", "b", 1),
+      ("b, block verification", "b", 3),
+      ("b, tree 2x1", "b", 2),
+  ]
+  assert settings[2].verifier == speculative.BlockVerifier() and settings[4].verifier is None
+  assert settings[4].model_kwargs() == dict(
+      gamma=2, verifier=None, draft_stop=None, draft_tree=tree
+  )
+  assert report.cost_gammas(settings) == [1, 3, 4]  # the tree (2, 1) verifies its 4 nodes at once
+  stops = {"static": None, "confident": draft_length.ConfidenceStop(0.5)}
+  plain, adaptive = report.grid_settings(["a"], [4], None, stops)
+  assert (plain.label, adaptive.label) == ("a, static draft length", "a, confident draft length")
+  assert adaptive.draft_stop == draft_length.ConfidenceStop(0.5)
+  with pytest.raises(ValueError, match="a draft tree of depth 2 runs at gamma 2, got gamma 3"):
+    report.SweepSetting("t", "a", 3, draft_tree=tree)
 
 
 def test_load_inputs_random_and_from_a_file(tmp_path):
