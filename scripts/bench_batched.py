@@ -45,6 +45,7 @@ from speculative_t5x import benchmark
 from speculative_t5x import drafters
 from speculative_t5x import network
 from speculative_t5x import report
+from speculative_t5x import theory
 
 EOS_ID = 1
 DRAFTER = "truncated copy (decoder layer 0)"
@@ -95,7 +96,8 @@ def batched_result(
 ) -> dict:
   """One table line: the row and what only a batch has (per-row spread, ragged efficiency)."""
   calls = np.asarray(speculative.stats.target_calls, np.float64)
-  per_row = (np.asarray(speculative.stats.accepted_tokens) + calls) / np.maximum(calls, 1)
+  accepted = np.asarray(speculative.stats.accepted_tokens, np.float64)
+  per_row = np.array([theory.tokens_per_call(a, c) for a, c in zip(accepted, calls)])
   return {
       "batch_size": batch_size,
       **row.as_dict(),

@@ -153,33 +153,21 @@ def measure_positions(setup, pair, task, eos_id, temperature) -> calibration.Pos
 
 
 def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float]]:
-  """(c, gamma -> verify_cost): the drafter's and the target's decode steps timed side by side at
-  batch 1, over the target's single-token step; c = 0 for a drafter without a network."""
+  """(c, gamma -> verify_cost) at batch 1, from `benchmark.measure_costs` (the drafter's step, or
+  its proposal of one draft for a drafter without a network, and the target's steps, timed side
+  by side)."""
   gammas = sorted(set(setup.gammas))
-  steps = {
-      k: [benchmark.Stage(pair.target_config, pair.target_params, k)]
-      for k in [1] + [g + 1 for g in gammas]
-  }
-  config = pair.drafter.network_config
-  if config is not None:
-    steps["drafter"] = [
-        benchmark.Stage(
-            config,
-            pair.drafter_params,
-            1,
-            encoder_emb_dim=pair.drafter.network_encoder_emb_dim,
-        )
-    ]
   lengths = setup.task_feature_lengths
-  timings = benchmark.time_decode_steps(
-      steps,
+  costs = benchmark.measure_costs(
+      pair.target_config,
+      pair.target_params,
+      {"drafter": (pair.drafter, pair.drafter_params)},
+      gammas,
       benchmark.DecodeGeometry.for_decoding(lengths["inputs"], lengths["targets"], max(gammas) + 1),
       temperature=float(temperature),
       repeats=setup.cost_repeats,
-  )
-  target = timings[1].median_ms
-  c = 0.0 if config is None else timings["drafter"].median_ms / target
-  return c, {g: timings[g + 1].median_ms / target for g in gammas}
+  )["drafter"]
+  return costs.c, {g: costs.verify_cost(g) for g in gammas}
 
 
 def calibrate(setup: CalibrationSetup) -> dict:
