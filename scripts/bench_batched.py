@@ -35,7 +35,6 @@ import sys
 
 import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
 
-from absl import app
 from absl import flags
 import jax
 import numpy as np
@@ -43,6 +42,7 @@ import seqio
 
 from speculative_t5x import benchmark
 from speculative_t5x import drafters
+from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import report
 from speculative_t5x import theory
@@ -231,4 +231,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

@@ -23,7 +23,6 @@ import json
 import pathlib
 import platform
 
-from absl import app
 from absl import flags
 from absl import logging
 import gin
@@ -31,6 +30,7 @@ import jax
 
 from speculative_t5x import benchmark
 from speculative_t5x import network  # noqa: F401  (registers network.T5Config with gin)
+from speculative_t5x import gin_utils
 
 MODEL_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs" / "models"
 SIZES = ("tiny", "small", "base", "large", "xl", "xxl")
@@ -148,4 +148,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

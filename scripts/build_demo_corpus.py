@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 
 from speculative_t5x import demo_corpus
+from speculative_t5x import gin_utils
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -55,4 +56,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

@@ -21,11 +21,11 @@ Usage:
     --output=/tmp/t5_1_1_small_hf
 """
 
-from absl import app
 from absl import flags
 from absl import logging
 
 from speculative_t5x import checkpoints
+from speculative_t5x import gin_utils
 from speculative_t5x import hf_weights
 
 MODES = ("t5x_to_orbax", "hf_to_orbax", "orbax_to_hf")
@@ -71,4 +71,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 
 from speculative_t5x import paper  # noqa: E402
 from speculative_t5x import theory  # noqa: E402
+from speculative_t5x import gin_utils
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Directory the PNGs are written to (created if absent).")
@@ -234,4 +235,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

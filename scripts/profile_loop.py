@@ -20,7 +20,6 @@ import pathlib
 import re
 import tempfile
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -30,6 +29,7 @@ import numpy as np
 import seqio
 
 from speculative_t5x import benchmark
+from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import pairs
@@ -106,4 +106,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

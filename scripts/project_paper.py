@@ -22,6 +22,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from speculative_t5x import gin_utils
 from speculative_t5x import paper
 from speculative_t5x import theory
 
@@ -89,4 +90,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

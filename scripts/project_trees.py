@@ -37,6 +37,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from speculative_t5x import gin_utils
 from speculative_t5x import paper
 from speculative_t5x import roofline
 from speculative_t5x import theory
@@ -401,4 +402,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)
