@@ -33,6 +33,7 @@ feature width), d the drafter's emb_dim, V the target's vocabulary, N the draft 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping
 
 import flax
@@ -277,7 +278,8 @@ def frequent_tokens(
     split: str = "train",
 ) -> tuple[int, ...]:
   """The `size` most frequent target token ids of a seqio task's split (EOS included, padding
-  not), ties to the lower id, sorted ascending: a `FeatureDrafter.draft_vocab`."""
+  not), ties to the lower id, sorted ascending: a `FeatureDrafter.draft_vocab`. The counts are
+  read once per process and split (gin evaluates a macro holding this call several times)."""
   drafters._check_int("frequent_tokens", "size", size, 1)  # noqa: SLF001
   task = tasks.get_task(mixture_or_task_name)
   vocab_size = task.output_features["targets"].vocabulary.vocab_size
@@ -286,12 +288,21 @@ def frequent_tokens(
         f"frequent_tokens.size {size} > the vocabulary's {vocab_size} pieces: give at most "
         f"{vocab_size} (or no draft vocabulary at all for the full one)."
     )
-  counts = np.zeros(vocab_size, np.int64)
-  for example in task.get_dataset(split=split, shuffle=False).as_numpy_iterator():
-    counts += np.bincount(np.asarray(example["targets"]), minlength=vocab_size)[:vocab_size]
+  counts = _token_counts(mixture_or_task_name, split).copy()
   counts[0] = -1  # padding is never a draft.
   order = np.lexsort((np.arange(vocab_size), -counts))
   return tuple(sorted(int(i) for i in order[:size]))
+
+
+@functools.lru_cache(maxsize=None)
+def _token_counts(mixture_or_task_name: str, split: str) -> np.ndarray:
+  """How often each target token id occurs in the split -> [V] int64 (read once per process)."""
+  task = tasks.get_task(mixture_or_task_name)
+  vocab_size = task.output_features["targets"].vocabulary.vocab_size
+  counts = np.zeros(vocab_size, np.int64)
+  for example in task.get_dataset(split=split, shuffle=False).as_numpy_iterator():
+    counts += np.bincount(np.asarray(example["targets"]), minlength=vocab_size)[:vocab_size]
+  return counts
 
 
 @gin.configurable(module="drafters")

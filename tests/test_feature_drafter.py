@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import seqio
+import tensorflow as tf
 
 from speculative_t5x import checkpoints
 from speculative_t5x import distillation
@@ -205,3 +207,40 @@ def test_save_and_read_back(tmp_path):
 def test_bad_settings_are_refused(make, message):
   with pytest.raises(ValueError, match=message):
     make()
+
+
+def test_frequent_tokens_counts_a_split_once_and_breaks_ties_to_the_lower_id():
+  reads = []
+  targets = [[5, 3, 3, 1], [7, 5, 3, 1], [9, 7, 1, 0]]  # 3 and 1: 3 times; 5, 7: twice; 9 once
+
+  def dataset(split, shuffle_files):
+    del shuffle_files
+    reads.append(split)
+    return tf.data.Dataset.from_tensor_slices({"targets": tf.constant(targets, tf.int32)})
+
+  name = "frequent_tokens_test_task"
+  seqio.TaskRegistry.remove(name)
+  seqio.TaskRegistry.add(
+      name,
+      seqio.FunctionDataSource(dataset, splits=("train",)),
+      output_features={
+          "targets": seqio.Feature(seqio.PassThroughVocabulary(12, eos_id=1), add_eos=False)
+      },
+  )
+  try:
+    assert feature_drafter.frequent_tokens(name, 2) == (1, 3)
+    assert feature_drafter.frequent_tokens(name, 3) == (1, 3, 5)  # 5 and 7 tie: the lower id
+    assert feature_drafter.frequent_tokens(name, 5) == (1, 3, 5, 7, 9)
+    assert feature_drafter.frequent_tokens(name, 6) == (
+        1,
+        2,
+        3,
+        5,
+        7,
+        9,
+    )  # unseen: lowest id, not 0
+    assert reads == ["train"]  # one pass over the split, whatever the sizes asked
+    with pytest.raises(ValueError, match="frequent_tokens.size 13 > the vocabulary's 12 pieces"):
+      feature_drafter.frequent_tokens(name, 13)
+  finally:
+    seqio.TaskRegistry.remove(name)
