@@ -561,10 +561,9 @@ class LenientVerifier(Verifier):
     object.__setattr__(self, "lenience", float(value))
 
   def verify(self, p, q, drafts, u, draw=sampling.sample):
-    n, token, _ = accept(p, self.lenience * q, drafts, u, draw)
-    q, _ = valid_drafts(q, drafts)
-    beta = jnp.sum(jnp.minimum(p[:, : drafts.shape[1]] / self.lenience, q), axis=-1)
-    return n, token, beta
+    # accept's beta on l q is sum_x min(p, l q) = l alpha_l.
+    n, token, beta = accept(p, self.lenience * q, drafts, u, draw)
+    return n, token, beta / self.lenience
 
   def verify_greedy(self, target_tokens, drafts):
     return accept_greedy(target_tokens, drafts)
