@@ -456,15 +456,23 @@ class ProposalStage:
   one T5 network (`Drafter.network_config` None), e.g. a `feature_drafter.FeatureDrafter`, which
   rebuilds gamma + 1 cache entries from the target's features and then steps on its own.
 
+  params: (its parameters, their `Drafter.decode_params` form), made once before the timed calls
+  as the loop makes them once per decode call (`ProposalStage.of`).
   target_emb_dim: E_target, the width of the random encoder output [B, Le, E] its state is made
   from (the target's encoder output in the loop); its feature buffer stays as `init_state` makes
   it (the cost does not depend on the values).
   """
 
   drafter: drafters_lib.Drafter
-  params: Any
+  params: tuple[Any, Any]
   gamma: int
   target_emb_dim: int
+
+  @classmethod
+  def of(
+      cls, drafter: drafters_lib.Drafter, params: Any, gamma: int, target_emb_dim: int
+  ) -> "ProposalStage":
+    return cls(drafter, (params, drafter.decode_params(params)), gamma, target_emb_dim)
 
   @property
   def vocab_size(self) -> int:
@@ -484,7 +492,7 @@ class ProposalStage:
     encoded = jax.random.normal(
         rng_encoded, encoder_tokens.shape + (self.target_emb_dim,), jnp.float32
     )
-    state = self.drafter.init_state(params, encoder_tokens, cache_length, target_encoded=encoded)
+    state = self.drafter.init_state(params[0], encoder_tokens, cache_length, target_encoded=encoded)
     sequences = random_tokens(rng_tokens, self.vocab_size, (encoder_tokens.shape[0], cache_length))
     return state, sequences
 
@@ -495,7 +503,13 @@ class ProposalStage:
     state, sequences = carry
     sequences = jax.lax.dynamic_update_slice(sequences, tokens[:, :1], (0, position[0]))
     drafts, _, state = self.drafter.propose(
-        params, state, sequences, position + self.gamma, self.gamma, u[:, : self.gamma], standardize
+        params[1],
+        state,
+        sequences,
+        position + self.gamma,
+        self.gamma,
+        u[:, : self.gamma],
+        standardize,
     )
     return tokens.at[:, : self.gamma].set(drafts), (state, sequences)
 
@@ -823,10 +837,10 @@ def cost_steps(
   for name, (drafter, params) in drafters.items():
     stepped = drafter_network(drafter)
     if stepped is None:
-      steps[("drafter", name)] = [ProposalStage(drafter, params, 1, target_config.emb_dim)]
+      steps[("drafter", name)] = [ProposalStage.of(drafter, params, 1, target_config.emb_dim)]
       for g in gammas:
         steps[("iteration", name, g)] = [
-            ProposalStage(drafter, params, g, target_config.emb_dim),
+            ProposalStage.of(drafter, params, g, target_config.emb_dim),
             Stage(target_config, target_params, g + 1),
         ]
       continue

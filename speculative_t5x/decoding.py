@@ -524,7 +524,7 @@ def speculative_sample(
 
   parts = draft_shapes.Parts(
       drafter,
-      drafter_params,
+      drafter.decode_params(drafter_params),
       target_logits_fn,
       verifier,
       sampling.Standardizer(temperature, topk, topp),

@@ -47,10 +47,11 @@ MoveCache = Callable[[Any, jax.Array, jax.Array], Any]
 class Parts(NamedTuple):
   """What every iteration of one decode calls.
 
-  drafter, drafter_params: the `drafters.Drafter` and its parameters; target_logits_fn: the
-  target's k-token cached decode (`TargetLogitsFn`); verifier: the `speculative.Verifier`;
-  standardize: logits -> the distributions sampled from; move_target_cache: `MoveCache`, for a
-  shape that compacts the cache (None otherwise).
+  drafter, drafter_params: the `drafters.Drafter` and its parameters (their
+  `Drafter.decode_params` form); target_logits_fn: the target's k-token cached decode
+  (`TargetLogitsFn`); verifier: the `speculative.Verifier`; standardize: logits -> the
+  distributions sampled from; move_target_cache: `MoveCache`, for a shape that compacts the
+  cache (None otherwise).
   """
 
   drafter: drafters_lib.Drafter

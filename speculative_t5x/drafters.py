@@ -434,6 +434,13 @@ class Drafter(abc.ABC):
     target's encoder output (computed anyway), for a drafter that reads it instead of running an
     encoder of its own. Every leaf has batch first, so the loop can repeat rows for num_decodes."""
 
+  def decode_params(self, params: Any) -> Any:
+    """`params` in the form `propose` and `propose_tree` read inside the loop, made once per
+    decode call before it (`decoding.speculative_sample`): where a drafter can precompute what
+    every draft would otherwise read or compute again (e.g. fold two matrices into one), it does
+    so here. Its proposals take `params` as they are, too. The default: `params`."""
+    return params
+
   @abc.abstractmethod
   def propose(
       self,

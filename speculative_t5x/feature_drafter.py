@@ -9,11 +9,21 @@ the drafter's input at position t fuses the feature of the position before with 
 then runs T5 1.1 decoder layers of its own width d (self-attention over its own cache,
 cross-attention to the target's encoder output [B, Le, E]) and predicts the feature
 
-    f^_t = W_out RMSNorm(h_t),   q(. | x_0..x_t) = softmax(f^_t W_head)
+    f^_t = W_out n_t,  n_t = RMSNorm(h_t),   q(. | x_0..x_t) = softmax(f^_t W_head)
 
 with W_head the target's logits kernel [E, V], frozen, restricted to a draft vocabulary of N
 tokens where one is given: the other tokens get MASK_VALUE logits, so q = 0 there and a verifier
 stays exact (they are never drafted).
+
+A draft reads f^ only through W_head and, for the next draft, through W_fuse's feature half, so
+decoding folds them (`fold`, once per decode call: `FeatureDrafter.decode_params`):
+
+    logits_t = n_t (W_out W_head),   g_{t+1} = n_t (W_out W_fuse[:E]) + e(x_{t+1}) W_fuse[E:] + b
+
+which streams [d, N] + [d, d] per draft instead of [d, E] + [E, N] + [E, d] (E = 512, d = 128,
+N = 2,000 in the demo: 0.27M parameters instead of 1.15M). Inside the loop a draft's cost grows
+with the bytes it reads, because the target's step evicts them from the cache
+(docs/results_cpu.md, 16.6).
 
 In decoding, the verification pass yields the target's features of the block it scored; the loop
 hands the drafter those of the accepted positions (`FeatureDrafter.observe_features`). A proposal
@@ -127,20 +137,18 @@ class FeatureHead(nn.Module):
     self.feature_norm = network.RMSNorm(dtype)
     self.feature_out = network.Dense(self.feature_dim, dtype, _OUT_AXES)
 
-  def _fused(self, previous_features: jax.Array, tokens: jax.Array) -> jax.Array:
+  def fused_inputs(self, previous_features: jax.Array, tokens: jax.Array) -> jax.Array:
     """g = W_fuse [f_prev; e(x)] + b: [B, k, E] and [B, k] -> [B, k, d]."""
     dtype = self.config.activation_dtype
     embedded = jnp.take(jax.lax.stop_gradient(self.embedding), tokens, axis=0)
     x = jnp.concatenate([previous_features.astype(dtype), embedded.astype(dtype)], axis=-1)
     return self.fuse(x) + jnp.asarray(self.fuse_bias, dtype)
 
-  def _outputs(self, x: jax.Array, full: bool = True) -> tuple[jax.Array, jax.Array]:
-    """Hidden states [..., d] -> (predicted features [..., E], logits [..., V] float32, or over
-    the draft vocabulary [..., N] when not `full`)."""
+  def _outputs(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Hidden states [..., d] -> (predicted features [..., E], logits [..., N] float32 over the
+    draft vocabulary, [..., V] without one)."""
     predicted = self.feature_out(self.feature_norm(x))
     logits = jnp.dot(predicted.astype(jnp.float32), jax.lax.stop_gradient(self.head))
-    if self.draft_vocab and full:
-      logits = scatter_draft_logits(logits, self.draft_vocab, self.config.vocab_size)
     return predicted, logits
 
   def __call__(
@@ -195,14 +203,14 @@ class FeatureHead(nn.Module):
     all_predicted, all_logits = [], []
     for step in range(1, steps + 1):
       sources = jnp.asarray(mixed_step_sources(length, step))
-      x = self._fused(previous, decoder_input_tokens)
+      x = self.fused_inputs(previous, decoder_input_tokens)
       for i, layer in enumerate(self.layers):
         h = layer.pre_self_attention_layer_norm(x)
         attention = layer.self_attention
         keys[i].append(attention.project_key_value(h))
         x = x + self._mixed_attention(attention, attention.project_query(h), keys[i], sources, bias)
         x = layer._cross_and_mlp(x, *cross[i], cross_mask, True)  # noqa: SLF001
-      predicted, logits = self._outputs(x, full=False)
+      predicted, logits = self._outputs(x)
       all_predicted.append(predicted)
       all_logits.append(logits)
       previous = shift_features(predicted)
@@ -236,30 +244,52 @@ class FeatureHead(nn.Module):
 
   def decode(
       self,
-      previous_features: jax.Array,
-      tokens: jax.Array,
+      inputs: jax.Array,
       cache: dict,
       cache_index: jax.Array,
       tree: trees.DraftTree | None = None,
       slots: tuple[int, int] | None = None,
-  ) -> tuple[jax.Array, jax.Array, dict]:
-    """Cached decoding of k inputs (f_{t-1} [B, k, E], x_t [B, k]) placed as
-    `network.Transformer.decode` places tokens (a chain at cache_index + 0..k-1, or tree block
-    slots) -> (f^ [B, k, E], logits [B, k, V], cache)."""
+  ) -> tuple[jax.Array, dict]:
+    """Cached decoding of k fused inputs g [B, k, d] (`fused_inputs` from features, or the
+    drafter's own `FeatureDrafter._next_inputs`) placed as `network.Transformer.decode` places
+    tokens (a chain at cache_index + 0..k-1, or tree block slots) -> (n = RMSNorm(h) [B, k, d],
+    cache); f^ = W_out n, and the logits follow from n (`fold`)."""
     cache_length = cache["layers_0"]["self_key"].shape[1]
     positions, key_positions, self_mask, write_index = network.decode_placement(
-        cache_length, cache_index, tokens.shape[1], tree, slots
+        cache_length, cache_index, inputs.shape[1], tree, slots
     )
-    cross_mask = network.attention_mask(jnp.ones(tokens.shape, bool), cache["encoder_valid"])
+    cross_mask = network.attention_mask(jnp.ones(inputs.shape[:2], bool), cache["encoder_valid"])
     bias = self.relpos_bias(positions, key_positions)
-    x = self._fused(previous_features, tokens)
+    x = inputs
     new_cache = {"encoder_valid": cache["encoder_valid"]}
     for i, layer in enumerate(self.layers):
       x, new_cache[f"layers_{i}"] = layer.decode(
           x, cache[f"layers_{i}"], write_index, self_mask, bias, cross_mask
       )
-    predicted, logits = self._outputs(x)
-    return predicted, logits, new_cache
+    return self.feature_norm(x), new_cache
+
+
+def fold(params: Any, feature_dim: int) -> dict:
+  """The matrices a draft reads after the head's layers, folded (see the module docstring): with
+  W_out = feature_out's kernel [d, E] and W_fuse = fuse's kernel [2E, d],
+  {'logits': W_out W_head [d, N], 'feature_fuse': W_out W_fuse[:E] [d, d],
+  'token_fuse': W_fuse[E:] [E, d]}, all float32."""
+  out = jnp.asarray(params["feature_out"]["kernel"], jnp.float32)
+  fuse = jnp.asarray(params["fuse"]["kernel"], jnp.float32)
+  return {
+      "logits": out @ jnp.asarray(params["head"], jnp.float32),
+      "feature_fuse": out @ fuse[:feature_dim],
+      "token_fuse": fuse[feature_dim:],
+  }
+
+
+@flax.struct.dataclass
+class DecodeParams:
+  """A FeatureDrafter's parameters as its proposals read them (`FeatureDrafter.decode_params`):
+  params, and `fold` of them."""
+
+  params: Any
+  folded: dict
 
 
 @flax.struct.dataclass
@@ -440,70 +470,93 @@ class FeatureDrafter(drafters.Drafter):
         features=write(state.features, features.astype(state.features.dtype), start)
     )
 
-  def _rebuild(self, params, state, sequences, length, width):
+  def decode_params(self, params):
+    """DecodeParams(params, `fold` of them): made once per decode call, before the loop."""
+    return DecodeParams(params, fold(params, self.feature_dim))
+
+  def _unpacked(self, params) -> tuple[Any, dict]:
+    """params or their `decode_params` -> (params, folded)."""
+    if isinstance(params, DecodeParams):
+      return params.params, params.folded
+    return params, fold(params, self.feature_dim)
+
+  def _logits(self, folded: dict, hidden: jax.Array) -> jax.Array:
+    """n [B, k, d] -> logits [B, k, V] (MASK_VALUE off the draft vocabulary)."""
+    logits = jnp.dot(hidden.astype(jnp.float32), folded["logits"])
+    if self.draft_vocab:
+      logits = scatter_draft_logits(logits, self.draft_vocab, self.vocab_size)
+    return logits
+
+  def _next_inputs(self, params, folded: dict, hidden: jax.Array, tokens: jax.Array):
+    """g from the drafter's own output n [B, k, d] and the tokens drafted from it [B, k]:
+    n W_out W_fuse[:E] + e(x) W_fuse[E:] + b -> [B, k, d]."""
+    dtype = self.config.activation_dtype
+    embedded = jnp.take(params["embedding"], tokens, axis=0)
+    g = jnp.dot(hidden.astype(jnp.float32), folded["feature_fuse"]) + jnp.dot(
+        embedded.astype(jnp.float32), folded["token_fuse"]
+    )
+    return g.astype(dtype) + jnp.asarray(params["fuse_bias"], dtype)
+
+  def _rebuild(self, params, folded, state, sequences, length, width):
     """Feeds positions max(length - width + 1, 0) .. + width - 1 from true features ->
-    (f^ [B, E] and logits [B, 1, V] at position `length`, cache)."""
+    (n [B, d] and logits [B, 1, V] at position `length`, cache)."""
     module = self.module
     start = jnp.maximum(length - width + 1, 0)
     positions = start[:, None] + jnp.arange(width)[None]
     tokens = drafters.decoder_inputs(sequences, positions)
     previous = jnp.take_along_axis(state.features, jnp.maximum(positions - 1, 0)[..., None], axis=1)
     previous = jnp.where((positions > 0)[..., None], previous, 0.0)
-    predicted, logits, cache = module.apply(
-        {"params": params}, previous, tokens, state.cache, start, method=module.decode
-    )
-    at = (length - start)[:, None, None]
-    first = jnp.take_along_axis(logits, at, axis=1)
-    return jnp.take_along_axis(predicted, at, axis=1)[:, 0], first, cache
+    variables = {"params": params}
+    inputs = module.apply(variables, previous, tokens, method=module.fused_inputs)
+    hidden, cache = module.apply(variables, inputs, state.cache, start, method=module.decode)
+    hidden = jnp.take_along_axis(hidden, (length - start)[:, None, None], axis=1)
+    return hidden[:, 0], self._logits(folded, hidden), cache
 
   def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
     module = self.module
-    predicted, first, cache = self._rebuild(params, state, sequences, length, gamma + 1)
+    params, folded = self._unpacked(params)
+    hidden, first, cache = self._rebuild(params, folded, state, sequences, length, gamma + 1)
 
     def step(carry, token, i):
-      cache, previous = carry
-      predicted, logits, cache = module.apply(
-          {"params": params},
-          previous[:, None],
-          token[:, None],
-          cache,
-          length + i,
-          method=module.decode,
+      cache, hidden = carry
+      inputs = self._next_inputs(params, folded, hidden[:, None], token[:, None])
+      hidden, cache = module.apply(
+          {"params": params}, inputs, cache, length + i, method=module.decode
       )
-      return logits, (cache, predicted[:, 0])
+      return self._logits(folded, hidden), (cache, hidden[:, 0])
 
     drafts, q, (cache, _), _ = drafters.draft_chain(
-        first, step, (cache, predicted), gamma, u, standardize, stop
+        first, step, (cache, hidden), gamma, u, standardize, stop
     )
     return drafts, q, state.replace(cache=cache)
 
   def propose_tree(self, params, state, sequences, length, tree, u, standardize):
     """The root from true features (as `propose`), then one call per depth under the tree's
-    attention mask, each node reading its parent's predicted feature."""
+    attention mask, each node reading its parent's output."""
     module = self.module
-    predicted, first, cache = self._rebuild(params, state, sequences, length, tree.depth + 1)
+    params, folded = self._unpacked(params)
+    hidden, first, cache = self._rebuild(params, folded, state, sequences, length, tree.depth + 1)
     parents = np.asarray((0,) + tree.parents)  # block slot -> its parent's block slot
-    slot_features = jnp.zeros((length.shape[0], tree.width, self.feature_dim), predicted.dtype)
-    slot_features = slot_features.at[:, 0].set(predicted)
+    slot_hidden = jnp.zeros((length.shape[0], tree.width) + hidden.shape[1:], hidden.dtype)
+    slot_hidden = slot_hidden.at[:, 0].set(hidden)
 
     def level_logits(carry, tokens, slots):
-      cache, slot_features = carry
+      cache, slot_hidden = carry
       start, stop = slots
-      previous = slot_features[:, parents[start:stop]]
-      predicted, logits, cache = module.apply(
+      inputs = self._next_inputs(params, folded, slot_hidden[:, parents[start:stop]], tokens)
+      hidden, cache = module.apply(
           {"params": params},
-          previous,
-          tokens,
+          inputs,
           cache,
           length,
           tree=tree,
           slots=slots,
           method=module.decode,
       )
-      return logits, (cache, slot_features.at[:, start:stop].set(predicted))
+      return self._logits(folded, hidden), (cache, slot_hidden.at[:, start:stop].set(hidden))
 
     drafts, q, (cache, _) = drafters.draft_tree(
-        first, level_logits, (cache, slot_features), tree, u, standardize
+        first, level_logits, (cache, slot_hidden), tree, u, standardize
     )
     return drafts, q, state.replace(cache=cache)
 

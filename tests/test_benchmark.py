@@ -296,7 +296,7 @@ def test_a_drafter_without_single_network_steps_is_timed_by_its_own_proposal():
     assert [s.gamma for s in steps["drafter", name]] == [1]
     assert [type(s).__name__ for s in steps["iteration", name, 2]] == ["ProposalStage", "Stage"]
   geometry = benchmark.DecodeGeometry(3, 10, 3, 2)
-  proposal = benchmark.ProposalStage(feature, pool["feature"][1], 2, 8)
+  proposal = benchmark.ProposalStage.of(feature, pool["feature"][1], 2, 8)
   fn, args = benchmark.decode_step_call([proposal], geometry, temperature=1.0)
   assert set(np.asarray(fn(*args)).ravel().tolist()) <= {5, 6}
   record = benchmark.drafter_record(feature)

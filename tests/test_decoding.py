@@ -281,6 +281,27 @@ def test_greedy_equals_baseline_batch_3(kind, gamma):
   assert set(aux["speculative_stats"]) == set(STAT_NAMES)
 
 
+class _NeedsDecodeParams(feature_drafter.FeatureDrafter):
+  """Refuses to propose from anything but its `decode_params` form."""
+
+  def propose(self, params, *args, **kwargs):
+    assert isinstance(params, feature_drafter.DecodeParams), type(params)
+    return super().propose(params, *args, **kwargs)
+
+
+def test_the_loop_proposes_from_the_drafters_decode_params():
+  drafter, params = _tiny_drafter("feature")
+  spy = _NeedsDecodeParams(drafter.config, drafter.feature_dim)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TINY), spy, _vocab(61), _vocab(61), gamma=2
+  )
+  target, _ = _tiny_params()
+  inputs, rng = _random_inputs(3, seed=7), jax.random.PRNGKey(0)
+  base, _ = _baseline()(target, _batch(inputs), rng, 0.0)
+  spec, _ = model.jit_predict()({"target": target, "drafter": params}, _batch(inputs), rng, 0.0)
+  np.testing.assert_array_equal(np.asarray(spec), np.asarray(base))
+
+
 def test_greedy_with_self_drafter_accepts_everything():
   inputs = _random_inputs(3, seed=5)
   base, spec, aux = _greedy_pair(inputs, 4, "self")

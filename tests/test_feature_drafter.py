@@ -45,8 +45,8 @@ class _NoRebuild(feature_drafter.FeatureDrafter):
   """The bug the official EAGLE code avoids and vLLM #14649 measured: after a rollback the
   proposal feeds only the newest position, so entries written from predicted features stay."""
 
-  def _rebuild(self, params, state, sequences, length, width):
-    return super()._rebuild(params, state, sequences, length, 1)
+  def _rebuild(self, params, folded, state, sequences, length, width):
+    return super()._rebuild(params, folded, state, sequences, length, 1)
 
 
 def _target_outputs(target_params, encoder_tokens, sequences):
@@ -66,10 +66,14 @@ def _target_outputs(target_params, encoder_tokens, sequences):
   return encoded, logits, features
 
 
-def _proposals_match_teacher_forcing(drafter, params, target_params, seed) -> float:
+def _proposals_match_teacher_forcing(
+    drafter, params, target_params, seed, proposal_params=None
+) -> float:
   """Runs proposals at T = 1 with random acceptances (rollbacks), handing the drafter the true
   features of each verified block, and returns the largest difference between a proposal's q
-  and the unrolled teacher-forced q on the same prefix and drafts."""
+  and the unrolled teacher-forced q on the same prefix and drafts. The proposals read
+  proposal_params (default: params)."""
+  proposal_params = params if proposal_params is None else proposal_params
   rng = np.random.default_rng(seed)
   batch, length = 2, 14
   encoder_tokens = jnp.asarray(rng.integers(1, V, (batch, 5)), jnp.int32)
@@ -82,7 +86,9 @@ def _proposals_match_teacher_forcing(drafter, params, target_params, seed) -> fl
   for _ in range(5):
     u = jnp.asarray(rng.random((batch, GAMMA)), jnp.float32)
     lengths = jnp.asarray(decoded)
-    drafts, q, state = drafter.propose(params, state, sequences, lengths, GAMMA, u, standardize)
+    drafts, q, state = drafter.propose(
+        proposal_params, state, sequences, lengths, GAMMA, u, standardize
+    )
     block = np.array(sequences)
     for b in range(batch):
       block[b, decoded[b] : decoded[b] + GAMMA] = np.asarray(drafts[b])
@@ -120,6 +126,25 @@ def test_proposals_equal_teacher_forcing_across_rollbacks():
 def test_keeping_predicted_features_after_a_rollback_fails_the_same_check():
   drafter, params, target_params = _setup(width=1)
   assert _proposals_match_teacher_forcing(drafter, params, target_params, seed=0) > 1e-3
+
+
+class _WrongFold(feature_drafter.FeatureDrafter):
+  """Folds W_out into the token half of W_fuse instead of the feature half."""
+
+  def decode_params(self, params):
+    folded = feature_drafter.fold(params, self.feature_dim)
+    out = params["feature_out"]["kernel"]
+    wrong = {**folded, "feature_fuse": out @ params["fuse"]["kernel"][self.feature_dim :]}
+    return feature_drafter.DecodeParams(params, wrong)
+
+
+def test_the_folded_form_proposes_what_the_parameters_do():
+  drafter, params, target_params = _setup()
+  folded = drafter.decode_params(params)
+  assert _proposals_match_teacher_forcing(drafter, params, target_params, 1, folded) < 1e-5
+  wrong = _WrongFold(HEAD, TARGET.emb_dim, DRAFT_VOCAB)
+  wrong_folded = wrong.decode_params(params)
+  assert _proposals_match_teacher_forcing(wrong, params, target_params, 1, wrong_folded) > 1e-3
 
 
 def test_position_t_reads_the_feature_of_t_minus_1_and_predicts_y_t():
