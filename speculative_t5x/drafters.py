@@ -435,10 +435,12 @@ class Drafter(abc.ABC):
     encoder of its own. Every leaf has batch first, so the loop can repeat rows for num_decodes."""
 
   def decode_params(self, params: Any) -> Any:
-    """`params` in the form `propose` and `propose_tree` read inside the loop, made once per
-    decode call before it (`decoding.speculative_sample`): where a drafter can precompute what
-    every draft would otherwise read or compute again (e.g. fold two matrices into one), it does
-    so here. Its proposals take `params` as they are, too. The default: `params`."""
+    """`params` in the form `propose` and `propose_tree` read inside the loop, where a drafter
+    can precompute what every draft would otherwise read or compute again (e.g. fold two matrices
+    into one). The loop makes it before it starts (`decoding.speculative_sample`); a caller that
+    decodes many batches with the same parameters may make it once and pass it as the drafter's
+    params, so it is idempotent, and `check_params`, `init_state`, `propose` and `propose_tree`
+    take either form. The default: `params`."""
     return params
 
   @abc.abstractmethod

@@ -453,7 +453,14 @@ class FeatureDrafter(drafters.Drafter):
       )
     return target_encoded
 
+  def check_params(self, params, name="drafter params", shapes=None):
+    if isinstance(params, DecodeParams):
+      params = params.params
+    super().check_params(params, name, shapes)
+
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
+    if isinstance(params, DecodeParams):
+      params = params.params
     module = self.module
     encoded = self._encoded(target_encoded, "init_state")
     cache = module.apply(
@@ -471,14 +478,15 @@ class FeatureDrafter(drafters.Drafter):
     )
 
   def decode_params(self, params):
-    """DecodeParams(params, `fold` of them): made once per decode call, before the loop."""
+    """DecodeParams(params, `fold` of them) (unchanged if they are already)."""
+    if isinstance(params, DecodeParams):
+      return params
     return DecodeParams(params, fold(params, self.feature_dim))
 
   def _unpacked(self, params) -> tuple[Any, dict]:
     """params or their `decode_params` -> (params, folded)."""
-    if isinstance(params, DecodeParams):
-      return params.params, params.folded
-    return params, fold(params, self.feature_dim)
+    params = self.decode_params(params)
+    return params.params, params.folded
 
   def _logits(self, folded: dict, hidden: jax.Array) -> jax.Array:
     """n [B, k, d] -> logits [B, k, V] (MASK_VALUE off the draft vocabulary)."""

@@ -630,15 +630,20 @@ def build_settings(
     settings: Sequence[SweepSetting],
     vocabulary: seqio.Vocabulary,
 ) -> dict[Hashable, Setting]:
-  """BASELINE and each setting's key (label, gamma) -> Setting; settings that differ only in
-  their drafter's parameters (drafters of one Drafter object) share compiled functions."""
+  """BASELINE and each setting's key (label, gamma) -> Setting, the drafter's parameters in their
+  `Drafter.decode_params` form; settings that differ only in their drafter's parameters (drafters
+  of one Drafter object) share compiled functions."""
   target = network.Transformer(target_config)
   baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary)
   result = {BASELINE: Setting(baseline.jit_predict(), jax.jit(baseline.prefill), target_params)}
-  functions = {}
+  functions, decode_params = {}, {}
   for setting in settings:
     drafter, drafter_params = drafters[setting.drafter]
     benchmark.check_drafter(drafter, f"drafter {setting.drafter!r}")
+    if setting.drafter not in decode_params:
+      # The drafter's decode form (`Drafter.decode_params`), made once, as a user decoding many
+      # examples with the same parameters would.
+      decode_params[setting.drafter] = drafter.decode_params(drafter_params)
     kwargs = setting.model_kwargs()
     key = (drafter, *kwargs.values())
     if key not in functions:
@@ -647,7 +652,7 @@ def build_settings(
       )
       functions[key] = (model.jit_predict(), jax.jit(model.prefill))
     result[setting.key] = Setting(
-        *functions[key], {"target": target_params, "drafter": drafter_params}
+        *functions[key], {"target": target_params, "drafter": decode_params[setting.drafter]}
     )
   return result
 

@@ -298,8 +298,17 @@ def test_the_loop_proposes_from_the_drafters_decode_params():
   target, _ = _tiny_params()
   inputs, rng = _random_inputs(3, seed=7), jax.random.PRNGKey(0)
   base, _ = _baseline()(target, _batch(inputs), rng, 0.0)
-  spec, _ = model.jit_predict()({"target": target, "drafter": params}, _batch(inputs), rng, 0.0)
+  predict = model.jit_predict()
+  spec, _ = predict({"target": target, "drafter": params}, _batch(inputs), rng, 0.0)
   np.testing.assert_array_equal(np.asarray(spec), np.asarray(base))
+  # Made once by the caller instead (idempotent): the same decodes at T = 1.
+  folded = spy.decode_params(params)
+  assert spy.decode_params(folded) is folded
+  sampled = [
+      predict({"target": target, "drafter": p}, _batch(inputs), rng, 1.0)[0]
+      for p in (params, folded)
+  ]
+  np.testing.assert_array_equal(np.asarray(sampled[0]), np.asarray(sampled[1]))
 
 
 def test_greedy_with_self_drafter_accepts_everything():

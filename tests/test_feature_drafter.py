@@ -132,6 +132,8 @@ class _WrongFold(feature_drafter.FeatureDrafter):
   """Folds W_out into the token half of W_fuse instead of the feature half."""
 
   def decode_params(self, params):
+    if isinstance(params, feature_drafter.DecodeParams):
+      return params
     folded = feature_drafter.fold(params, self.feature_dim)
     out = params["feature_out"]["kernel"]
     wrong = {**folded, "feature_fuse": out @ params["fuse"]["kernel"][self.feature_dim :]}
