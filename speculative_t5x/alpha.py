@@ -14,6 +14,7 @@ from speculative_t5x import decoding
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import speculative
 
 
 def shift_right(sequences: jax.Array) -> jax.Array:
@@ -66,7 +67,7 @@ def teacher_forced_betas(
   )
   p = sampling.distribution(target_logits, temperature, topk, topp)
   q = sampling.distribution(drafter_logits, temperature, topk, topp)
-  return jnp.sum(jnp.minimum(p, q), axis=-1), drafter_logits
+  return speculative.beta(p, q), drafter_logits
 
 
 def beta_totals(

@@ -51,6 +51,7 @@ from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x import speculative
 from speculative_t5x import validation
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "tvd", "cross_entropy")
@@ -574,7 +575,7 @@ class Distiller:
     metrics.update(
         loss=loss,
         z_loss=mean(z),
-        beta=mean(jnp.sum(jnp.minimum(p, q), axis=-1)),
+        beta=mean(speculative.beta(p, q)),
         agreement=mean(agreement.astype(jnp.float32)),
         tokens=tokens,
     )

@@ -53,6 +53,14 @@ def valid_drafts(q: jax.Array, drafts: jax.Array) -> tuple[jax.Array, jax.Array]
   return jnp.where(valid[..., None], q, 0.0), valid
 
 
+def beta(p: jax.Array, q: jax.Array) -> jax.Array:
+  """beta = sum_x min(p(x), q(x)) = 1 - D_LK(p, q) (Theorem 3.5), the probability that a draft
+  x ~ q is accepted against p: p, q [..., V] -> [...]. Its mean over positions is alpha
+  (Corollary 3.6); the loop, `alpha.teacher_forced_betas` and distillation's metrics all use this.
+  """
+  return jnp.sum(jnp.minimum(p, q), axis=-1)
+
+
 def acceptance_probability(p: jax.Array, q: jax.Array, drafts: jax.Array) -> jax.Array:
   """min(1, p_i(x_i) / q_i(x_i)) for valid drafts, 0 for the others (`valid_drafts`)
   -> [batch, gamma]; p [batch, gamma(+1), V], q [batch, gamma, V]."""
@@ -124,8 +132,7 @@ def accept(
   n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
   q, _ = valid_drafts(q, drafts)
   token = draw(u[:, gamma], adjusted_distribution(p, q, n))
-  beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
-  return n, token, beta
+  return n, token, beta(p[:, :gamma], q)
 
 
 def accept_greedy(
@@ -221,8 +228,7 @@ def accept_block(
       jnp.pad(weights, ((0, 0), (1, 0)), constant_values=1.0), n[:, None], axis=1
   )[:, 0]
   token = draw(u[:, gamma], adjusted_distribution(p, q, n, weight))
-  beta = jnp.sum(jnp.minimum(p[:, :gamma], q), axis=-1)
-  return n, token, beta
+  return n, token, beta(p[:, :gamma], q)
 
 
 def accept_tree(

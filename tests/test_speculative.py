@@ -1208,3 +1208,13 @@ def test_gin_binds_the_lenient_verifier():
   finally:
     gin.clear_config()
   assert verifier == speculative.LenientVerifier(0.2) and hash(verifier) == hash(verifier)
+
+
+def test_beta_is_one_minus_the_total_variation_distance():
+  """Theorem 3.5: sum_x min(p, q) = 1 - TV(p, q), TV = |p - q|_1 / 2, checked on random laws."""
+  rng = np.random.default_rng(0)
+  p, q = rng.dirichlet(np.ones(7), (3, 4)), rng.dirichlet(np.ones(7), (3, 4))
+  got = np.asarray(speculative.beta(jnp.asarray(p), jnp.asarray(q)))
+  assert got.shape == (3, 4)
+  np.testing.assert_allclose(got, 1 - 0.5 * np.abs(p - q).sum(-1), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(speculative.beta(jnp.asarray(p), jnp.asarray(p))), 1, 1e-6)
