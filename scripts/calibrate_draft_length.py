@@ -25,12 +25,8 @@ from absl import app
 from absl import flags
 from absl import logging
 import gin
-import jax
-import jax.numpy as jnp
-import numpy as np
 import tqdm
 
-from speculative_t5x import alpha
 from speculative_t5x import benchmark
 from speculative_t5x import calibration
 from speculative_t5x import gin_utils
@@ -124,32 +120,23 @@ class CalibrationSetup:
 
 
 def measure_positions(setup, pair, task, eos_id, temperature) -> calibration.Positions:
-  """Confidence and beta at about num_tokens target-generated positions."""
+  """Confidence and beta at about num_tokens target-generated positions of the split."""
   lengths = dict(setup.task_feature_lengths)
-  generate = alpha.target_sampler(
-      pair.target_config, lengths["targets"], eos_id, float(temperature)
-  )
-  score = jax.jit(
-      lambda tp, dp, enc, seq: calibration.score_positions(
-          pair.target_config, tp, pair.drafter, dp, enc, seq, float(temperature)
-      )
-  )
   inputs = tasks.feature_arrays(task, setup.split, "inputs", lengths)
-  rng = jax.random.PRNGKey(0)
-  parts = []
-  for start in tqdm.tqdm(range(0, len(inputs), setup.batch_size), desc=f"t={temperature:g}"):
-    encoder = jnp.asarray(inputs[start : start + setup.batch_size], jnp.int32)
-    rng, step_rng = jax.random.split(rng)
-    sequences = generate(pair.target_params, encoder, step_rng)
-    confidence, beta = score(pair.target_params, pair.drafter_params, encoder, sequences)
-    parts.append(
-        calibration.positions_from_scores(
-            np.asarray(confidence), np.asarray(beta), np.asarray(sequences), eos_id
-        )
-    )
-    if sum(part.count for part in parts) >= setup.num_tokens:
-      break
-  return calibration.Positions.concatenate(parts)
+  batches = (
+      inputs[start : start + setup.batch_size] for start in range(0, len(inputs), setup.batch_size)
+  )
+  return calibration.measure_positions(
+      pair.target_config,
+      pair.target_params,
+      pair.drafter,
+      pair.drafter_params,
+      tqdm.tqdm(batches, desc=f"t={temperature:g}"),
+      lengths["targets"],
+      temperature,
+      eos_id,
+      setup.num_tokens,
+  )
 
 
 def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float]]:

@@ -7,6 +7,8 @@ with p and q standardized by the same function (temperature, top-k or top-p) tha
 
 from __future__ import annotations
 
+from typing import Iterable, Iterator
+
 import jax
 import jax.numpy as jnp
 
@@ -138,6 +140,29 @@ def target_sampler(
   return generate
 
 
+def target_samples(
+    target_config: network.T5Config,
+    target_params,
+    encoder_batches: Iterable,
+    decode_length: int,
+    eos_id: int,
+    temperature: float,
+    topk: int = 0,
+    topp: float = 0.0,
+    seed: int = 0,
+) -> Iterator[tuple[jax.Array, jax.Array]]:
+  """For each encoder input array [B, Le] of `encoder_batches`: (those inputs as int32, the
+  target's own samples [B, decode_length] from `target_sampler`), batch i drawn with the i-th
+  split of PRNGKey(seed). Alpha (`measure`) and the calibration's positions
+  (`calibration.measure_positions`) are measured on these."""
+  generate = target_sampler(target_config, decode_length, eos_id, temperature, topk, topp)
+  rng = jax.random.PRNGKey(seed)
+  for encoder_tokens in encoder_batches:
+    rng, step_rng = jax.random.split(rng)
+    encoder_tokens = jnp.asarray(encoder_tokens, jnp.int32)
+    yield encoder_tokens, generate(target_params, encoder_tokens, step_rng)
+
+
 def measure(
     target_config: network.T5Config,
     target_params,
@@ -160,7 +185,6 @@ def measure(
   Returns:
     {name: {'alpha': ..., 'tokens': ...}}.
   """
-  generate = target_sampler(target_config, decode_length, eos_id, temperature, topk, topp)
   scorers = {
       name: jax.jit(
           lambda tp, dp, enc, seq, d=drafter: beta_totals(
@@ -170,10 +194,18 @@ def measure(
       for name, (drafter, _) in drafters.items()
   }
   totals = {name: [0.0, 0] for name in drafters}
-  rng = jax.random.PRNGKey(seed)
-  for encoder_tokens in encoder_batches:
-    rng, step_rng = jax.random.split(rng)
-    sequences = generate(target_params, jnp.asarray(encoder_tokens, jnp.int32), step_rng)
+  samples = target_samples(
+      target_config,
+      target_params,
+      encoder_batches,
+      decode_length,
+      eos_id,
+      temperature,
+      topk,
+      topp,
+      seed,
+  )
+  for encoder_tokens, sequences in samples:
     for name, (_, drafter_params) in drafters.items():
       beta_sum, count = scorers[name](target_params, drafter_params, encoder_tokens, sequences)
       totals[name][0] += float(jnp.sum(beta_sum))

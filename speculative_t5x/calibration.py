@@ -128,6 +128,41 @@ def score_positions(
   return confidence, beta
 
 
+def measure_positions(
+    target_config: network.T5Config,
+    target_params,
+    drafter: drafters_lib.Drafter,
+    drafter_params,
+    encoder_batches: Iterable,
+    decode_length: int,
+    temperature: float,
+    eos_id: int,
+    num_tokens: int,
+) -> Positions:
+  """Confidence and beta (`score_positions`) at about `num_tokens` positions the target generated
+  itself (`alpha.target_samples`, seed 0) from the encoder input arrays [B, Le] of
+  `encoder_batches`, consumed until that many are counted (or it runs out)."""
+  score = jax.jit(
+      lambda tp, dp, enc, seq: score_positions(
+          target_config, tp, drafter, dp, enc, seq, float(temperature)
+      )
+  )
+  samples = alpha.target_samples(
+      target_config, target_params, encoder_batches, decode_length, eos_id, float(temperature)
+  )
+  parts = []
+  for encoder_tokens, sequences in samples:
+    confidence, beta = score(target_params, drafter_params, encoder_tokens, sequences)
+    parts.append(
+        positions_from_scores(
+            np.asarray(confidence), np.asarray(beta), np.asarray(sequences), eos_id
+        )
+    )
+    if sum(part.count for part in parts) >= num_tokens:
+      break
+  return Positions.concatenate(parts)
+
+
 def positions_from_scores(
     confidence: np.ndarray, beta: np.ndarray, sequences: np.ndarray, eos_id: int
 ) -> Positions:

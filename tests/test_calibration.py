@@ -127,12 +127,17 @@ def test_positions_are_cut_after_eos():
   assert positions.count == 6
 
 
-def test_scores_are_the_drafters_top_probability_and_alphas_beta():
+def _tiny_pair():
+  """-> (target config, target params, a T5 drafter, its params), random."""
   target_config = tiny_config(13)
   drafter_config = target_config.replace(emb_dim=8, num_decoder_layers=1, num_encoder_layers=1)
   target = network.init_params(target_config, jax.random.PRNGKey(0))
   params = network.init_params(drafter_config, jax.random.PRNGKey(1))
-  drafter = drafters.T5Drafter(drafter_config)
+  return target_config, target, drafters.T5Drafter(drafter_config), params
+
+
+def test_scores_are_the_drafters_top_probability_and_alphas_beta():
+  target_config, target, drafter, params = _tiny_pair()
   encoder = jnp.array([[3, 4, 5, 0], [6, 7, 0, 0]], jnp.int32)
   sequences = jnp.array([[4, 5, 1, 0, 0], [8, 9, 10, 11, 12]], jnp.int32)
   confidence, beta = calibration.score_positions(
@@ -146,3 +151,28 @@ def test_scores_are_the_drafters_top_probability_and_alphas_beta():
   positions = calibration.positions_from_scores(confidence, beta, sequences, 1)
   np.testing.assert_allclose([b.sum() for b in positions.beta], beta_sum, rtol=1e-5)
   assert [len(b) for b in positions.beta] == list(np.asarray(count))
+
+
+def test_measure_positions_scores_the_targets_own_samples_until_enough():
+  """Batch by batch on `alpha.target_samples`, stopping at the first batch that reaches
+  num_tokens (the second batch is never read)."""
+  target_config, target, drafter, params = _tiny_pair()
+  first = np.array([[3, 4, 5, 0], [6, 7, 0, 0]], np.int32)
+
+  def batches():
+    yield first
+    raise AssertionError("read a batch after num_tokens were counted")
+
+  positions = calibration.measure_positions(
+      target_config, target, drafter, params, batches(), 6, 1.0, 1, num_tokens=1
+  )
+  [(encoder, sequences)] = list(alpha.target_samples(target_config, target, [first], 6, 1, 1.0))
+  confidence, beta = calibration.score_positions(
+      target_config, target, drafter, params, encoder, sequences, 1.0
+  )
+  expected = calibration.positions_from_scores(
+      np.asarray(confidence), np.asarray(beta), np.asarray(sequences), 1
+  )
+  assert positions.count == expected.count > 0
+  for got, want in zip(positions.beta + positions.confidence, expected.beta + expected.confidence):
+    np.testing.assert_allclose(got, want, rtol=1e-5)
