@@ -4,7 +4,7 @@ r"""Assembles the demo pair from two training runs and measures what its model c
     --pair_dir=demo_models --output_dir=/tmp/demo_eval
 
 With --target_run and --drafter_run (scripts/train.py model dirs), it first writes the pair with
-`checkpoints.save_pair` into --pair_dir (parameters stored as --storage_dtype, float32 or bfloat16
+`pairs.export_pair` into --pair_dir (parameters stored as --storage_dtype, float32 or bfloat16
 at half the size, and config.json per member, plus each run's train_summary.json) and copies the
 corpus vocabulary beside it. The drafter run may hold a T5 drafter or a shared-encoder drafter
 (`drafters.read_drafter`). Then, on the pair in --pair_dir (restored in its compute dtype), it
@@ -13,8 +13,8 @@ measures:
     teacher-forced loss and accuracy (`training.evaluate`); a drafter that reads the target's
     encoder output (not a T5 drafter) cannot translate on its own, so it gets no BLEU, only a note;
   - whether greedy speculative decoding (every gamma in --gammas) reproduces the baseline's greedy
-    output token for token on the first --check_examples examples, with its alpha and tokens
-    per target call;
+    output token for token on the first --check_examples examples (`pairs.greedy_check`), with
+    its alpha and tokens per target call;
 and writes OUTPUT_DIR/evaluation.json (with the dtypes each member stores), plus
 OUTPUT_DIR/test_inputs.txt: the first --num_inputs source sentences of the split with the task
 prefix, for the timed batch-1 runs of scripts/benchmark.py (configs/demo/benchmark.gin), which
@@ -24,7 +24,6 @@ measure alpha, c and the speedup.
 import json
 import os
 import pathlib
-import shutil
 import sys
 
 from absl import app
@@ -34,7 +33,6 @@ import jax
 import numpy as np
 
 from speculative_t5x import checkpoints
-from speculative_t5x import decoding
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import models
@@ -44,7 +42,6 @@ from speculative_t5x import tasks
 from speculative_t5x import training
 from speculative_t5x import validation
 
-MEMBERS = ("target", "drafter")
 NOT_STANDALONE = "reads the target's encoder output: not a standalone translation model"
 FEATURE_LENGTHS = {"inputs": 48, "targets": 48}  # configs/runs/train.gin's TASK_FEATURE_LENGTHS
 
@@ -75,52 +72,6 @@ flags.DEFINE_integer("check_examples", 100, "Examples of the greedy equality che
 flags.DEFINE_integer(
     "num_inputs", 32, "Source sentences written to test_inputs.txt.", lower_bound=1
 )
-
-
-def export_pair(
-    pair_dir: pathlib.Path, target_run: str, drafter_run: str, storage_dtype: str = "float32"
-) -> None:
-  """save_pair of the two runs' exported models (the drafter a T5 or a shared-encoder drafter,
-  as its config.json records), their floating-point parameters cast to `storage_dtype`; then
-  their summaries and the task vocabulary."""
-  target_params, target_config = checkpoints.restore_model(
-      os.path.join(target_run, training.EXPORT_DIR), dtype=storage_dtype
-  )
-  drafter_dir = os.path.join(drafter_run, training.EXPORT_DIR)
-  drafter = drafters.read_drafter(drafter_dir)
-  drafter_params = drafter.restore_params(drafter_dir, dtype=storage_dtype)
-  checkpoints.save_pair(
-      pair_dir, target_params, target_config, drafter_params, drafter, overwrite=FLAGS.overwrite
-  )
-  for member, run in zip(MEMBERS, (target_run, drafter_run)):
-    shutil.copy(os.path.join(run, training.SUMMARY_FILE), pair_dir / member)
-  shutil.copy(tasks.demo_data_dir() / tasks.DEMO_VOCABULARY_FILE, pair_dir)
-
-
-def greedy_check(pair: pairs.Pair, examples: training.EvalSet, vocabulary, gammas) -> dict:
-  """Greedy speculative decodes vs the baseline's on `examples.batches[0]`, per gamma, with
-  `pair.drafter` of either kind (a shared-encoder drafter reads the target's encoder output)."""
-  batch, n = examples.batches[0], examples.rows[0]
-  target = network.Transformer(pair.target_config)
-  baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
-  expected = np.asarray(baseline(pair.target_params, batch, jax.random.PRNGKey(0), 0.0)[0])[:n]
-  results = {}
-  for gamma in gammas:
-    model = models.SpeculativeEncoderDecoderModel(
-        target, pair.drafter, vocabulary, vocabulary, gamma=gamma
-    )
-    decodes, aux = model.jit_predict()(pair.params, batch, jax.random.PRNGKey(0), 0.0)
-    stats = decoding.SpeculativeStats.from_dict(
-        {k: np.asarray(v)[:n] for k, v in aux["speculative_stats"].items()}
-    )
-    results[gamma] = {
-        "identical_rows": int(np.all(np.asarray(decodes)[:n] == expected, axis=1).sum()),
-        "rows": n,
-        "alpha": stats.alpha,
-        "tokens_per_target_call": stats.tokens_per_call,
-    }
-    print(f"gamma {gamma}: {results[gamma]}", file=sys.stderr)
-  return results
 
 
 def evaluate_member(
@@ -190,7 +141,9 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO.
   pair_dir = pathlib.Path(FLAGS.pair_dir)
   if FLAGS.target_run:
-    export_pair(pair_dir, FLAGS.target_run, FLAGS.drafter_run, FLAGS.storage_dtype)
+    pairs.export_pair(
+        pair_dir, FLAGS.target_run, FLAGS.drafter_run, FLAGS.storage_dtype, FLAGS.overwrite
+    )
   vocabulary = tasks.get_vocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
   # Restored in the compute dtype the target's config.json records (float32 for the demo pair),
   # whatever the storage dtype (from_pair_dir's default), as scripts/demo.py does.
@@ -229,7 +182,11 @@ def main(argv):
   check = training.eval_set(
       task, FLAGS.split, FEATURE_LENGTHS, FLAGS.check_examples, FLAGS.check_examples
   )
-  report["greedy_check"] = greedy_check(pair, check, vocabulary, gammas)
+  report["greedy_check"] = pairs.greedy_check(
+      pair, check.batches[0], vocabulary, gammas, check.rows[0]
+  )
+  for gamma, result in report["greedy_check"].items():
+    print(f"gamma {gamma}: {result}", file=sys.stderr)
 
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
@@ -243,7 +200,10 @@ def main(argv):
   (output_dir / "evaluation.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
   print(
       json.dumps(
-          {m: {k: report[m].get(k) for k in ("parameters", "bleu", "eval_loss")} for m in MEMBERS},
+          {
+              m: {k: report[m].get(k) for k in ("parameters", "bleu", "eval_loss")}
+              for m in pairs.MEMBERS
+          },
           indent=1,
       )
   )

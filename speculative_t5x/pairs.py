@@ -14,6 +14,9 @@ turns it into parameters:
 Relative checkpoint paths resolve like gin files (`gin_utils.resolve_path`): the working
 directory, then the repository. `PairConfig.from_pair_dir` reads a directory written by
 `checkpoints.save_pair` (demo_models/).
+
+`export_pair` writes such a directory from two scripts/train.py runs, and `greedy_check` checks a
+loaded pair: its greedy speculative decodes must be the target's own, token for token.
 """
 
 from __future__ import annotations
@@ -21,22 +24,30 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Iterable, Iterator
+import pathlib
+import shutil
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from absl import logging
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import seqio
 
 from speculative_t5x import checkpoints
+from speculative_t5x import decoding
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import feature_drafter  # noqa: F401  (reads saved feature drafters)
 from speculative_t5x import gin_utils
+from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import tasks
+from speculative_t5x import training
 from speculative_t5x import validation
 
 RANDOM_WEIGHTS = "RANDOM weights (seed {seed}), not a trained model"
+MEMBERS = ("target", "drafter")  # the subdirectories `export_pair` writes
 
 FitTargets = Callable[[], Iterable[np.ndarray]]
 
@@ -363,3 +374,80 @@ def _source(checkpoint_path: str | None, seed: int | None) -> str:
 def _random_params(init: Callable[[jax.Array], Any], seed: int, dtype: str | None) -> Any:
   logging.warning("Random weights (seed %d): predictions mean nothing.", seed)
   return cast(init(jax.random.PRNGKey(seed)), dtype)
+
+
+def export_pair(
+    pair_dir: str | os.PathLike,
+    target_run: str | os.PathLike,
+    drafter_run: str | os.PathLike,
+    storage_dtype: str = "float32",
+    overwrite: bool = False,
+) -> None:
+  """Writes the models two scripts/train.py runs exported (each run's `training.EXPORT_DIR`) as a
+  pair into `pair_dir` (`checkpoints.save_pair`), then each run's `training.SUMMARY_FILE` into its
+  member's subdirectory and the demo corpus's vocabulary beside them.
+
+  The drafter run may hold a T5 drafter or any kind `drafters.read_drafter` reads (e.g. a
+  shared-encoder drafter). The floating-point parameters are stored as `storage_dtype` ('float32',
+  or 'bfloat16' at half the size); the configs keep their compute dtype, the one
+  `PairConfig.from_pair_dir` restores them in. An existing pair is replaced only with
+  `overwrite` (else `FileExistsError`).
+  """
+  pair_dir = pathlib.Path(pair_dir)
+  target_params, target_config = checkpoints.restore_model(
+      os.path.join(target_run, training.EXPORT_DIR), dtype=storage_dtype
+  )
+  drafter_dir = os.path.join(drafter_run, training.EXPORT_DIR)
+  drafter = drafters_lib.read_drafter(drafter_dir)
+  drafter_params = drafter.restore_params(drafter_dir, dtype=storage_dtype)
+  checkpoints.save_pair(
+      pair_dir, target_params, target_config, drafter_params, drafter, overwrite=overwrite
+  )
+  for member, run in zip(MEMBERS, (target_run, drafter_run)):
+    shutil.copy(os.path.join(run, training.SUMMARY_FILE), pair_dir / member)
+  shutil.copy(tasks.demo_data_dir() / tasks.DEMO_VOCABULARY_FILE, pair_dir)
+
+
+def greedy_check(
+    pair: Pair,
+    batch: Mapping[str, np.ndarray],
+    vocabulary: seqio.Vocabulary,
+    gammas: Iterable[int],
+    rows: int | None = None,
+) -> dict[int, dict[str, Any]]:
+  """Greedy speculative decodes of `batch` with `pair`, at each of `gammas`, against the target's
+  own greedy decodes (the baseline), with a drafter of any kind (a shared-encoder drafter reads
+  the target's encoder output).
+
+  Args:
+    pair: a target and its drafter (`load_pair`).
+    batch: 'encoder_input_tokens' [batch, input_length] and 'decoder_input_tokens' [batch,
+      decode_length] (its length: the most tokens decoded), as `training.eval_set` batches them.
+    vocabulary: the pair's vocabulary, of its inputs and outputs.
+    gammas: drafted tokens per target call, each an integer >= 1.
+    rows: how many of the batch's first rows to compare (the rest padding); None: all of them.
+
+  Returns:
+    gamma -> {'identical_rows': compared rows whose decodes are the baseline's token for token,
+    'rows': the rows compared, 'alpha' and 'tokens_per_target_call': of those rows' statistics}.
+  """
+  target = network.Transformer(pair.target_config)
+  baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary).jit_predict()
+  expected = np.asarray(baseline(pair.target_params, batch, jax.random.PRNGKey(0), 0.0)[0])[:rows]
+  n = expected.shape[0]
+  results = {}
+  for gamma in gammas:
+    model = models.SpeculativeEncoderDecoderModel(
+        target, pair.drafter, vocabulary, vocabulary, gamma=gamma
+    )
+    decodes, aux = model.jit_predict()(pair.params, batch, jax.random.PRNGKey(0), 0.0)
+    stats = decoding.SpeculativeStats.from_dict(
+        {k: np.asarray(v)[:n] for k, v in aux["speculative_stats"].items()}
+    )
+    results[gamma] = {
+        "identical_rows": int(np.all(np.asarray(decodes)[:n] == expected, axis=1).sum()),
+        "rows": n,
+        "alpha": stats.alpha,
+        "tokens_per_target_call": stats.tokens_per_call,
+    }
+  return results

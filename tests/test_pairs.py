@@ -1,13 +1,16 @@
 """Loading a target and its drafter (speculative_t5x/pairs.py): every drafter kind through the
 one protocol (checkpoint, fitted, no weights, random with a seed), and configuration errors
-raised before anything loads, naming the macro."""
+raised before anything loads, naming the macro; a pair exported from training runs, and the greedy
+check of a loaded pair against its target alone."""
 
 import dataclasses
+import json
 import shutil
 
 import jax
 import numpy as np
 import pytest
+import seqio
 
 from conftest import tiny_config
 from speculative_t5x import checkpoints
@@ -16,6 +19,8 @@ from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import pairs
+from speculative_t5x import tasks
+from speculative_t5x import training
 
 VOCAB = 13
 EOS = 1
@@ -393,3 +398,71 @@ def test_a_restore_dtype_that_is_not_floating_is_refused_before_anything_is_read
   ):
     with pytest.raises(ValueError, match=f"^restore dtype '{dtype}' {problem}{fix}"):
       restore()
+
+
+def _run(directory, save, steps):
+  """A scripts/train.py model dir: `save(export_dir)` writes its model, plus its summary."""
+  save(directory / training.EXPORT_DIR)
+  (directory / training.SUMMARY_FILE).write_text(json.dumps({"steps": steps}))
+  return directory
+
+
+@pytest.mark.parametrize(
+    "drafter, storage_dtype",
+    [
+        (drafters.T5Drafter(DRAFTER), "float32"),
+        (drafters.SharedEncoderDrafter(DRAFTER, TARGET.emb_dim), "bfloat16"),
+    ],
+)
+def test_export_pair_writes_two_runs_as_a_pair_in_the_storage_dtype(
+    saved, tmp_path, drafter, storage_dtype
+):
+  """Both drafter kinds, stored as float32 or at half the size; the configs keep their float32
+  compute dtype, which from_pair_dir restores the stored values in."""
+  _, target, _ = saved
+  drafter_params = drafter.init_params(jax.random.PRNGKey(3), {})
+  target_run = _run(tmp_path / "target_run", lambda d: checkpoints.save_model(d, target, TARGET), 7)
+  drafter_run = _run(tmp_path / "drafter_run", lambda d: drafter.save_params(d, drafter_params), 9)
+  pair_dir = tmp_path / "pair"
+  pairs.export_pair(pair_dir, target_run, drafter_run, storage_dtype)
+  assert {path.name for path in pair_dir.iterdir()} == {"target", "drafter", "sentencepiece.model"}
+  vocabulary = (tasks.demo_data_dir() / tasks.DEMO_VOCABULARY_FILE).read_bytes()
+  assert (pair_dir / tasks.DEMO_VOCABULARY_FILE).read_bytes() == vocabulary
+  for member, steps in zip(pairs.MEMBERS, (7, 9)):
+    assert json.loads((pair_dir / member / training.SUMMARY_FILE).read_text()) == {"steps": steps}
+    assert checkpoints.stored_dtypes(pair_dir / member) == {storage_dtype}
+    assert json.loads((pair_dir / member / "config.json").read_text())["dtype"] == "float32"
+  config = pairs.PairConfig.from_pair_dir(pair_dir)
+  assert type(config.drafter) is type(drafter)  # pylint: disable=unidiomatic-typecheck
+  pair = pairs.load_pair(config, EOS)
+  stored = pairs.cast((target, drafter_params), storage_dtype)
+  _leaves_equal(pair.target_params, stored[0], np.dtype("float32"))
+  _leaves_equal(pair.drafter_params, stored[1], np.dtype("float32"))
+
+  with pytest.raises(FileExistsError, match="choose a new directory or pass overwrite=True"):
+    pairs.export_pair(pair_dir, target_run, drafter_run, storage_dtype)
+  pairs.export_pair(pair_dir, target_run, drafter_run, "float32", overwrite=True)
+  assert checkpoints.stored_dtypes(pair_dir / "target") == {"float32"}
+
+
+@pytest.mark.parametrize(
+    "drafter", [drafters.T5Drafter(DRAFTER), drafters.SharedEncoderDrafter(DRAFTER, TARGET.emb_dim)]
+)
+def test_greedy_check_counts_rows_identical_to_the_baseline(drafter):
+  """Random weights of either drafter kind: greedy speculative decoding is the target's greedy
+  decoding at every gamma, on the first `rows` rows (the third is padding) or all of them."""
+  pair = pairs.load_pair(
+      pairs.PairConfig(TARGET, drafter, random_init_seed=0, restore_dtype=None), EOS
+  )
+  tokens = np.array(jax.random.randint(jax.random.PRNGKey(5), (3, 8), 2, VOCAB), np.int32)
+  tokens[:, 6:] = 0
+  tokens[2] = 0
+  batch = {"encoder_input_tokens": tokens, "decoder_input_tokens": np.zeros((3, 6), np.int32)}
+  vocabulary = seqio.PassThroughVocabulary(VOCAB, eos_id=EOS)
+  results = pairs.greedy_check(pair, batch, vocabulary, [1, 3], rows=2)
+  assert list(results) == [1, 3]
+  for result in results.values():
+    assert result["identical_rows"] == result["rows"] == 2
+    assert 0.0 <= result["alpha"] <= 1.0 and result["tokens_per_target_call"] >= 1.0
+  result = pairs.greedy_check(pair, batch, vocabulary, [2])[2]
+  assert result["identical_rows"] == result["rows"] == 3
