@@ -324,8 +324,9 @@ def temperature_sample(
     cache: the cache pytree at batch B (batch on axis `cache_offset`).
     tokens_to_logits: DecodingState -> (logits [B*N, V], new cache).
     eos_id: a row ends when it produces an EOS beyond those in its prompt.
-    decode_rng: PRNG key (default PRNGKey(0)); step i draws with the uniforms [B*N] at row i of
-      `sampling.uniforms(decode_rng, (L, B*N))`.
+    decode_rng: PRNG key (default PRNGKey(0)), or one per example ([B, 2]: each example's
+      tokens then do not depend on the others in the batch); step i draws with the uniforms [B*N]
+      at row i of `sampling.uniforms(decode_rng, (L, B*N))`.
     num_decodes: N independent samples per item.
     temperature: scalar or [B]; at or below 1e-4 greedy (argmax).
     topk: T5X's default 1 is greedy; 0 means no cutoff.

@@ -396,28 +396,24 @@ def example_predict(
   `fn(params, encoder_tokens [B, Le], index [B], decode_seed, temperature) -> (decodes [B, Lt],
   {stat name: [B]} (empty for the baseline), index [B])`.
 
-  Each row is decoded as a batch of one (`model.predict_batch_with_aux`, vmapped over the rows)
-  with `example_keys(decode_seed, index)`, so its tokens depend on its example's index alone, not
-  on the rows beside it. Rows of padding carry index -1. The params are placed by
-  `param_shardings` (`partitioner.params_shardings(model)`), the tokens and the indices split
-  over the mesh's 'data' axis; the outputs are replicated, so every process reads every row.
-  greedy: the loop's greedy specialization (`temperature` is then unused).
+  The batch decodes in one loop (`model.predict_batch_with_aux`) with one key per example,
+  `example_keys(decode_seed, index)` (`sampling.uniforms`), so each row's tokens depend on its
+  example's index alone, not on the rows beside it. Rows of padding carry index -1. The params
+  are placed by `param_shardings` (`partitioner.params_shardings(model)`), the tokens and the
+  indices split over the mesh's 'data' axis; the outputs are replicated, so every process reads
+  every row. greedy: the loop's greedy specialization (`temperature` is then unused).
   """
 
-  def one(params, tokens, key, temperature):
+  def fn(params, tokens, index, decode_seed, temperature):
     batch = {
-        "encoder_input_tokens": tokens[None],
-        "decoder_input_tokens": jnp.zeros((1, decode_length), jnp.int32),
+        "encoder_input_tokens": tokens,
+        "decoder_input_tokens": jnp.zeros((tokens.shape[0], decode_length), jnp.int32),
     }
     decoder_params = {"temperature": 0.0 if greedy else temperature, "topk": topk, "topp": topp}
-    decodes, aux = model.predict_batch_with_aux(params, batch, key, decoder_params=decoder_params)
-    stats = aux.get("speculative_stats", {})
-    return decodes[0], {name: value[0] for name, value in stats.items()}
-
-  def fn(params, tokens, index, decode_seed, temperature):
-    keys = example_keys(decode_seed, index)
-    decodes, stats = jax.vmap(one, in_axes=(None, 0, 0, None))(params, tokens, keys, temperature)
-    return decodes, stats, index
+    decodes, aux = model.predict_batch_with_aux(
+        params, batch, example_keys(decode_seed, index), decoder_params=decoder_params
+    )
+    return decodes, aux.get("speculative_stats", {}), index
 
   data, replicated = partitioner.data_sharding, partitioner.replicated
   return jax.jit(

@@ -85,14 +85,26 @@ def argmax(x: jax.Array) -> jax.Array:
 
 
 def uniforms(rng: jax.Array, shape) -> jax.Array:
-  """U[0, 1) float32 draws of `shape`, for `sample`.
+  """U[0, 1) float32 draws of `shape` [L, rows, ...], for `sample`.
+
+  rng: one PRNG key for every row, or one key per example ([B, 2] raw or [B] typed, B dividing
+  rows = B * N): example b's N rows (num_decodes) then take uniforms(key_b, [L, N, ...]), the
+  draws a batch of that example alone would take, so its tokens do not depend on the examples
+  beside it.
 
   The decoding loops draw all the uniforms a decode can use in one call, before their
   `lax.while_loop`, and read them by step inside it: on XLA:CPU every threefry call lowers to a
   rolled loop of its own, dozens of tiny kernels, which per-step `split` / `uniform` calls would pay
   at every step.
   """
-  return jax.random.uniform(rng, tuple(shape), jnp.float32)
+  shape = tuple(shape)
+  typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  if rng.ndim == (0 if typed else 1):
+    return jax.random.uniform(rng, shape, jnp.float32)
+  examples = rng.shape[0]
+  per_example = (shape[0], shape[1] // examples) + shape[2:]
+  draws = jax.vmap(lambda key: jax.random.uniform(key, per_example, jnp.float32))(rng)
+  return jnp.moveaxis(draws, 0, 1).reshape(shape)  # [L, B, N, ...] -> [L, B * N, ...]
 
 
 def sample(u: jax.Array, probs: jax.Array) -> jax.Array:

@@ -359,20 +359,31 @@ def check_vocabulary(vocabulary: Any, vocab_size: int, name: str) -> None:
     )
 
 
-def check_prng_key(key: Any, name: str) -> None:
+def check_prng_key(key: Any, name: str, batch: int | None = None) -> None:
   """None, or one PRNG key: `jax.random.key(seed)` (a typed key, shape []) or
-  `jax.random.PRNGKey(seed)` (raw uint32 key data, shape [2] for the default threefry)."""
+  `jax.random.PRNGKey(seed)` (raw uint32 key data, shape [2] for the default threefry); with
+  `batch`, also one key per example: typed [batch] or raw [batch, 2] (`sampling.uniforms`)."""
   if key is None:
     return
   dtype = getattr(key, "dtype", None)
-  if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
-    valid = np.ndim(key) == 0
-  else:
-    valid = dtype is not None and np.dtype(dtype) == np.uint32 and np.ndim(key) == 1
-  if not valid:
+  typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+  raw = not typed and dtype is not None and np.dtype(dtype) == np.uint32
+  rank = np.ndim(key) - (0 if typed else 1)  # 0: one key, 1: one per example
+  valid = (typed or raw) and (rank == 0 or (rank == 1 and batch is not None))
+  if valid and rank == 1 and np.shape(key)[0] != batch:
     raise InvalidInputError(
-        f"{name} must be one PRNG key, jax.random.PRNGKey(seed) or jax.random.key(seed), got "
-        f"{key!r}."
+        f"{name} holds {np.shape(key)[0]} keys, one per example, but the batch has {batch} "
+        "examples: give one key, or one per example."
+    )
+  if not valid:
+    per_example = (
+        " or one per example (jax.vmap(jax.random.fold_in, (None, 0))(key, indices))"
+        if batch is not None
+        else ""
+    )
+    raise InvalidInputError(
+        f"{name} must be one PRNG key, jax.random.PRNGKey(seed) or jax.random.key(seed)"
+        f"{per_example}, got {key!r}."
     )
 
 
@@ -419,7 +430,7 @@ def check_decode_call(
   check_sampling(None, topk, topp, vocab_size=vocab_size)
   check_temperature(temperature, rows)
   check_max_decode_steps(max_decode_steps, length)
-  check_prng_key(decode_rng, "decode_rng")
+  check_prng_key(decode_rng, "decode_rng", rows)
 
 
 # ----------------------------------------------------------------------------- configuration

@@ -493,6 +493,12 @@ CASES = [
         r"Got both `rng` and `decoder_params\['decode_rng'\]`",
     ),
     (
+        "base: one key per example, for another number of examples",
+        lambda: _predict(rng=np.zeros((7, 2), np.uint32), decoder_params={"temperature": 1.0}),
+        BAD,
+        "decode_rng holds 7 keys, one per example, but the batch has",
+    ),
+    (
         "base: rng an int",
         lambda: _predict(rng=0, decoder_params={"temperature": 1.0}),
         BAD,

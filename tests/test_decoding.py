@@ -451,6 +451,41 @@ def test_same_rng_same_output_and_rng_matters():
   assert not np.array_equal(first, other)
 
 
+@pytest.mark.parametrize("kind", ["baseline", "speculative"])
+def test_one_key_per_example_gives_each_the_tokens_it_gets_alone(kind):
+  """decode_rng [B, 2]: example b decodes, at T = 1 and with num_decodes 2, as it does alone in a
+  batch of one with key b, whatever its neighbours; the same keys in another order follow their
+  examples."""
+  target, drafter = _tiny_params()
+  if kind == "baseline":
+    model = models.EncoderDecoderModel(network.Transformer(TINY), _vocab(61), _vocab(61))
+    params = target
+  else:
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(TINY),
+        network.Transformer(TINY_DRAFTER),
+        _vocab(61),
+        _vocab(61),
+        gamma=3,
+    )
+    params = {"target": target, "drafter": drafter}
+  inputs = _random_inputs(3, seed=11)
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(4), jnp.arange(3))
+  predict = jax.jit(
+      lambda batch, rng: model.predict_batch_with_aux(
+          params, batch, rng, {"temperature": 1.0}, return_all_decodes=True, num_decodes=2
+      )[0]
+  )
+  together = np.asarray(predict(_batch(inputs), keys))
+  for b in range(3):
+    alone = np.asarray(predict(_batch(inputs[b : b + 1]), keys[b]))
+    np.testing.assert_array_equal(together[b], alone[0], err_msg=f"example {b}")
+  order = np.array([2, 0, 1])
+  shuffled = np.asarray(predict(_batch(inputs[order]), keys[order]))
+  np.testing.assert_array_equal(shuffled, together[order])
+  assert not np.array_equal(together[:, 0], together[:, 1])  # num_decodes draw apart
+
+
 def test_greedy_equals_t5x_own_decodes_on_the_fixture():
   """The fixture checkpoint as target, a different random drafter: T5X's greedy decodes."""
   from flax import serialization  # pylint: disable=g-import-not-at-top

@@ -169,3 +169,15 @@ def test_sample_follows_distribution():
 def test_validate(kwargs, message):
   with pytest.raises(ValueError, match=message):
     sampling.validate(**kwargs)
+
+
+def test_uniforms_with_one_key_per_example_are_each_examples_own():
+  """[L, B * N, M] from B keys: example b's N rows are uniforms(key_b, [L, N, M])."""
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(0), jnp.arange(3))
+  draws = np.asarray(sampling.uniforms(keys, (5, 6, 4)))
+  for b in range(3):
+    np.testing.assert_array_equal(
+        draws[:, 2 * b : 2 * b + 2], np.asarray(sampling.uniforms(keys[b], (5, 2, 4)))
+    )
+  typed = jax.vmap(jax.random.wrap_key_data)(keys)
+  np.testing.assert_array_equal(np.asarray(sampling.uniforms(typed, (5, 6, 4))), draws)
