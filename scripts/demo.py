@@ -75,9 +75,9 @@ _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
 _GAMMA = flags.DEFINE_integer(
     "gamma",
     1,
-    "Drafted tokens per target call. 1 is the fastest for every demo drafter on this CPU: a "
-    "draft costs 0.2-0.3 target steps in the loop and alpha is 0.47-0.60, while verifying 2-4 "
-    "tokens costs 1.1-1.5 steps (demo_models/MODEL_CARD.md).",
+    "Drafted tokens per target call. 1 is the fastest for every demo drafter on this CPU: "
+    "alpha is 0.51-0.61 and a draft costs 0.12-0.26 target steps in the loop, while verifying "
+    "2-4 tokens costs 1.1-1.5 steps (docs/results_cpu.md 16.7).",
     lower_bound=1,
 )
 _DRAFT_TREE = flags.DEFINE_list(
