@@ -1,10 +1,12 @@
-"""Where drafts come from: a T5 drafter, a T5 decoder reading the target's encoder output, unigram
-and bigram tables, and prompt lookup.
+"""Where drafts come from: the `Drafter` protocol, the helpers that draw chains and trees of drafts,
+and the network drafters, a T5 drafter and a T5 decoder reading the target's encoder output.
+The drafters that cost no model call (n-gram tables, prompt lookup) are in `table_drafters`, the
+feature-level drafter in `feature_drafter`.
 
 Every drafter proposes gamma tokens per row and returns the distributions q it sampled them from.
-Model and n-gram drafters standardize their logits with the same `standardize` function the target
-uses (docs/design.md, contract 3); prompt lookup proposes deterministically, so its q is
-one-hot, which keeps speculative sampling exact.
+A drafter that samples standardizes its logits with the same `standardize` function the target
+uses (docs/design.md, contract 3); one that proposes deterministically returns a one-hot q, which
+keeps speculative sampling exact.
 
 The decoding loop tells a drafter where each row stands with `sequences` [B, S] (the tokens decoded
 so far, y_0 y_1 ..., zero beyond) and `length` [B] (how many are decoded). The decoder input at
@@ -43,20 +45,6 @@ INIT_FEATURE_SHAPES = {"encoder_input_tokens": (1, 1), "decoder_input_tokens": (
 def _check_int(owner: str, name: str, value: Any, minimum: int) -> None:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
     raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}.")
-
-
-def _check_token_ids(tokens: np.ndarray, vocab_size: int, owner: str) -> np.ndarray:
-  """The non-padding ids of one fitting sequence, refused where outside [0, vocab_size)."""
-  tokens = np.asarray(tokens)
-  if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
-    raise ValueError(f"{owner}.fit needs integer token ids, got dtype {tokens.dtype}.")
-  bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
-  if bad.size:
-    raise ValueError(
-        f"{owner}.fit got token id {int(bad.flat[0])} outside [0, {vocab_size}): fit on "
-        "sequences of the target's vocabulary, with the target's vocab_size."
-    )
-  return tokens.ravel()
 
 
 def _is_shape(node: Any) -> bool:
@@ -286,8 +274,8 @@ class Drafter(abc.ABC):
   def param_shapes(self) -> Any:
     """The shape of every parameter: the tree of `init_params` with a shape tuple at each leaf
     ({} for a drafter without parameters), traced (`jax.eval_shape`), nothing allocated. A size
-    None is free: parameters of any size there are the drafter's (`BigramDrafter`'s successors
-    per token)."""
+    None is free: parameters of any size there are the drafter's
+    (`table_drafters.BigramDrafter`'s successors per token)."""
     shapes = jax.eval_shape(lambda: self.init_params(jax.random.PRNGKey(0), INIT_FEATURE_SHAPES))
     return jax.tree.map(lambda x: tuple(x.shape), shapes)
 
@@ -821,266 +809,3 @@ register_kind(
     checkpoints.SHARED_ENCODER_KIND,
     lambda config, entry: SharedEncoderDrafter(config, entry["encoder_emb_dim"]),
 )
-
-
-def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
-  return np.log(np.asarray(counts, np.float64) + smoothing).astype(np.float32)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _TableDrafter(Drafter):
-  """Shared proposal loop of the n-gram drafters: logits from a table, standardized, sampled.
-  A subclass gives `fit` (a static method: token arrays and vocab_size -> params) and
-  `next_logits`; untrained params are the table fitted on nothing (uniform)."""
-
-  vocab_size: int = 0
-  eos_id: int | None = None
-
-  def __post_init__(self):
-    _check_int(type(self).__name__, "vocab_size", self.vocab_size, 0)
-    smoothing = getattr(self, "smoothing", 0.0)
-    if not (isinstance(smoothing, (int, float)) and np.isfinite(smoothing) and smoothing >= 0):
-      raise ValueError(
-          f"{type(self).__name__}.smoothing must be a finite number >= 0 (added to every count), "
-          f"got {smoothing!r}."
-      )
-
-  @property
-  def steps_per_draft(self) -> int:
-    return 0  # a table lookup, not a model call.
-
-  def init_params(self, rng, input_shapes):
-    del rng, input_shapes
-    return self.fit_params([])
-
-  @property
-  def learns_from_targets(self) -> bool:
-    return True
-
-  def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
-    return ()
-
-  @abc.abstractmethod
-  def next_logits(self, params, previous: jax.Array) -> jax.Array:
-    """previous tokens [B] -> logits [B, V]."""
-
-  def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
-    previous = decoder_inputs(sequences, length[:, None])[:, 0]
-    drafts, q, _, _ = draft_chain(
-        self.next_logits(params, previous)[:, None],
-        lambda carry, token, i: (self.next_logits(params, token)[:, None], carry),
-        (),
-        gamma,
-        u,
-        standardize,
-        stop,
-    )
-    return drafts, q, state
-
-  def propose_tree(self, params, state, sequences, length, tree, u, standardize):
-    previous = decoder_inputs(sequences, length[:, None])[:, 0]
-    vocab = self.vocab_size
-
-    def level_logits(carry, tokens, slots):
-      del slots
-      logits = self.next_logits(params, tokens.reshape(-1))
-      return logits.reshape(tokens.shape + (vocab,)), carry
-
-    drafts, q, _ = draft_tree(
-        self.next_logits(params, previous)[:, None], level_logits, (), tree, u, standardize
-    )
-    return drafts, q, state
-
-  def teacher_forced_logits(
-      self, params, encoder_input_tokens, decoder_input_tokens, target_encoded=None
-  ):
-    del encoder_input_tokens, target_encoded  # a table reads only the previous token.
-    return jax.vmap(lambda previous: self.next_logits(params, previous), in_axes=1, out_axes=1)(
-        decoder_input_tokens
-    )
-
-
-@gin.configurable(module="drafters")
-@dataclasses.dataclass(frozen=True, eq=False)
-class UnigramDrafter(_TableDrafter):
-  """q(x) from token frequencies; params = {'logits': [V]} (see `fit`)."""
-
-  smoothing: float = 1.0
-
-  @staticmethod
-  def fit(token_arrays, vocab_size: int, smoothing: float = 1.0) -> dict:
-    """Counts token ids (0 = padding, ignored) in an iterable of int arrays -> params."""
-    counts = np.zeros(vocab_size, np.int64)
-    for tokens in token_arrays:
-      tokens = _check_token_ids(tokens, vocab_size, "UnigramDrafter")
-      counts += np.bincount(tokens[tokens > 0], minlength=vocab_size)
-    return {"logits": _ngram_logits(counts, smoothing)}
-
-  def fit_params(self, targets):
-    return self.fit(targets, self.vocab_size, self.smoothing)
-
-  def next_logits(self, params, previous):
-    return jnp.broadcast_to(params["logits"], (previous.shape[0], self.vocab_size))
-
-
-@gin.configurable(module="drafters")
-@dataclasses.dataclass(frozen=True, eq=False)
-class BigramDrafter(_TableDrafter):
-  """q(x | previous token) from bigram counts, kept sparse: the `top` most frequent successors of
-  each token, backed off to the unigram distribution.
-
-  params = {'unigram': [V] log-probabilities, 'next_ids': [V, top] int32, 'next_logp': [V, top]
-  log-probabilities replacing the unigram's at those ids}. Counting starts from BOS (0).
-  """
-
-  top: int = 32
-  smoothing: float = 1.0
-  backoff: float = 0.1
-
-  def __post_init__(self):
-    super().__post_init__()
-    _check_int("BigramDrafter", "top", self.top, 1)
-    if not (isinstance(self.backoff, (int, float)) and 0 < self.backoff < 1):
-      raise ValueError(
-          f"BigramDrafter.backoff must be in (0, 1) (the unigram's weight), got {self.backoff!r}."
-      )
-
-  @staticmethod
-  def fit(
-      token_arrays, vocab_size: int, top: int = 32, smoothing: float = 1.0, backoff: float = 0.1
-  ) -> dict:
-    """Fits on target sequences (an iterable of 1-D int arrays, 0 = padding)."""
-    if not 0 < backoff < 1:
-      raise ValueError(f"backoff must be in (0, 1), got {backoff}.")
-    unigram = np.zeros(vocab_size, np.int64)
-    pairs: dict[tuple[int, int], int] = {}
-    for tokens in token_arrays:
-      tokens = _check_token_ids(tokens, vocab_size, "BigramDrafter")
-      tokens = tokens[tokens > 0]
-      unigram += np.bincount(tokens, minlength=vocab_size)
-      for prev, nxt in zip(np.concatenate([[0], tokens[:-1]]), tokens):
-        pairs[(int(prev), int(nxt))] = pairs.get((int(prev), int(nxt)), 0) + 1
-    uni_p = (unigram + smoothing) / (unigram + smoothing).sum()
-    next_ids = np.zeros((vocab_size, top), np.int32)
-    next_p = np.zeros((vocab_size, top), np.float64)
-    by_prev: dict[int, list[tuple[int, int]]] = {}
-    for (prev, nxt), count in pairs.items():
-      by_prev.setdefault(prev, []).append((count, nxt))
-    for prev, successors in by_prev.items():
-      successors.sort(key=lambda cn: (-cn[0], cn[1]))
-      successors = successors[:top]
-      total = sum(c for c, _ in successors)
-      for j, (count, nxt) in enumerate(successors):
-        next_ids[prev, j] = nxt
-        next_p[prev, j] = count / total
-    # Rows with successors mix (1 - backoff) * bigram + backoff * unigram; others are unigram.
-    has_next = next_p.sum(1, keepdims=True) > 0
-    mixed = np.where(has_next, (1 - backoff) * next_p + backoff * uni_p[next_ids], uni_p[next_ids])
-    return {
-        "unigram": np.log(uni_p).astype(np.float32),
-        "next_ids": next_ids,
-        "next_logp": np.log(mixed).astype(np.float32),
-        "backoff": np.where(has_next[:, 0], np.log(backoff), 0.0).astype(np.float32),
-    }
-
-  def fit_params(self, targets):
-    return self.fit(targets, self.vocab_size, self.top, self.smoothing, self.backoff)
-
-  def param_shapes(self):
-    """`fit`'s tables, whatever number of successors per token they keep: `top` is what
-    `fit_params` keeps, and the proposals read the tables as they are."""
-    vocab = self.vocab_size
-    return {
-        "unigram": (vocab,),
-        "next_ids": (vocab, None),
-        "next_logp": (vocab, None),
-        "backoff": (vocab,),
-    }
-
-  def next_logits(self, params, previous):
-    params = jax.tree.map(jnp.asarray, params)  # `fit` returns numpy arrays.
-    base = params["unigram"][None, :] + params["backoff"][previous][:, None]
-    rows = jnp.arange(previous.shape[0])[:, None]
-    return base.at[rows, params["next_ids"][previous]].set(params["next_logp"][previous])
-
-
-@gin.configurable(module="drafters")
-@dataclasses.dataclass(frozen=True, eq=False)
-class PromptLookupDrafter(Drafter):
-  """Copies what followed the latest earlier occurrence of the key x_{length-n+1..length} (the last
-  `ngram` decoder inputs, BOS included while fewer than n tokens are decoded), searched in the
-  encoder input and in the decoded prefix (prefix matches win). The copy stops at the end of what
-  is known (x_length) and at the first padding; `fallback_token` fills the drafts where nothing
-  matches or the copy ran out. Deterministic: q is one-hot, so sampling stays exact. An encoder
-  match may copy the input's own EOS.
-  """
-
-  vocab_size: int = 0
-  ngram: int = 2
-  eos_id: int | None = None
-  fallback_token: int = 0
-
-  def __post_init__(self):
-    _check_int("PromptLookupDrafter", "vocab_size", self.vocab_size, 0)
-    _check_int("PromptLookupDrafter", "ngram", self.ngram, 1)
-    _check_int("PromptLookupDrafter", "fallback_token", self.fallback_token, 0)
-    if self.vocab_size and self.fallback_token >= self.vocab_size:
-      raise ValueError(
-          f"PromptLookupDrafter.fallback_token {self.fallback_token} is outside the vocabulary "
-          f"[0, {self.vocab_size}): give an id of the target's vocabulary (0 by default)."
-      )
-
-  @property
-  def steps_per_draft(self) -> int:
-    return 0
-
-  def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
-    return jnp.asarray(encoder_input_tokens, jnp.int32)
-
-  def teacher_forced_logits(
-      self, params, encoder_input_tokens, decoder_input_tokens, target_encoded=None
-  ):
-    """The one-hot of its first draft at every position, as logits (0 there, MASK_VALUE else)."""
-    del target_encoded  # it copies tokens.
-    batch, length = decoder_input_tokens.shape
-    state = self.init_state(params, encoder_input_tokens, length)
-    sequences = jnp.pad(decoder_input_tokens[:, 1:], ((0, 0), (0, 1)))  # y_t = x_{t+1}
-    first = jax.vmap(
-        lambda t: self.propose(
-            params, state, sequences, jnp.full((batch,), t, jnp.int32), 1, None, None
-        )[0][:, 0],
-        out_axes=1,
-    )(jnp.arange(length))
-    return jnp.where(jax.nn.one_hot(first, self.vocab_size, dtype=bool), 0.0, network.MASK_VALUE)
-
-  def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
-    del stop  # its drafts cost no drafter step, so stopping early saves nothing.
-    n = self.ngram
-    # Search space per row: the input tokens, then x_0..x_length (BOS and the decoded tokens).
-    positions = jnp.arange(sequences.shape[1] + 1)[None]
-    decoded = decoder_inputs(sequences, positions)
-    decoded = jnp.where(positions <= length[:, None], decoded, -1)
-    source = jnp.concatenate([state, decoded], axis=1)  # [B, Le + S + 1]
-    offset = state.shape[1]
-    end = offset + length  # index of x_length in `source`
-    key = jnp.stack(
-        [jnp.take_along_axis(source, (end - n + 1 + j)[:, None], axis=1)[:, 0] for j in range(n)],
-        axis=1,
-    )  # [B, n], the last n tokens x_{length-n+1..length}
-    width = source.shape[1]
-    starts = jnp.arange(width - n + 1)
-    windows = jnp.stack([source[:, starts + j] for j in range(n)], axis=-1)  # [B, W, n]
-    match = jnp.all(windows == key[:, None, :], axis=-1)
-    # A match must end before x_length, and the n-gram must lie inside the decoded part.
-    match &= (starts + n - 1)[None] < end[:, None]
-    match &= length[:, None] + 1 >= n
-    best = jnp.max(jnp.where(match, starts[None], -1), axis=1)  # the latest match wins.
-    copy_from = best + n
-    idx = jnp.clip(copy_from[:, None] + jnp.arange(gamma)[None], 0, width - 1)
-    drafts = jnp.take_along_axis(source, idx, axis=1)
-    valid = (best[:, None] >= 0) & (copy_from[:, None] + jnp.arange(gamma)[None] <= end[:, None])
-    # The copy stops at the first padding (0): a continuation never runs past the end of the
-    # input, through BOS, into the decoded prefix.
-    valid = jnp.cumprod(valid & (drafts > 0), axis=1).astype(bool)
-    drafts = jnp.where(valid, drafts, self.fallback_token).astype(jnp.int32)
-    return drafts, jax.nn.one_hot(drafts, self.vocab_size, dtype=jnp.float32), state

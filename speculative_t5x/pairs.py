@@ -42,6 +42,7 @@ from speculative_t5x import feature_drafter  # noqa: F401  (reads saved feature 
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import table_drafters  # noqa: F401  (gin: @drafters.BigramDrafter() ...)
 from speculative_t5x import tasks
 from speculative_t5x import training
 from speculative_t5x import validation

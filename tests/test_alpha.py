@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from conftest import tiny_config
-from speculative_t5x import alpha, drafters, network, sampling
+from speculative_t5x import alpha, drafters, network, sampling, table_drafters
 
 CFG = tiny_config(23)
 EOS = 1
@@ -41,11 +41,11 @@ def test_greedy_unigram_alpha_counts_matches_of_its_argmax():
   greedy = np.asarray(
       model.apply({"params": params}, enc, alpha.shift_right(sequences), jnp.ones_like(sequences))
   ).argmax(-1)
-  table = drafters.UnigramDrafter.fit([np.array([5, 5, 5, 7, 9])], CFG.vocab_size)
+  table = table_drafters.UnigramDrafter.fit([np.array([5, 5, 5, 7, 9])], CFG.vocab_size)
   beta_sum, count = alpha.beta_totals(
       CFG,
       params,
-      drafters.UnigramDrafter(vocab_size=23),
+      table_drafters.UnigramDrafter(vocab_size=23),
       table,
       enc,
       sequences,
@@ -62,7 +62,7 @@ def test_prompt_lookup_beta_is_the_target_probability_of_its_draft():
   drafts here come from `propose` itself, one position at a time."""
   params, _, sequences = _setup()
   enc = jnp.asarray(np.asarray(sequences)[:, [0, 1, 2, 5, 6, 4]])  # inputs that hold bigrams
-  drafter = drafters.PromptLookupDrafter(vocab_size=CFG.vocab_size, eos_id=EOS)
+  drafter = table_drafters.PromptLookupDrafter(vocab_size=CFG.vocab_size, eos_id=EOS)
   beta_sum, count = alpha.beta_totals(
       CFG, params, drafter, {}, enc, sequences, EOS, temperature=1.0
   )
@@ -114,7 +114,7 @@ def test_measure_counts_generated_tokens_and_scores_each_drafter():
       {
           "self": (drafters.T5Drafter(CFG), params),
           "other": (drafters.T5Drafter(CFG), other),
-          "lookup": (drafters.PromptLookupDrafter(23), {}),
+          "lookup": (table_drafters.PromptLookupDrafter(23), {}),
           "shared": (shared, shared.init_params(jax.random.PRNGKey(8), {})),
       },
       [enc, enc],

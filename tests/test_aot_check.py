@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from conftest import tiny_config
-from speculative_t5x import drafters
 from speculative_t5x import network
+from speculative_t5x import table_drafters
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 VOCAB_SIZE = 64
@@ -91,7 +91,7 @@ def test_aot_check_compiles_any_drafter_and_reports_memory(tmp_path):
   }
   target = _t5_bytes_per_device(TINY, model_parallel=True)
   assert target < _t5_bytes_per_device(TINY, model_parallel=False)
-  bigram = drafters.BigramDrafter(vocab_size=VOCAB_SIZE).fit_params([])
+  bigram = table_drafters.BigramDrafter(vocab_size=VOCAB_SIZE).fit_params([])
   drafter_bytes = {  # replicated: whole on each device
       "t5": _t5_bytes_per_device(TINY, model_parallel=False),
       "bigram": sum(

@@ -44,6 +44,7 @@ from speculative_t5x import network
 from speculative_t5x import pairs
 from speculative_t5x import report
 from speculative_t5x import speculative
+from speculative_t5x import table_drafters
 from speculative_t5x import tasks
 from speculative_t5x import training
 from speculative_t5x import trees
@@ -74,7 +75,7 @@ def _world() -> types.SimpleNamespace:
   """The models, their parameters and an rng, made once, outside the watched calls."""
   module = network.Transformer(CONFIG)
   spec = models.SpeculativeEncoderDecoderModel(
-      module, drafters.BigramDrafter(), VOCAB, VOCAB, gamma=2
+      module, table_drafters.BigramDrafter(), VOCAB, VOCAB, gamma=2
   )
   # Zero weights: the checks never read them, and the one decode run needs only their shapes.
   shapes = jax.eval_shape(functools.partial(network.init_params, CONFIG), jax.random.PRNGKey(0))
@@ -144,14 +145,14 @@ def _vocabulary_model(kind="base", size=V, eos_id=1):
     model = models.EncoderDecoderModel(network.Transformer(CONFIG), vocabulary, vocabulary)
     return model.predict_batch_with_aux(_world().params["base"], _batch())
   return models.SpeculativeEncoderDecoderModel(
-      network.Transformer(CONFIG), drafters.BigramDrafter(), vocabulary, vocabulary
+      network.Transformer(CONFIG), table_drafters.BigramDrafter(), vocabulary, vocabulary
   )
 
 
 def _speculative_model(**changes):
   kwargs = dict(
       module=network.Transformer(CONFIG),
-      drafter=drafters.BigramDrafter(),
+      drafter=table_drafters.BigramDrafter(),
       input_vocabulary=VOCAB,
       output_vocabulary=VOCAB,
   )
@@ -664,13 +665,13 @@ CASES = [
     ),
     (
         "spec init: drafter of another vocab_size",
-        lambda: _speculative_model(drafter=drafters.BigramDrafter(vocab_size=64)),
+        lambda: _speculative_model(drafter=table_drafters.BigramDrafter(vocab_size=64)),
         ValueError,
         "drafter vocab_size 64 != target vocab_size 32",
     ),
     (
         "spec init: drafter of another eos_id",
-        lambda: _speculative_model(drafter=drafters.BigramDrafter(eos_id=2)),
+        lambda: _speculative_model(drafter=table_drafters.BigramDrafter(eos_id=2)),
         ValueError,
         "drafter eos_id 2 != the output vocabulary's eos_id 1",
     ),
@@ -1296,7 +1297,7 @@ SCRIPT_CASES = [
     (
         "train.py: a binding of a configurable train never calls",
         "train.py",
-        [*_TRAIN_TINY, "--gin.drafters.BigramDrafter.eos_id=1"],
+        [*_TRAIN_TINY, "--gin.drafters.SharedEncoderDrafter.encoder_emb_dim=1"],
         "train.py: configuration error: gin binding(s) this run never used:",
     ),
     (
@@ -1442,7 +1443,7 @@ def _scores(confidence=(1, 3), beta=(1, 3), sequences=(1, 3), eos_id=1, dtype=np
 
 
 def _load(config=None, eos_id=1, fit_targets=None):
-  config = _pair(drafter=drafters.BigramDrafter()) if config is None else config
+  config = _pair(drafter=table_drafters.BigramDrafter()) if config is None else config
   return pairs.load_pair(config, eos_id, fit_targets)
 
 
@@ -1612,7 +1613,7 @@ THIRD_CASES = [
     ),
     (
         "tree model: prompt lookup",
-        lambda: _tree_model(drafter=drafters.PromptLookupDrafter()),
+        lambda: _tree_model(drafter=table_drafters.PromptLookupDrafter()),
         BAD,
         "PromptLookupDrafter proposes chains only, not a draft tree",
     ),

@@ -12,6 +12,7 @@ from speculative_t5x import benchmark
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import network
+from speculative_t5x import table_drafters
 
 
 def test_timing_statistics_from_known_times():
@@ -285,7 +286,7 @@ def test_a_drafter_without_single_network_steps_is_timed_by_its_own_proposal():
   target_params = network.init_params(target, jax.random.PRNGKey(0))
   head = target.replace(emb_dim=4, mlp_dim=8)
   feature = feature_drafter.FeatureDrafter(head, 8, draft_vocab=(5, 6), eos_id=1)
-  bigram = drafters.BigramDrafter(vocab_size=16, eos_id=1)
+  bigram = table_drafters.BigramDrafter(vocab_size=16, eos_id=1)
   pool = {
       "feature": (feature, feature.init_params(jax.random.PRNGKey(1), {})),
       "bigram": (bigram, bigram.init_params(jax.random.PRNGKey(1), {})),

@@ -27,6 +27,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import inference
 from speculative_t5x import network
 from speculative_t5x import paper
+from speculative_t5x import table_drafters
 from speculative_t5x import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -289,8 +290,10 @@ def _concrete_drafters(cls=drafters.Drafter) -> set[type]:
 
 
 def test_every_drafter_kind_has_its_gin_file():
-  """Adding a drafter kind is a class in drafters.py and configs/drafters/<kind>.gin."""
-  kinds = {_kind(cls) for cls in _concrete_drafters() if cls.__module__ == drafters.__name__}
+  """Adding a drafter kind is a class in drafters.py (or table_drafters.py) and
+  configs/drafters/<kind>.gin."""
+  modules = {drafters.__name__, table_drafters.__name__}
+  kinds = {_kind(cls) for cls in _concrete_drafters() if cls.__module__ in modules}
   assert {"t5", "unigram", "bigram", "prompt_lookup"} <= kinds
   assert kinds == {pathlib.Path(path).stem for path in DRAFTER_FILES}
 

@@ -17,7 +17,7 @@ import seqio
 
 from conftest import FIXTURE_CONFIG, chisquare_pvalue, fixture_path, tiny_config
 from speculative_t5x import decoding, draft_length, drafters, feature_drafter, models, network
-from speculative_t5x import sampling, speculative
+from speculative_t5x import sampling, speculative, table_drafters
 from speculative_t5x.decoding import STAT_NAMES
 
 SIGNIFICANCE = 1e-3
@@ -151,24 +151,24 @@ def _fitted_tables():
   rng = np.random.default_rng(0)
   corpus = [rng.integers(1, SMALL_V, 6) for _ in range(50)]
   return {
-      "unigram": drafters.UnigramDrafter.fit(corpus, SMALL_V),
-      "bigram": drafters.BigramDrafter.fit(corpus, SMALL_V, top=3),
+      "unigram": table_drafters.UnigramDrafter.fit(corpus, SMALL_V),
+      "bigram": table_drafters.BigramDrafter.fit(corpus, SMALL_V, top=3),
   }
 
 
 @pytest.mark.parametrize("kind", ["unigram", "bigram", "prompt_lookup"])
 def test_table_and_lookup_drafters_sample_the_exact_target_distribution(kind):
   drafter = {
-      "unigram": drafters.UnigramDrafter(vocab_size=SMALL_V),
-      "bigram": drafters.BigramDrafter(vocab_size=SMALL_V),
-      "prompt_lookup": drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=1),
+      "unigram": table_drafters.UnigramDrafter(vocab_size=SMALL_V),
+      "bigram": table_drafters.BigramDrafter(vocab_size=SMALL_V),
+      "prompt_lookup": table_drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=1),
   }[kind]
   params = _fitted_tables().get(kind, {})
   decodes, _ = _sample_small(_small_model(drafter, 2), params, 1.0, seed=3)
   _assert_matches_target(decodes, _exact_law(1.0))
 
 
-class _MismatchedQ(drafters.UnigramDrafter):
+class _MismatchedQ(table_drafters.UnigramDrafter):
   """Hugging Face's bug #32867: drafts are greedy, but q reported is the sampling distribution."""
 
   def propose(self, params, state, sequences, length, gamma, u, standardize):
@@ -392,9 +392,9 @@ def test_prompt_lookup_and_ngram_drafters_are_greedy_exact():
   inputs = _random_inputs(12, seed=9)
   corpus = list(inputs)
   cases = [
-      (drafters.PromptLookupDrafter(vocab_size=61, ngram=2), {}),
-      (drafters.UnigramDrafter(vocab_size=61), drafters.UnigramDrafter.fit(corpus, 61)),
-      (drafters.BigramDrafter(vocab_size=61), drafters.BigramDrafter.fit(corpus, 61)),
+      (table_drafters.PromptLookupDrafter(vocab_size=61, ngram=2), {}),
+      (table_drafters.UnigramDrafter(vocab_size=61), table_drafters.UnigramDrafter.fit(corpus, 61)),
+      (table_drafters.BigramDrafter(vocab_size=61), table_drafters.BigramDrafter.fit(corpus, 61)),
   ]
   base, _ = _baseline()(target, _batch(inputs), jax.random.PRNGKey(0), 0.0)
   for drafter, params in cases:
@@ -532,7 +532,7 @@ def test_greedy_equals_t5x_own_decodes_on_the_fixture():
         (
             lambda: models.SpeculativeEncoderDecoderModel(
                 network.Transformer(TINY),
-                drafters.UnigramDrafter(vocab_size=61, eos_id=2),
+                table_drafters.UnigramDrafter(vocab_size=61, eos_id=2),
                 _vocab(61),
                 _vocab(61),
             ),
@@ -723,7 +723,7 @@ def test_the_models_decode_fn_is_its_decoding_path():
   verifier = speculative.TokenVerifier()
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TINY),
-      drafters.UnigramDrafter(),
+      table_drafters.UnigramDrafter(),
       _vocab(61),
       _vocab(61),
       gamma=2,
@@ -764,7 +764,7 @@ class _AcceptsEverything(speculative.TokenVerifier):
 
 def _drafts_5(vocab_size):
   """A unigram drafter that drafts 5 (all but certainly when sampling), and its params."""
-  drafter = drafters.UnigramDrafter(vocab_size=vocab_size, smoothing=1e-6)
+  drafter = table_drafters.UnigramDrafter(vocab_size=vocab_size, smoothing=1e-6)
   return drafter, drafter.fit_params([np.full(9, 5)])
 
 
@@ -885,7 +885,7 @@ def test_block_verifier_samples_the_exact_target_distribution(kind, gamma, tempe
   _, t5_params = _small_params()
   drafter, params = {
       "t5": (network.Transformer(SMALL_DRAFTER), t5_params),
-      "bigram": (drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]),
+      "bigram": (table_drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]),
   }[kind]
   decodes, aux = _sample_small(_block_model(drafter, gamma), params, temperature, topk, seed=5)
   _assert_matches_target(decodes, _exact_law(temperature, topk))
@@ -893,7 +893,7 @@ def test_block_verifier_samples_the_exact_target_distribution(kind, gamma, tempe
   assert 0 < np.sum(stats["accepted_tokens"]) < np.sum(stats["drafted_tokens"])
 
 
-class _OutOfVocabularyDrafter(drafters.UnigramDrafter):
+class _OutOfVocabularyDrafter(table_drafters.UnigramDrafter):
   """Proposes ids beyond the vocabulary (and negative ones) at every other position."""
 
   def propose(self, params, state, sequences, length, gamma, u, standardize):
@@ -905,7 +905,7 @@ class _OutOfVocabularyDrafter(drafters.UnigramDrafter):
 def _out_of_vocabulary_lookup():
   """Prompt lookup whose fallback is outside the vocabulary: its constructor refuses that, so the
   field is set past the check, as a buggy subclass could."""
-  drafter = drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3, eos_id=EOS)
+  drafter = table_drafters.PromptLookupDrafter(vocab_size=SMALL_V, ngram=3, eos_id=EOS)
   object.__setattr__(drafter, "fallback_token", SMALL_V + 2)
   return drafter
 
@@ -1025,7 +1025,11 @@ def test_adaptive_draft_length_samples_the_exact_target_distribution(
   _, t5_params = _small_params()
   drafter, params, threshold = {
       "t5": (network.Transformer(SMALL_DRAFTER), t5_params, 0.46),
-      "bigram": (drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"], 0.36),
+      "bigram": (
+          table_drafters.BigramDrafter(vocab_size=SMALL_V),
+          _fitted_tables()["bigram"],
+          0.36,
+      ),
   }[kind]
   model = _block_model(drafter, 3, verifier, draft_length.ConfidenceStop(threshold))
   decodes, aux = _sample_small(model, params, temperature, topk, seed=13)
@@ -1058,7 +1062,7 @@ def test_adaptive_draft_length_greedy_equals_baseline():
   assert calls < drafted < 4 * calls
 
 
-class _StepCountingBigram(drafters.BigramDrafter):
+class _StepCountingBigram(table_drafters.BigramDrafter):
   """A bigram table standing in for a model drafter: each draft counts as one drafter step."""
 
   @property
@@ -1188,7 +1192,7 @@ def _tree_model(config, drafter, tree, verifier=TREE):
 )
 def test_a_draft_tree_samples_the_exact_target_distribution(kind, tree, temperature, topk):
   if kind == "bigram":
-    drafter, params = drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]
+    drafter, params = table_drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]
   else:
     drafter, params = _small_model_drafter(kind)
   model = _tree_model(SMALL_TARGET, drafter, tree)
@@ -1210,7 +1214,7 @@ class _UnadjustedSiblings(speculative.TreeVerifier):
 
 
 def test_unadjusted_sibling_acceptance_fails_the_same_test():
-  drafter = drafters.BigramDrafter(vocab_size=SMALL_V)
+  drafter = table_drafters.BigramDrafter(vocab_size=SMALL_V)
   model = _tree_model(SMALL_TARGET, drafter, (3, 2), verifier=_UnadjustedSiblings())
   decodes, _ = _sample_small(model, _fitted_tables()["bigram"], 1.0, seed=17)
   with pytest.raises(AssertionError):
@@ -1270,4 +1274,4 @@ def test_a_tree_with_settings_it_cannot_use_is_refused(changes, message):
 
 def test_prompt_lookup_refuses_a_tree_at_construction():
   with pytest.raises(ValueError, match="PromptLookupDrafter proposes chains only"):
-    _tree_model(TINY, drafters.PromptLookupDrafter(vocab_size=61), (2, 1))
+    _tree_model(TINY, table_drafters.PromptLookupDrafter(vocab_size=61), (2, 1))

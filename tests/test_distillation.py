@@ -19,6 +19,7 @@ from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import table_drafters
 from speculative_t5x import tasks
 from speculative_t5x import training
 
@@ -352,13 +353,15 @@ def test_the_drafter_and_the_target_are_checked_before_anything_is_built(tmp_pat
   with pytest.raises(gin_utils.ConfigError, match="drafter vocab_size 7 != target vocab_size 6"):
     check(drafters.T5Drafter(tiny_config(7)))
   with pytest.raises(gin_utils.ConfigError, match="PromptLookupDrafter has no checkpoint format"):
-    check(drafters.PromptLookupDrafter())
+    check(table_drafters.PromptLookupDrafter())
   with pytest.raises(gin_utils.ConfigError, match="UnigramDrafter has no checkpoint format"):
-    check(drafters.UnigramDrafter())
+    check(table_drafters.UnigramDrafter())
   with pytest.raises(gin_utils.ConfigError, match="has no parameters to distil"):
-    distillation.check_trainable(drafters.PromptLookupDrafter(), {})
+    distillation.check_trainable(table_drafters.PromptLookupDrafter(), {})
   with pytest.raises(gin_utils.ConfigError, match="non-floating array"):
-    distillation.check_trainable(drafters.BigramDrafter(V), drafters.BigramDrafter(V).fit([], V))
+    distillation.check_trainable(
+        table_drafters.BigramDrafter(V), table_drafters.BigramDrafter(V).fit([], V)
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ import pytest
 import seqio
 
 from conftest import tiny_config
-from speculative_t5x import decoding, draft_length, draft_shapes, drafters, models, network
-from speculative_t5x import speculative, trees, visualize
+from speculative_t5x import decoding, draft_length, draft_shapes, models, network
+from speculative_t5x import speculative, table_drafters, trees, visualize
 from speculative_t5x.validation import InvalidInputError
 from speculative_t5x.visualize import Step
 
@@ -57,7 +57,7 @@ def _skipping_bigram():
       "next_logp": np.log(np.full((VOCAB, 2), [0.6, 0.3])).astype(np.float32),
       "backoff": np.full(VOCAB, np.log(0.1), np.float32),
   }
-  return drafters.BigramDrafter(vocab_size=VOCAB, top=2), params
+  return table_drafters.BigramDrafter(vocab_size=VOCAB, top=2), params
 
 
 def test_a_tree_alone_takes_the_tree_verifier_and_traces_the_walked_path():
@@ -80,7 +80,11 @@ def test_the_models_take_the_shapes_default_verifier():
 
   def model(**settings):
     return models.SpeculativeEncoderDecoderModel(
-        network.Transformer(TARGET), drafters.UnigramDrafter(), vocabulary, vocabulary, **settings
+        network.Transformer(TARGET),
+        table_drafters.UnigramDrafter(),
+        vocabulary,
+        vocabulary,
+        **settings,
     )
 
   tree = model(draft_tree=(4, 1, 1, 1))
@@ -116,7 +120,7 @@ class _TrustingChain(draft_shapes.Chain):
 def test_a_new_shape_is_one_class_and_a_gin_line():
   """The loop uses the new shape's default verifier: a drafter of 5s keeps 5 5 5 and the target's
   6 after them; the model built from gin holds the shape and its verifier."""
-  drafter = drafters.UnigramDrafter(vocab_size=VOCAB, smoothing=1e-6)
+  drafter = table_drafters.UnigramDrafter(vocab_size=VOCAB, smoothing=1e-6)
   params = drafter.fit_params([np.full(9, 5)])
   output = jax.jit(
       lambda params: _decode(drafter, params, draft_shape=_TrustingChain(3), temperature=0.0)

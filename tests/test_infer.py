@@ -28,6 +28,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import inference
 from speculative_t5x import network
 from speculative_t5x import pairs
+from speculative_t5x import table_drafters
 from speculative_t5x import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -100,7 +101,7 @@ def test_speculative_and_baseline_greedy_predictions_are_identical(tmp_path, wmt
           wmt_task,
           decoder="baseline",
           pair=_pair(
-              drafter=drafters.BigramDrafter(),
+              drafter=table_drafters.BigramDrafter(),
               checkpoint_path=str(tmp_path / "target"),
               random_init_seed=None,
           ),
@@ -445,7 +446,7 @@ def test_script_writes_outputs_and_stops_on_configuration_errors(tmp_path):
   assert metrics["random_weights"] and metrics["settings"]["temperature"] == 1.0
   assert metrics["settings"]["drafter"] == "UnigramDrafter"
   assert metrics["settings"]["drafter_repr"] == repr(
-      drafters.UnigramDrafter(vocab_size=VOCAB_SIZE, eos_id=1)
+      table_drafters.UnigramDrafter(vocab_size=VOCAB_SIZE, eos_id=1)
   )
   assert [line["targets"] for line in _lines(out)] == [de for _, de in pairs]
   assert all(set(line["stats"]) == STAT_KEYS for line in _lines(out))

@@ -19,6 +19,7 @@ from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import pairs
+from speculative_t5x import table_drafters
 from speculative_t5x import tasks
 from speculative_t5x import training
 
@@ -197,7 +198,7 @@ def test_from_pair_dir_reads_a_second_drafter_of_the_same_target(saved, tmp_path
     pairs.PairConfig.from_pair_dir(tmp_path, drafter_member="spare")
 
 
-@pytest.mark.parametrize("kind", [drafters.UnigramDrafter, drafters.BigramDrafter])
+@pytest.mark.parametrize("kind", [table_drafters.UnigramDrafter, table_drafters.BigramDrafter])
 def test_fitted_drafters(kind):
   calls = []
 
@@ -228,7 +229,7 @@ def test_fitted_drafters(kind):
 
 
 def test_prompt_lookup_has_no_weights():
-  config = pairs.PairConfig(TARGET, drafters.PromptLookupDrafter(ngram=3), random_init_seed=0)
+  config = pairs.PairConfig(TARGET, table_drafters.PromptLookupDrafter(ngram=3), random_init_seed=0)
   pair = pairs.load_pair(config, EOS, fit_targets=_never)
   assert pair.drafter_params == {}
   assert pair.sources["drafter"] == "PromptLookupDrafter (nothing to restore or fit)"
@@ -266,7 +267,7 @@ def test_random_weights_from_the_seed():
             "CHECKPOINT_PATH and DRAFTER_CHECKPOINT_PATH not set",
         ),
         (drafters.T5Drafter(DRAFTER), "/ckpt/target", None, "^DRAFTER_CHECKPOINT_PATH not set"),
-        (drafters.BigramDrafter(), None, None, "^CHECKPOINT_PATH not set"),
+        (table_drafters.BigramDrafter(), None, None, "^CHECKPOINT_PATH not set"),
         (None, None, "/ckpt/drafter", "^CHECKPOINT_PATH not set"),
     ],
 )
@@ -278,7 +279,7 @@ def test_a_missing_checkpoint_without_a_seed_names_the_macro(
 
 
 def test_a_bigram_drafter_needs_no_checkpoint():
-  config = pairs.PairConfig(TARGET, drafters.BigramDrafter(), "/ckpt/target")
+  config = pairs.PairConfig(TARGET, table_drafters.BigramDrafter(), "/ckpt/target")
   assert config.drafter_checkpoint_path is None
 
 
@@ -297,7 +298,7 @@ def test_a_bigram_drafter_needs_no_checkpoint():
             f"!= TARGET_CONFIG vocab_size {VOCAB}: speculative decoding needs one vocabulary",
         ),
         (
-            {"drafter": drafters.BigramDrafter(vocab_size=99)},
+            {"drafter": table_drafters.BigramDrafter(vocab_size=99)},
             "DRAFTER \\(BigramDrafter\\) " f"vocab_size 99 != TARGET_CONFIG vocab_size {VOCAB}",
         ),
         (
@@ -315,7 +316,7 @@ def test_bad_settings_name_the_macro(fields, message):
 
 def test_load_errors_name_the_macro(saved, tmp_path):
   directory, _, _ = saved
-  config = pairs.PairConfig(TARGET, drafters.BigramDrafter(eos_id=5), random_init_seed=0)
+  config = pairs.PairConfig(TARGET, table_drafters.BigramDrafter(eos_id=5), random_init_seed=0)
   with pytest.raises(
       gin_utils.ConfigError,
       match="DRAFTER: drafter eos_id 5 != the output " "vocabulary's eos_id 1",

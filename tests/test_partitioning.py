@@ -23,7 +23,7 @@ import seqio
 from jax.sharding import PartitionSpec as P
 
 from conftest import tiny_config
-from speculative_t5x import drafters, models, network, partitioning
+from speculative_t5x import drafters, models, network, partitioning, table_drafters
 
 HERE = pathlib.Path(__file__).resolve().parent
 MESHES = {"1x8": 8, "2x4": 4, "8x1": 1}  # mesh name -> size of the 'model' axis
@@ -182,14 +182,14 @@ def test_partitioning_gin():
 # --- one device -----------------------------------------------------------------------------------
 def test_partitioned_table_drafter_matches_jit_predict():
   vocab = seqio.PassThroughVocabulary(TINY.vocab_size, eos_id=1)
-  drafter = drafters.BigramDrafter(vocab_size=TINY.vocab_size)
+  drafter = table_drafters.BigramDrafter(vocab_size=TINY.vocab_size)
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(TINY), drafter, vocab, vocab, gamma=2
   )
   tokens = np.random.RandomState(0).randint(2, TINY.vocab_size, size=(2, 5)).astype(np.int32)
   params = {
       "target": network.init_params(TINY, jax.random.PRNGKey(0)),
-      "drafter": drafters.BigramDrafter.fit(tokens, TINY.vocab_size, top=4),
+      "drafter": table_drafters.BigramDrafter.fit(tokens, TINY.vocab_size, top=4),
   }
   batch = {
       "encoder_input_tokens": tokens,
