@@ -11,9 +11,11 @@ def test_bench_network_times_k_token_decodes(tmp_path):
       f"--output_dir={tmp_path}",
       "--sizes=tiny",
       "--ks=1,3",
-      "--repeats=3",
-      "--steps_per_call=4",
-      "--decode_length=16",
+      # A tiny network's step is about 0.02 ms: enough steps that the extra ones outweigh the
+      # noise of a shared machine (with 4 steps per call they did not, once).
+      "--repeats=5",
+      "--steps_per_call=64",
+      "--decode_length=80",
       "--encoder_length=8",
   )
   (row,) = json.loads((tmp_path / "bench_network.json").read_text())["rows"]
