@@ -292,6 +292,11 @@ class DecodeParams:
   folded: dict
 
 
+def _trained(params: Any) -> Any:
+  """The trained parameters: `params`, or those a `DecodeParams` holds."""
+  return params.params if isinstance(params, DecodeParams) else params
+
+
 @flax.struct.dataclass
 class FeatureDrafterState:
   """cache: the head's decoder cache [B, S, ...]; features [B, S, E]: the target's features by
@@ -454,13 +459,10 @@ class FeatureDrafter(drafters.Drafter):
     return target_encoded
 
   def check_params(self, params, name="drafter params", shapes=None):
-    if isinstance(params, DecodeParams):
-      params = params.params
-    super().check_params(params, name, shapes)
+    super().check_params(_trained(params), name, shapes)
 
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
-    if isinstance(params, DecodeParams):
-      params = params.params
+    params = _trained(params)
     module = self.module
     encoded = self._encoded(target_encoded, "init_state")
     cache = module.apply(
