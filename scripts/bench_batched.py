@@ -11,7 +11,7 @@ run in one `lax.while_loop` until the last row ends, so a batch takes as many it
 slowest row: with ragged acceptance the mean target calls per row are below the loop's iterations
 (reported as `ragged_efficiency` = mean / max target calls).
 
-For each batch size, `report.sweep` measures one example of that many random rows: the baseline
+For each batch size, `sweep.sweep` measures one example of that many random rows: the baseline
 and speculative decoding timed side by side (medians of --repeats rounds, compilation excluded),
 then c and the verification cost on decode steps at the same batch size; its `report.SpeedupRow`
 per temperature gives the speedups (per decoded token, and with the prefill taken off), alpha,
@@ -45,6 +45,7 @@ from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import report
+from speculative_t5x import sweep
 from speculative_t5x import theory
 
 EOS_ID = 1
@@ -184,11 +185,11 @@ def main(argv):
     inputs = benchmark.random_tokens(
         jax.random.PRNGKey(FLAGS.seed), FLAGS.vocab_size, (1, batch_size, FLAGS.input_length)
     )
-    sweep = report.sweep(
+    measured = sweep.sweep(
         target_config,
         target_params,
         {DRAFTER: (drafters.T5Drafter(drafter_config), drafter_params)},
-        report.grid_settings([DRAFTER], [FLAGS.gamma]),
+        sweep.grid_settings([DRAFTER], [FLAGS.gamma]),
         FLAGS.temperatures,
         np.asarray(inputs),
         FLAGS.decode_length,
@@ -201,10 +202,10 @@ def main(argv):
         progress=True,
     )
     results += [
-        batched_result(batch_size, row, sweep.results[row.temperature][DRAFTER, FLAGS.gamma][0])
-        for row in sweep.rows
+        batched_result(batch_size, row, measured.results[row.temperature][DRAFTER, FLAGS.gamma][0])
+        for row in measured.rows
     ]
-    costs[f"batch={batch_size}"] = report.costs_as_dict(sweep.costs)
+    costs[f"batch={batch_size}"] = report.costs_as_dict(measured.costs)
   command = " ".join(["python"] + sys.argv)
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 r"""The paper's Table 2 harness: batch-1 wall time of the baseline and of speculative decoding.
 
-For a target, its drafters, an input source and every (temperature, gamma), `report.sweep` times
+For a target, its drafters, an input source and every (temperature, gamma), `sweep.sweep` times
 each example's decodes (the baseline and every speculative setting side by side, with their
 prefills) and, between the examples, the decode steps behind c and the verification cost; each
 setting becomes a `report.SpeedupRow` (per-token, per-example and loop speedups, Theorem 3.8's
@@ -15,7 +15,7 @@ RANDOM_INIT_SEED set) the drafters are 'independent' (its own random weights) an
 target's weights: alpha ~ 1, c = 1): their alpha checks the mechanics and says nothing about real
 drafters.
 
-Inputs (`report.load_inputs`): random token ids (--num_examples of them, lengths up to the
+Inputs (`sweep.load_inputs`): random token ids (--num_examples of them, lengths up to the
 'inputs' feature length), the lines of --input_file tokenized with --sentencepiece_model, or the
 --split of the seqio --task.
 
@@ -52,6 +52,7 @@ from speculative_t5x import benchmark_config
 from speculative_t5x import gin_utils
 from speculative_t5x import multihost
 from speculative_t5x import report
+from speculative_t5x import sweep
 from speculative_t5x import validation
 
 DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
@@ -119,7 +120,7 @@ def _flag_numbers(values: Sequence[str], flag: str, kind: type) -> list:
 
 def load_setup() -> benchmark_config.BenchmarkSetup:
   """The gin configuration, with --gammas and --temperatures applied and checked, and the
-  inputs checked (`report.check_input_source`): a bad setting is refused before the models load."""
+  inputs checked (`sweep.check_input_source`): a bad setting is refused before the models load."""
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   try:
     gammas = _flag_numbers(FLAGS.gammas, "--gammas", int) if FLAGS.gammas else None
@@ -131,7 +132,7 @@ def load_setup() -> benchmark_config.BenchmarkSetup:
   setup = benchmark_config.BenchmarkSetup().checked(gammas, temperatures)
   if not FLAGS.costs_only:  # the inputs are read after the models load: check them before
     try:
-      report.check_input_source(
+      sweep.check_input_source(
           FLAGS.task, FLAGS.split, FLAGS.input_file, FLAGS.sentencepiece_model, FLAGS.num_examples
       )
     except ValueError as e:
@@ -209,7 +210,7 @@ def main(argv):
         load,
     )
     return
-  task, vocabulary, inputs = report.load_inputs(
+  task, vocabulary, inputs = sweep.load_inputs(
       pair.target_config.vocab_size,
       setup.task_feature_lengths,
       task=FLAGS.task,
@@ -220,11 +221,11 @@ def main(argv):
       seed=setup.seed,
       eos_id=EOS_ID,
   )
-  result = report.sweep(
+  result = sweep.sweep(
       pair.target_config,
       pair.target_params,
       drafters,
-      report.grid_settings(drafters, gammas, setup.verifiers, setup.draft_stops, setup.draft_trees),
+      sweep.grid_settings(drafters, gammas, setup.verifiers, setup.draft_stops, setup.draft_trees),
       temperatures,
       inputs[:, None],
       int(setup.task_feature_lengths["targets"]),

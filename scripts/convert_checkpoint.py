@@ -27,6 +27,7 @@ from absl import logging
 from speculative_t5x import checkpoints
 from speculative_t5x import gin_utils
 from speculative_t5x import hf_weights
+from speculative_t5x import t5x_checkpoints
 
 MODES = ("t5x_to_orbax", "hf_to_orbax", "orbax_to_hf")
 
@@ -55,7 +56,7 @@ flags.mark_flags_as_required(["mode", "input", "output"])
 def main(argv):
   del argv
   if FLAGS.mode == "t5x_to_orbax":
-    params = checkpoints.load_t5x_checkpoint(FLAGS.input, FLAGS.step)["target"]
+    params = t5x_checkpoints.load_t5x_checkpoint(FLAGS.input, FLAGS.step)["target"]
     overrides = {"dtype": FLAGS.dtype}
     if FLAGS.mlp_activations:
       overrides["mlp_activations"] = tuple(FLAGS.mlp_activations)

@@ -2,7 +2,7 @@
 
 It translates held-out English sentences into German with the trained demo target and drafter in
 `demo_models/` (see its MODEL_CARD.md), prints a few of them, then the Table-2 row of each
-temperature (`report.sweep`: batch 1, baseline and speculative decodes timed side by side on
+temperature (`sweep.sweep`: batch 1, baseline and speculative decodes timed side by side on
 identical inputs and rng, medians, compilation excluded; alpha and tokens per target call from
 the run's own statistics; c and the verification cost from compiled decode steps timed between
 the examples; the speedups beside Theorem 3.8's prediction; see speculative_t5x/report.py). It
@@ -37,6 +37,7 @@ from speculative_t5x import network
 from speculative_t5x import pairs
 from speculative_t5x import report
 from speculative_t5x import sampling
+from speculative_t5x import sweep
 from speculative_t5x import tasks
 from speculative_t5x import trees
 from speculative_t5x import validation
@@ -258,18 +259,18 @@ def main(argv):
       f"batch 1, backend {jax.default_backend()}"
   )
 
-  result = report.sweep(
+  result = sweep.sweep(
       target,
       pair.target_params,
       {name: (p.drafter, p.drafter_params) for name, p in loaded.items()},
-      report.grid_settings(
+      sweep.grid_settings(
           loaded, [_GAMMA.value] if draft_trees is None else [], None, None, draft_trees
       ),
       list(temperatures),
       encoder_tokens[:, None],
       _DECODE_LENGTH.value,
       vocabulary=vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID),
-      task="demo_ende" if vocabulary else report.RANDOM_TASK,
+      task="demo_ende" if vocabulary else sweep.RANDOM_TASK,
       repeats=_REPEATS.value,
       cost_repeats=_COST_REPEATS.value,
   )

@@ -7,7 +7,7 @@ configs/runs/benchmark.gin binds `benchmark_config.BenchmarkSetup` to the T5X-st
 from configs/drafters/); configs/runs/benchmark_{tiny,small,verifiers,draft_length,trees}.gin set
 its other fields. `BenchmarkSetup().checked(...)` applies the command line's gammas and
 temperatures and refuses a bad setting with `gin_utils.ConfigError`; `load_models` loads the pair
-and names the drafters `report.sweep` times.
+and names the drafters `sweep.sweep` times.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class BenchmarkSetup:
           f"DRAFTER {type(drafter).__name__} has no DRAFTER_CHECKPOINT_PATH, and the random "
           f"drafters {tuple(setup.random_drafters)} are built from a T5 drafter's network, which "
           "it has none of: give its checkpoint (a drafter without one is timed by "
-          "scripts/demo.py or report.sweep)."
+          "scripts/demo.py or sweep.sweep)."
       )
     if not (setup.pair.drafter_checkpoint_path or setup.random_drafters):
       raise gin_utils.ConfigError(

@@ -55,6 +55,7 @@ import numpy as np
 
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters
+from speculative_t5x import layers
 from speculative_t5x import network
 from speculative_t5x import tasks
 from speculative_t5x import trees
@@ -84,7 +85,7 @@ def mixed_step_sources(length: int, step: int) -> np.ndarray:
 
 def scatter_draft_logits(logits: jax.Array, draft_vocab: tuple[int, ...], vocab_size: int):
   """Logits over the draft vocabulary [..., N] -> [..., V], MASK_VALUE at the other ids."""
-  full = jnp.full(logits.shape[:-1] + (vocab_size,), network.MASK_VALUE)
+  full = jnp.full(logits.shape[:-1] + (vocab_size,), layers.MASK_VALUE)
   return full.at[..., np.asarray(draft_vocab)].set(logits)
 
 
@@ -120,11 +121,11 @@ class FeatureHead(nn.Module):
         (self.feature_dim, width),
         jnp.float32,
     )
-    self.fuse = network.Dense(cfg.emb_dim, dtype, _FUSE_AXES)
+    self.fuse = layers.Dense(cfg.emb_dim, dtype, _FUSE_AXES)
     self.fuse_bias = self.param(
         "fuse_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)), (cfg.emb_dim,)
     )
-    self.relpos_bias = network.RelativePositionBiases(
+    self.relpos_bias = layers.RelativePositionBiases(
         cfg.relative_attention_num_buckets,
         cfg.relative_attention_max_distance,
         cfg.num_heads,
@@ -132,10 +133,10 @@ class FeatureHead(nn.Module):
         dtype=dtype,
     )
     self.layers = [
-        network.DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)
+        layers.DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)
     ]
-    self.feature_norm = network.RMSNorm(dtype)
-    self.feature_out = network.Dense(self.feature_dim, dtype, _OUT_AXES)
+    self.feature_norm = layers.RMSNorm(dtype)
+    self.feature_out = layers.Dense(self.feature_dim, dtype, _OUT_AXES)
 
   def fused_inputs(self, previous_features: jax.Array, tokens: jax.Array) -> jax.Array:
     """g = W_fuse [f_prev; e(x)] + b: [B, k, E] and [B, k] -> [B, k, d]."""
@@ -192,7 +193,7 @@ class FeatureHead(nn.Module):
     """
     length = decoder_input_tokens.shape[1]
     query_valid = jnp.ones(decoder_input_tokens.shape, bool)
-    cross_mask = network.attention_mask(query_valid, encoder_input_tokens > 0)
+    cross_mask = layers.attention_mask(query_valid, encoder_input_tokens > 0)
     positions = jnp.arange(length)[None]
     bias = self.relpos_bias(positions, positions)
     cross = [layer.cross_key_value(encoded) for layer in self.layers]
@@ -226,7 +227,7 @@ class FeatureHead(nn.Module):
           "bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32)
       )
       scores = jnp.where(sources == index, step_scores, scores)
-    scores = jnp.where(sources >= 0, scores, network.MASK_VALUE) + bias.astype(jnp.float32)
+    scores = jnp.where(sources >= 0, scores, layers.MASK_VALUE) + bias.astype(jnp.float32)
     weights = jax.nn.softmax(scores).astype(cfg.activation_dtype)
     y = sum(
         jnp.einsum("bhqk,bkhd->bqhd", jnp.where(sources == index, weights, 0.0), value)
@@ -237,8 +238,8 @@ class FeatureHead(nn.Module):
   def init_cache(
       self, encoded: jax.Array, encoder_input_tokens: jax.Array, cache_length: int
   ) -> dict:
-    """The decode cache (`network.init_layer_caches`) of the drafter's layers."""
-    return network.init_layer_caches(
+    """The decode cache (`layers.init_layer_caches`) of the drafter's layers."""
+    return layers.init_layer_caches(
         self.config, self.layers, encoded, encoder_input_tokens, cache_length
     )
 
@@ -255,10 +256,10 @@ class FeatureHead(nn.Module):
     tokens (a chain at cache_index + 0..k-1, or tree block slots) -> (n = RMSNorm(h) [B, k, d],
     cache); f^ = W_out n, and the logits follow from n (`fold`)."""
     cache_length = cache["layers_0"]["self_key"].shape[1]
-    positions, key_positions, self_mask, write_index = network.decode_placement(
+    positions, key_positions, self_mask, write_index = layers.decode_placement(
         cache_length, cache_index, inputs.shape[1], tree, slots
     )
-    cross_mask = network.attention_mask(jnp.ones(inputs.shape[:2], bool), cache["encoder_valid"])
+    cross_mask = layers.attention_mask(jnp.ones(inputs.shape[:2], bool), cache["encoder_valid"])
     bias = self.relpos_bias(positions, key_positions)
     x = inputs
     new_cache = {"encoder_valid": cache["encoder_valid"]}
@@ -406,7 +407,7 @@ class FeatureDrafter(drafters.Drafter):
     decoder = target_params["decoder"]
     if "logits_dense" in decoder:
       kernel = jnp.array(decoder["logits_dense"]["kernel"], jnp.float32, copy=True)
-    else:  # tied: logits = x @ embedding^T / sqrt(E) (`network.Decoder._logits_of_features`).
+    else:  # tied: logits = x @ embedding^T / sqrt(E) (`layers.Decoder._logits_of_features`).
       kernel = embedding.T / np.sqrt(self.feature_dim)
     if self.draft_vocab:
       kernel = kernel[:, np.asarray(self.draft_vocab)]

@@ -12,7 +12,7 @@ The transformers 5.x trap: `T5Config` always sets `tie_word_embeddings=True`, so
 Damaged files are refused: a safetensors file whose header does not describe its data, or a
 `pytorch_model.bin` whose zip records fail their CRC-32, raises a ValueError naming the file; and
 by default (`check_finite=True`) a weight holding NaN or inf raises
-`checkpoints.NonFiniteWeightsError` naming its key.
+`t5x_checkpoints.NonFiniteWeightsError` naming its key.
 
 torch is imported only to read `pytorch_model.bin` files and to build a torch model.
 """
@@ -30,12 +30,13 @@ import safetensors.numpy
 
 from speculative_t5x import checkpoints
 from speculative_t5x import network
+from speculative_t5x import t5x_checkpoints
 
 SAFETENSORS_FILE = "model.safetensors"
 TORCH_FILE = "pytorch_model.bin"
 CONFIG_FILE = "config.json"
 _INDEX_SUFFIX = ".index.json"  # Sharded HF checkpoints: <file>.index.json has a weight_map.
-_LAYER_NORM_EPSILON = 1e-6  # network.RMSNorm's epsilon, as in T5X.
+_LAYER_NORM_EPSILON = 1e-6  # layers.RMSNorm's epsilon, as in T5X.
 # T5Config.mlp_activations <-> HF feed_forward_proj. HF's 'gated-gelu' is the tanh-approximate
 # GELU (flax's default); HF's plain 'gelu' is the exact one, which T5X does not use.
 _FEED_FORWARD_PROJ = {
@@ -123,7 +124,7 @@ def params_from_hf_state_dict(
   Accepts numpy arrays or torch tensors. The embedding may be under `shared.weight` or the
   `embed_tokens` aliases (which must then agree). One ValueError lists every missing, extra or
   mis-shaped key by name; then, unless check_finite=False, one
-  `checkpoints.NonFiniteWeightsError` every key holding NaN or inf. `source` names the state
+  `t5x_checkpoints.NonFiniteWeightsError` every key holding NaN or inf. `source` names the state
   dict in the messages.
   """
   arrays = {key: _to_numpy(value) for key, value in state_dict.items()}
@@ -164,7 +165,7 @@ def params_from_hf_state_dict(
         "\n" + "\n".join(problems)
     )
   if check_finite:
-    checkpoints.check_params_finite({hf: arrays[hf] for _, hf, _ in key_map}, source)
+    t5x_checkpoints.check_params_finite({hf: arrays[hf] for _, hf, _ in key_map}, source)
   return traverse_util.unflatten_dict(flat, sep="/")
 
 

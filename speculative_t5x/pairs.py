@@ -358,7 +358,7 @@ def load_drafter(
 @contextlib.contextmanager
 def _restoring(macro: str, path: str) -> Iterator[None]:
   """A checkpoint that is missing, damaged (weights holding NaN or inf included: restoring checks
-  them, `checkpoints.NonFiniteWeightsError`) or does not fit the configured model is a
+  them, `t5x_checkpoints.NonFiniteWeightsError`) or does not fit the configured model is a
   ConfigError naming the macro."""
   try:
     yield

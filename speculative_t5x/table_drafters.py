@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import drafters
-from speculative_t5x import network
+from speculative_t5x import layers
 
 
 def _check_token_ids(tokens: np.ndarray, vocab_size: int, owner: str) -> np.ndarray:
@@ -271,7 +271,7 @@ class PromptLookupDrafter(drafters.Drafter):
         )[0][:, 0],
         out_axes=1,
     )(jnp.arange(length))
-    return jnp.where(jax.nn.one_hot(first, self.vocab_size, dtype=bool), 0.0, network.MASK_VALUE)
+    return jnp.where(jax.nn.one_hot(first, self.vocab_size, dtype=bool), 0.0, layers.MASK_VALUE)
 
   def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
     del stop  # its drafts cost no drafter step, so stopping early saves nothing.

@@ -10,6 +10,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import speculative_t5x  # noqa: E402,F401  (first: TensorFlow, which seqio imports, quietly)
 import jax  # noqa: E402
 import seqio  # noqa: E402,F401
+from flax import traverse_util  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -111,6 +114,39 @@ def fixture_path(name: str) -> pathlib.Path:
         "in ../shared/fixtures/t5x); this test needs files written by T5X itself."
     )
   return path
+
+
+# The checkpoint tests' model (test_checkpoints.py, test_t5x_checkpoints.py): every dimension is
+# spelled out.
+SMALL_CONFIG = tiny_config(
+    40, emb_dim=8, num_heads=2, head_dim=4, mlp_dim=12, num_encoder_layers=1, num_decoder_layers=2
+)
+
+
+@pytest.fixture(scope="module")
+def small_params():
+  """SMALL_CONFIG's parameters (seed 0) as numpy arrays."""
+  params = network.init_params(SMALL_CONFIG, jax.random.PRNGKey(0))
+  return jax.tree.map(np.asarray, params)
+
+
+def flat(tree) -> dict:
+  """A nested dict as {'a/b/c': leaf}."""
+  return traverse_util.flatten_dict(tree, sep="/")
+
+
+def assert_trees_equal(actual, expected):
+  """Two nested dicts of arrays with the same paths, dtypes and values (exactly)."""
+  actual, expected = flat(actual), flat(expected)
+  assert actual.keys() == expected.keys()
+  for key, value in expected.items():
+    assert actual[key].dtype == np.asarray(value).dtype, key
+    np.testing.assert_array_equal(actual[key], value, err_msg=key)
+
+
+def bf16(tree):
+  """Every leaf of `tree` cast to bfloat16."""
+  return jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16), tree)
 
 
 def chisquare_pvalue(observed, probabilities, min_expected: float = 5.0) -> float:

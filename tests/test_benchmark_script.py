@@ -35,7 +35,7 @@ ROW_KEYS = {
 def test_benchmark_script_end_to_end(tmp_path):
   """The default tiny random pair, 1 example, 3 repeats (medians: a single timing of a short
   decode can fall below its prefill's on a busy machine), gamma 2, temperature 0 (each setting
-  compiles its own loop: the suite keeps them few; temperature 1 goes through the same report.sweep
+  compiles its own loop: the suite keeps them few; temperature 1 goes through the same sweep.sweep
   in tests/test_demo.py, and its step costs in test_benchmark_costs_only). A step of the tiny networks takes
   tens of microseconds, so the step costs are resolved from 64 extra steps (16 per call, the most
   a 16-token decode's cache admits) in 5 rounds: 16 extra steps were lost in the noise of a

@@ -15,6 +15,7 @@ from conftest import FIXTURE_CONFIG, fixture_path, tiny_config
 from speculative_t5x import checkpoints
 from speculative_t5x import hf_weights
 from speculative_t5x import network
+from speculative_t5x import t5x_checkpoints
 
 T5_1_1 = tiny_config(48, head_dim=4, mlp_dim=24, num_encoder_layers=2, num_decoder_layers=3)
 # T5 1.0-style: one relu `wi` and the head tied to the embedding (rescaled by emb_dim**-0.5).
@@ -220,7 +221,7 @@ def test_safetensors_file_with_flipped_bits_is_refused(tmp_path):
   weights = tmp_path / "model.safetensors"
   weights.write_bytes(_with_nan_bits(weights.read_bytes(), wo, 24 * 2 + 7))
   with pytest.raises(
-      checkpoints.NonFiniteWeightsError,
+      t5x_checkpoints.NonFiniteWeightsError,
       match=rf"HF checkpoint {tmp_path} holds NaN or inf in 1 parameter\(s\):\n  {_WO} \(16, 24\): "
       r"1 NaN and 0 inf of 384 values, the first at index \(2, 7\)",
   ):
@@ -235,7 +236,7 @@ def test_state_dict_with_inf_and_tied_nan_embeddings_is_refused():
   state["encoder.embed_tokens.weight"] = state["shared.weight"]  # A tied copy: NaN where it is.
   state["lm_head.weight"] = torch.from_numpy(state["lm_head.weight"]).to(torch.bfloat16)
   state["lm_head.weight"][0, 1] = -float("inf")
-  with pytest.raises(checkpoints.NonFiniteWeightsError) as info:
+  with pytest.raises(t5x_checkpoints.NonFiniteWeightsError) as info:
     hf_weights.params_from_hf_state_dict(state, T5_1_1)
   message = str(info.value)
   assert message.startswith("HF state dict holds NaN or inf in 2 parameter(s)")

@@ -10,7 +10,7 @@ import pytest
 from flax import serialization, traverse_util
 
 from conftest import FIXTURE_CONFIG, fixture_path, tiny_config
-from speculative_t5x import network, trees
+from speculative_t5x import layers, network, trees
 
 # T5X's minimal T5 1.1 tree (T5X's t5_1_1 network), written out by hand.
 _T5X_LAYER_PATHS = {
@@ -172,19 +172,6 @@ def test_decode_logits_equal_in_bfloat16_roughly():
   np.testing.assert_allclose(logits, full, atol=0.1)
 
 
-def test_relative_position_buckets_match_t5_definition():
-  # Hand-derived from T5's definition: causal, 32 buckets, max_exact 16, max_distance 128.
-  rel = -np.array([0, 1, 15, 16, 20, 127, 128, 1000])
-  np.testing.assert_array_equal(
-      network.relative_position_bucket(rel, False, 32, 128), [0, 1, 15, 16, 17, 31, 31, 31]
-  )
-  # Bidirectional: 16 buckets per sign, future keys offset by 16.
-  np.testing.assert_array_equal(
-      network.relative_position_bucket(np.array([0, 1, -1, 7, 8]), True, 32, 128),
-      [0, 17, 1, 23, 24],
-  )
-
-
 # (field, bad value, what the message must say): each names the field and the value.
 BAD_CONFIGS = [
     ("vocab_size", 32.5, r"vocab_size must be an int, got 32\.5 \(float\)"),
@@ -254,7 +241,7 @@ def test_config_fields_are_normalized():
       relative_attention_num_buckets=4,
       relative_attention_max_distance=3,
   )
-  network.relative_position_bucket(np.arange(-9, 10), True, 4, 3)  # The smallest buckets work.
+  layers.relative_position_bucket(np.arange(-9, 10), True, 4, 3)  # The smallest buckets work.
 
 
 def test_bad_tokens_and_blocks():

@@ -19,6 +19,7 @@ from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import pairs
+from speculative_t5x import t5x_checkpoints
 from speculative_t5x import table_drafters
 from speculative_t5x import tasks
 from speculative_t5x import training
@@ -362,7 +363,7 @@ def test_weights_holding_nan_or_inf_are_refused_naming_the_macro(tmp_path):
         rf"parameter\(s\):\n  target/{parameter}",
     ) as info:
       pairs.load_pair(pairs.PairConfig.from_pair_dir(tmp_path / name), EOS)
-    assert isinstance(info.value.__cause__, checkpoints.NonFiniteWeightsError)
+    assert isinstance(info.value.__cause__, t5x_checkpoints.NonFiniteWeightsError)
 
 
 def test_cast_changes_only_floating_leaves():
@@ -394,7 +395,7 @@ def test_a_restore_dtype_that_is_not_floating_is_refused_before_anything_is_read
   for restore in (
       lambda: checkpoints.restore_params(TARGET, nowhere, dtype=dtype),
       lambda: checkpoints.restore_model(nowhere, dtype=dtype),
-      lambda: checkpoints.load_t5x_checkpoint(nowhere, restore_dtype=dtype),
+      lambda: t5x_checkpoints.load_t5x_checkpoint(nowhere, restore_dtype=dtype),
       lambda: pairs.cast({"w": np.ones(2, np.float32)}, dtype),
   ):
     with pytest.raises(ValueError, match=f"^restore dtype '{dtype}' {problem}{fix}"):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from speculative_t5x import network, sampling, table_drafters
+from speculative_t5x import layers, sampling, table_drafters
 from speculative_t5x.validation import InvalidInputError
 
 # --- unigram and bigram tables -------------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_prompt_lookup_teacher_forced_logits_are_its_first_drafts():
   first = np.array([[FALLBACK, 9, FALLBACK, 12, FALLBACK], [FALLBACK, 7, 8, 7, 6]])
   assert logits.shape == (2, 5, LOOKUP_V)
   np.testing.assert_array_equal(
-      logits, np.where(np.eye(LOOKUP_V, dtype=bool)[first], 0.0, np.float32(network.MASK_VALUE))
+      logits, np.where(np.eye(LOOKUP_V, dtype=bool)[first], 0.0, np.float32(layers.MASK_VALUE))
   )
 
 

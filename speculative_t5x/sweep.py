@@ -1,0 +1,486 @@
+r"""The timed sweep behind Table 2: a target, its drafters and every (temperature, gamma) against
+the baseline, on the same inputs.
+
+What is measured (`sweep`), for a target, its drafters and every (temperature, gamma), on
+identical inputs with the same rng, per example, every setting of one example timed side by side
+in the same rounds (`benchmark.time_calls`):
+  - the wall time of the baseline (`models.EncoderDecoderModel`, `decoding.temperature_sample`)
+    and of speculative decoding (`models.SpeculativeEncoderDecoderModel`): compilation excluded,
+    `warmup` untimed calls, the median (and IQR) of `repeats` calls, each ended by
+    `block_until_ready`;
+  - the wall time of each one's prefill (`model.prefill`: encoders and caches, the work before the
+    decoding loop);
+  - the decoded tokens, each row's up to and including its first EOS (`decoding.decoded_lengths`);
+  - the speculative decode's own statistics (`decoding.SpeculativeStats`): alpha (mean beta),
+    tokens per target call, acceptance rate;
+and per drafter and temperature, on compiled decode steps at the run's encoder and cache lengths
+(`benchmark.DecodeCosts`), timed between the examples (ceil(cost_repeats / examples) rounds after
+each example's decodes, so the costs and the decodes sample the same minutes of the machine):
+  - c, the drafter's single-token step time over the target's (Definition 3.7);
+  - the verification cost, the target on gamma + 1 tokens over the target on 1 token;
+  - the iteration cost, gamma drafter steps and the verification timed together in one loop, over
+    the target's step (apart they cost gamma * c + verification cost), and from it the cost of a
+    draft inside the loop, c in loop = (iteration - verification) / gamma in target steps.
+
+Each setting at each temperature becomes a `report.SpeedupRow` (report.py says what its speedups,
+predictions and efficiencies are). The settings (`SweepSetting`, crossed by `grid_settings`) are
+drafters, gammas, verifiers, draft-length rules and draft trees; the examples (`load_inputs`) come
+from a seqio task, a file of lines or random token ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pathlib
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+import tqdm
+
+from speculative_t5x import benchmark
+from speculative_t5x import draft_length
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import report
+from speculative_t5x import speculative
+from speculative_t5x import tasks
+from speculative_t5x import trees
+
+BASELINE = "baseline"  # the settings' key of the baseline; speculative ones are (drafter, gamma).
+RANDOM_TASK = "random"  # the task label of random inputs.
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """One way to decode: `predict(params, batch, rng, temperature) -> (decodes [B, L], aux)` and
+  `prefill(params, batch)`, both jitted, and their params."""
+
+  predict: Callable[..., Any]
+  prefill: Callable[..., Any]
+  params: Any
+
+
+# name -> (a `drafters.Drafter`, e.g. `drafters.T5Drafter(config)`; its params).
+Drafters = Mapping[str, tuple[drafters_lib.Drafter, Any]]
+
+
+Verifiers = Mapping[str, speculative.Verifier]
+DraftStops = Mapping[str, draft_length.DraftStop | None]
+DraftTrees = Mapping[str, trees.DraftTree]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSetting:
+  """One speculative setting of a sweep: which drafter decodes, with what draft shape and
+  verifier, under which row label. A new axis of the benchmark is one more field here, passed on
+  by `model_kwargs`.
+
+  label: the rows' drafter label (`report.SpeedupRow.drafter`); drafter: a key of the sweep's
+  drafters; gamma: drafts per target call (a tree's depth); verifier: None is the draft shape's
+  default (Algorithm 1 for a chain, `speculative.TreeVerifier` for a tree); draft_stop: a
+  `draft_length` rule or None (static gamma); draft_tree: a `trees.DraftTree` or None (a chain).
+  """
+
+  label: str
+  drafter: str
+  gamma: int
+  verifier: speculative.Verifier | None = None
+  draft_stop: draft_length.DraftStop | None = None
+  draft_tree: trees.DraftTree | None = None
+
+  def __post_init__(self):
+    if self.draft_tree is not None and self.gamma != self.draft_tree.depth:
+      raise ValueError(
+          f"setting {self.label!r}: a draft tree of depth {self.draft_tree.depth} runs at gamma "
+          f"{self.draft_tree.depth}, got gamma {self.gamma}."
+      )
+
+  @property
+  def key(self) -> tuple[str, int]:
+    """Its key in `build_settings` and `Sweep.results`: (label, gamma)."""
+    return self.label, self.gamma
+
+  @property
+  def verified(self) -> int:
+    """Drafts per verification: gamma for a chain, M for a tree of M nodes."""
+    return self.gamma if self.draft_tree is None else self.draft_tree.num_nodes
+
+  def model_kwargs(self) -> dict[str, Any]:
+    """The `models.SpeculativeEncoderDecoderModel` arguments it sets."""
+    return dict(
+        gamma=self.gamma,
+        verifier=self.verifier,
+        draft_stop=self.draft_stop,
+        draft_tree=self.draft_tree,
+    )
+
+
+def grid_settings(
+    drafters: Iterable[str],
+    gammas: Sequence[int],
+    verifiers: Verifiers | None = None,
+    draft_stops: DraftStops | None = None,
+    draft_trees: DraftTrees | None = None,
+) -> list[SweepSetting]:
+  """Every drafter with every verifier, draft-length rule and gamma, then with every tree at its
+  depth. Labels: the drafter's name, then ', <verifier> verification' where several verifiers
+  are swept and ', <rule> draft length' where several rules are (the defaults: Algorithm 1,
+  static gamma); '<name>, tree <label>' for a tree (verified by the tree shape's default
+  verifier)."""
+  verifiers = verifiers or {"token": speculative.ALGORITHM_1}
+  draft_stops = draft_stops or {"static": None}
+  settings = []
+  for name in drafters:
+    for verifier_label, verifier in verifiers.items():
+      for stop_label, stop in draft_stops.items():
+        label = name
+        if len(verifiers) > 1:
+          label += f", {verifier_label} verification"
+        if len(draft_stops) > 1:
+          label += f", {stop_label} draft length"
+        settings += [
+            SweepSetting(label, name, int(g), verifier, stop) for g in sorted({*map(int, gammas)})
+        ]
+    for tree_label, tree in (draft_trees or {}).items():
+      settings.append(SweepSetting(f"{name}, tree {tree_label}", name, tree.depth, draft_tree=tree))
+  return settings
+
+
+def cost_gammas(settings: Sequence[SweepSetting]) -> list[int]:
+  """The 'gammas' whose verification the costs time: each setting's drafts per verification
+  (the target on that many + 1 tokens)."""
+  return sorted({setting.verified for setting in settings})
+
+
+def build_settings(
+    target_config: network.T5Config,
+    target_params: Any,
+    drafters: Drafters,
+    settings: Sequence[SweepSetting],
+    vocabulary: seqio.Vocabulary,
+) -> dict[Hashable, Setting]:
+  """BASELINE and each setting's key (label, gamma) -> Setting, the drafter's parameters in their
+  `Drafter.decode_params` form; settings that differ only in their drafter's parameters (drafters
+  of one Drafter object) share compiled functions."""
+  target = network.Transformer(target_config)
+  baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary)
+  result = {BASELINE: Setting(baseline.jit_predict(), jax.jit(baseline.prefill), target_params)}
+  functions, decode_params = {}, {}
+  for setting in settings:
+    drafter, drafter_params = drafters[setting.drafter]
+    benchmark.check_drafter(drafter, f"drafter {setting.drafter!r}")
+    if setting.drafter not in decode_params:
+      # The drafter's decode form (`Drafter.decode_params`), made once, as a user decoding many
+      # examples with the same parameters would.
+      decode_params[setting.drafter] = drafter.decode_params(drafter_params)
+    kwargs = setting.model_kwargs()
+    key = (drafter, *kwargs.values())
+    if key not in functions:
+      model = models.SpeculativeEncoderDecoderModel(
+          target, drafter, vocabulary, vocabulary, **kwargs
+      )
+      functions[key] = (model.jit_predict(), jax.jit(model.prefill))
+    result[setting.key] = Setting(
+        *functions[key], {"target": target_params, "drafter": decode_params[setting.drafter]}
+    )
+  return result
+
+
+def time_example(
+    decoders: Mapping[Hashable, Setting],
+    batch: Mapping[str, jax.Array],
+    rng: jax.Array,
+    temperature: float,
+    eos_id: int,
+    *,
+    repeats: int,
+    warmup: int = benchmark.DEFAULT_WARMUP,
+) -> dict[Hashable, report.ExampleResult]:
+  """Every setting's decode of one example, and its prefill, timed side by side
+  (`benchmark.time_calls`) -> key -> report.ExampleResult.
+
+  Args:
+    batch: {'encoder_input_tokens': [B, Le], 'decoder_input_tokens': [B, L]}.
+  """
+  temperature = jnp.float32(temperature)
+  calls = {}
+  for key, setting in decoders.items():
+    calls["decode", key] = (setting.predict, (setting.params, batch, rng, temperature))
+    calls["prefill", key] = (setting.prefill, (setting.params, batch))
+  timings = benchmark.time_calls(calls, repeats=repeats, warmup=warmup)
+  results = {}
+  for key in decoders:
+    fn, args = calls["decode", key]
+    decodes, aux = fn(*args)
+    results[key] = report.ExampleResult.from_decode(
+        timings["decode", key], timings["prefill", key], decodes, aux, eos_id
+    )
+  return results
+
+
+def check_input_source(
+    task: str | None,
+    split: str,
+    input_file: str | None,
+    sentencepiece_model: str | None,
+    num_examples: int,
+) -> None:
+  """What `load_inputs` will read, checked without reading it: one source (a task or an input
+  file), a registered task with `split`, an input file and sentencepiece model that exist, and a
+  count of examples >= 0 (>= 1 for random inputs). Raises ValueError naming the fix."""
+  if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)):
+    raise ValueError(f"num_examples must be an integer >= 0, got {num_examples!r}.")
+  if num_examples < 0:
+    raise ValueError(f"num_examples must be >= 0 (0: every example), got {num_examples}.")
+  if task is not None and input_file is not None:
+    raise ValueError(f"give a task ({task}) or an input file ({input_file}), not both.")
+  if task is not None:
+    tasks.check_split(tasks.get_task(task), split, "the split")
+    return
+  if input_file is not None:
+    if not sentencepiece_model:
+      raise ValueError(f"the input file {input_file!r} needs a sentencepiece model to tokenize it.")
+    for path, what in ((input_file, "input file"), (sentencepiece_model, "sentencepiece model")):
+      if not os.path.isfile(path):
+        raise ValueError(f"the {what} {path!r} does not exist (or is not a file).")
+    return
+  if num_examples < 1:
+    raise ValueError(f"random inputs need num_examples >= 1, got {num_examples}.")
+
+
+def load_inputs(
+    vocab_size: int,
+    task_feature_lengths: Mapping[str, int],
+    *,
+    task: str | None = None,
+    split: str = "test",
+    input_file: str | None = None,
+    sentencepiece_model: str | None = None,
+    num_examples: int = 0,
+    seed: int = 0,
+    eos_id: int = 1,
+) -> tuple[str, seqio.Vocabulary, np.ndarray]:
+  """A sweep's examples, from one of three sources:
+    - `task`: the 'inputs' of its `split` through the task's pipeline (truncated as in T5X), in
+      the task's vocabulary;
+    - `input_file`: its non-empty lines, tokenized with `sentencepiece_model`;
+    - neither: `num_examples` random ones (`benchmark.random_inputs`, seeded by `seed`).
+  `num_examples` caps the first two (0: all).
+
+  Args:
+    vocab_size: the models' vocabulary size (a task's or file's vocabulary must fit it).
+    task_feature_lengths: {'inputs': Le, 'targets': ...}.
+  Returns:
+    (task label, vocabulary, encoder inputs [N, Le] int32, EOS-ended and 0-padded).
+  """
+  check_input_source(task, split, input_file, sentencepiece_model, num_examples)
+  length = int(task_feature_lengths["inputs"])
+  if task:
+    seqio_task = tasks.get_task(task)
+    vocabulary = seqio_task.output_features["targets"].vocabulary
+    benchmark.check_vocabulary(vocabulary, vocab_size, f"task {task}")
+    return (
+        f"{task}:{split}",
+        vocabulary,
+        tasks.feature_arrays(
+            seqio_task, split, "inputs", task_feature_lengths, num_examples or None
+        ),
+    )
+  if input_file:
+    vocabulary = seqio.SentencePieceVocabulary(sentencepiece_model)
+    benchmark.check_vocabulary(vocabulary, vocab_size, sentencepiece_model)
+    lines = benchmark.read_lines(input_file, num_examples or None)
+    return (
+        pathlib.Path(input_file).stem,
+        vocabulary,
+        benchmark.encode_texts(lines, vocabulary, length),
+    )
+  return (
+      RANDOM_TASK,
+      seqio.PassThroughVocabulary(vocab_size, eos_id=eos_id),
+      benchmark.random_inputs(vocab_size, num_examples, length, seed, eos_id),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """What `sweep` measured.
+
+  rows: one per drafter, gamma and temperature (in that nesting); costs: temperature -> drafter ->
+  DecodeCosts; results: temperature -> setting (BASELINE or (drafter, gamma)) -> one
+  report.ExampleResult per example; cost_rounds: the timed rounds behind each step cost.
+  """
+
+  rows: list[report.SpeedupRow]
+  costs: dict[float, dict[str, benchmark.DecodeCosts]]
+  results: dict[float, dict[Hashable, list[report.ExampleResult]]]
+  cost_rounds: int
+
+
+def _check_sweep(
+    target_config,
+    drafters,
+    settings,
+    temperatures,
+    encoder_inputs,
+    decode_length,
+    repeats,
+    cost_repeats,
+) -> None:
+  if not drafters:
+    raise ValueError("no drafters to sweep: give at least one name -> (drafter, params).")
+  for name, (drafter, _) in drafters.items():
+    benchmark.check_drafter(drafter, f"drafter {name!r}")
+    vocab_size = drafter.vocab_size
+    if vocab_size != target_config.vocab_size:
+      raise ValueError(
+          f"drafter {name!r} has vocab_size {vocab_size} but the target has "
+          f"{target_config.vocab_size}: speculative decoding needs one vocabulary (a drafter "
+          "whose vocab_size is unset takes the target's through `Drafter.for_target`, as "
+          "`pairs.load_pair` does)."
+      )
+  if not settings:
+    raise ValueError("no settings to sweep: give at least one (sweep.grid_settings).")
+  for setting in settings:
+    if not isinstance(setting, SweepSetting):
+      raise ValueError(
+          f"settings must be sweep.SweepSetting objects (sweep.grid_settings makes them), got "
+          f"{setting!r}."
+      )
+    if setting.drafter not in drafters:
+      raise ValueError(
+          f"setting {setting.label!r} names drafter {setting.drafter!r}, which is not one of "
+          f"the drafters {sorted(drafters)}."
+      )
+    if isinstance(setting.gamma, bool) or not isinstance(setting.gamma, int) or setting.gamma < 1:
+      raise ValueError(
+          f"setting {setting.label!r}: gamma must be an integer >= 1, got {setting.gamma!r}."
+      )
+  keys = [setting.key for setting in settings]
+  if len(set(keys)) != len(keys):
+    raise ValueError(f"two settings share a (label, gamma): {sorted(keys)}; give distinct labels.")
+  if not temperatures:
+    raise ValueError("no temperatures to sweep: give at least one (0 is greedy).")
+  if np.ndim(encoder_inputs) != 3 or min(np.shape(encoder_inputs)) < 1:
+    raise ValueError(
+        f"encoder_inputs must be [examples, batch, length] with every size >= 1, got "
+        f"shape {np.shape(encoder_inputs)} (one batch-1 example per row of x [N, Le]: "
+        "pass x[:, None])."
+    )
+  if min(decode_length, repeats, cost_repeats) < 1:
+    raise ValueError(
+        f"decode_length, repeats and cost_repeats must be >= 1, got {decode_length}, "
+        f"{repeats} and {cost_repeats}."
+    )
+
+
+def sweep(
+    target_config: network.T5Config,
+    target_params: Any,
+    drafters: Drafters,
+    settings: Sequence[SweepSetting],
+    temperatures: Sequence[float],
+    encoder_inputs: np.ndarray,
+    decode_length: int,
+    *,
+    vocabulary: seqio.Vocabulary,
+    task: str,
+    seed: int = 0,
+    repeats: int = 3,
+    warmup: int = benchmark.DEFAULT_WARMUP,
+    cost_repeats: int = benchmark.DEFAULT_REPEATS,
+    steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
+    progress: bool = False,
+) -> Sweep:
+  """Measures every setting at every temperature against the baseline (the module docstring).
+
+  For each temperature, each example's decodes (the baseline and every speculative setting, with
+  the rng fold_in(PRNGKey(seed), example)) are timed side by side (`time_example`); after them,
+  ceil(cost_repeats / examples) rounds of the decode steps behind the costs
+  (`benchmark.cost_steps`, at the examples' batch size, encoder length and cache length, with the
+  temperature's standardization and draw).
+
+  Args:
+    drafters: name -> (a `drafters.Drafter`, params).
+    settings: the speculative settings (`SweepSetting`; `grid_settings` crosses drafters,
+      gammas, verifiers, draft-length rules and trees), all timed side by side per example.
+    encoder_inputs: [examples, B, Le] int32: each example a batch of B rows (1 for Table 2).
+    decode_length: tokens decoded per row (the decoder input length).
+    vocabulary: the models' output vocabulary (its eos_id ends the decodes).
+    task: the rows' task label.
+    progress: show a progress bar over the examples.
+  Returns:
+    The rows, the costs, every example's results and the cost rounds.
+  """
+  temperatures = [float(t) for t in temperatures]
+  _check_sweep(
+      target_config,
+      drafters,
+      settings,
+      temperatures,
+      encoder_inputs,
+      decode_length,
+      repeats,
+      cost_repeats,
+  )
+  examples, batch_size, encoder_length = np.shape(encoder_inputs)
+  timed = cost_gammas(settings)
+  geometry = benchmark.DecodeGeometry.for_decoding(
+      encoder_length, decode_length, max(timed) + 1, steps_per_call
+  )
+  decoders = build_settings(target_config, target_params, drafters, settings, vocabulary)
+  used = {setting.drafter: drafters[setting.drafter] for setting in settings}
+  steps = benchmark.cost_steps(target_config, target_params, used, timed)
+  batches = [
+      {
+          "encoder_input_tokens": jnp.asarray(x, jnp.int32),
+          "decoder_input_tokens": jnp.zeros((batch_size, decode_length), jnp.int32),
+      }
+      for x in encoder_inputs
+  ]
+  rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(examples)]
+  cost_rounds = max(1, math.ceil(cost_repeats / examples))
+  results = {t: {key: [] for key in decoders} for t in temperatures}
+  costs = {}
+  bar = tqdm.tqdm(
+      total=len(temperatures) * examples, desc="examples", unit="example", disable=not progress
+  )
+  for temperature in temperatures:
+    calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature, batch=batch_size)
+    seconds = {key: [] for key in calls}
+    for i, (batch, rng) in enumerate(zip(batches, rngs)):
+      for key, result in time_example(
+          decoders, batch, rng, temperature, vocabulary.eos_id, repeats=repeats, warmup=warmup
+      ).items():
+        results[temperature][key].append(result)
+      for key, times in benchmark.time_rounds(
+          calls, repeats=cost_rounds, warmup=warmup if i == 0 else 0, compiled=i > 0
+      ).items():
+        seconds[key].append(times)
+      bar.update()
+    timings = benchmark.marginal_step_timings(
+        {key: np.concatenate(times) for key, times in seconds.items()}, geometry
+    )
+    costs[temperature] = benchmark.costs_from_timings(timings, list(used), timed, geometry)
+  bar.close()
+  rows = [
+      report.SpeedupRow.from_results(
+          task,
+          setting.label,
+          t,
+          setting.gamma,
+          costs[t][setting.drafter],
+          results[t][BASELINE],
+          results[t][setting.key],
+          draft_tree=setting.draft_tree,
+      )
+      for setting in settings
+      for t in temperatures
+  ]
+  return Sweep(rows, costs, results, cost_rounds * examples)

@@ -1,0 +1,225 @@
+"""sweep.py: the sweep's wiring (real decodes of tiny pairs, the timers replaced by known times),
+its settings and its inputs. No timing is measured."""
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+import seqio
+
+from speculative_t5x import benchmark
+from speculative_t5x import draft_length
+from speculative_t5x import drafters
+from speculative_t5x import network
+from speculative_t5x import speculative
+from speculative_t5x import sweep
+from speculative_t5x import trees
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def ms(value):
+  return benchmark.Timing(value, value, value, 0.0, 3)
+
+
+def _tiny_pair():
+  config = network.T5Config(
+      vocab_size=32,
+      emb_dim=8,
+      num_heads=2,
+      num_encoder_layers=1,
+      num_decoder_layers=1,
+      head_dim=4,
+      mlp_dim=16,
+      dropout_rate=0.0,
+  )
+  return config, network.init_params(config, jax.random.PRNGKey(0))
+
+
+def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
+  """Real decodes of a tiny pair (the drafter a copy of the target), with the timers replaced by
+  known times: baseline decodes 10 ms, speculative 4 ms, prefills 1 ms; decode steps (per
+  marginal step) target 2 ms, target on 3 tokens 3 ms, iteration 5 ms."""
+  step_ms = {("target", 1): 2.0, ("target", 3): 3.0, ("iteration", "copy", 2): 5.0}
+  rounds = []
+
+  def time_calls(calls, repeats, warmup):
+    return {
+        key: ms(1.0 if key[0] == "prefill" else 10.0 if key[1] == sweep.BASELINE else 4.0)
+        for key in calls
+    }
+
+  def decode_step_calls(steps, geometry, temperature, batch):
+    assert set(steps) == set(step_ms) and batch == 1 and temperature == 0.0
+    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
+
+  def time_rounds(calls, repeats, warmup, compiled):
+    rounds.append((repeats, warmup, compiled))
+    return {
+        (name, passes): np.full(repeats, passes * step_ms[name] * 1e-3) for name, passes in calls
+    }
+
+  monkeypatch.setattr(benchmark, "time_calls", time_calls)
+  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(benchmark, "time_rounds", time_rounds)
+  config, params = _tiny_pair()
+  inputs = benchmark.random_inputs(config.vocab_size, 2, 6, seed=0)
+  vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
+  measured = sweep.sweep(
+      config,
+      params,
+      {"copy": (drafters.T5Drafter(config), params)},
+      sweep.grid_settings(["copy"], [2]),
+      [0.0],
+      inputs[:, None],
+      4,
+      vocabulary=vocabulary,
+      task="random",
+      repeats=3,
+      warmup=1,
+      cost_repeats=3,
+      steps_per_call=1,
+  )
+  assert rounds == [(2, 1, False), (2, 0, True)]  # ceil(3 / 2) rounds after each example
+  assert measured.cost_rounds == 4
+  (row,) = measured.rows
+  assert (row.task, row.drafter, row.temperature, row.gamma) == ("random", "copy", 0.0, 2)
+  assert (row.c, row.verify_cost, row.iteration_cost) == (1.0, 1.5, 2.5)
+  assert row.alpha == 1.0 and row.outputs_match_baseline == 1.0  # the drafter is the target
+  assert row.speedup == pytest.approx(2.5) and row.loop_speedup == pytest.approx(3.0)
+  assert [len(measured.results[0.0][key]) for key in (sweep.BASELINE, ("copy", 2))] == [2, 2]
+  assert measured.costs[0.0]["copy"].verify_cost(2) == 1.5
+
+
+def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
+  """A drafters.SharedEncoderDrafter (narrower than the target) in the sweep: its drafter step is
+  timed as its own decoder on a cache made from an encoder output of the target's width, and its
+  greedy decodes (real ones; only the timers are replaced) equal the baseline's."""
+  stages = {}
+
+  def decode_step_calls(steps, geometry, temperature, batch):
+    stages.update(steps)
+    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
+
+  monkeypatch.setattr(
+      benchmark, "time_calls", lambda calls, repeats, warmup: {key: ms(1.0) for key in calls}
+  )
+  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(
+      benchmark,
+      "time_rounds",
+      lambda calls, repeats, warmup, compiled: {
+          (name, passes): np.full(repeats, passes * 1e-3) for name, passes in calls
+      },
+  )
+  config, params = _tiny_pair()
+  drafter_config = config.replace(emb_dim=6, num_heads=1, mlp_dim=8)
+  drafter = drafters.SharedEncoderDrafter(drafter_config, encoder_emb_dim=config.emb_dim)
+  drafter_params = network.shared_encoder_init_params(
+      drafter_config, config.emb_dim, jax.random.PRNGKey(3)
+  )
+  inputs = benchmark.random_inputs(config.vocab_size, 3, 6, seed=1)
+  measured = sweep.sweep(
+      config,
+      params,
+      {"shared": (drafter, drafter_params)},
+      sweep.grid_settings(["shared"], [2]),
+      [0.0],
+      inputs[:, None],
+      6,
+      vocabulary=seqio.PassThroughVocabulary(config.vocab_size, eos_id=1),
+      task="random",
+      repeats=1,
+      warmup=0,
+      cost_repeats=1,
+      steps_per_call=1,
+  )
+  (drafter_stage,) = stages["drafter", "shared"]
+  assert (drafter_stage.config, drafter_stage.encoder_emb_dim) == (drafter_config, config.emb_dim)
+  assert stages["iteration", "shared", 2][0].encoder_emb_dim == config.emb_dim
+  (row,) = measured.rows
+  assert (row.drafter, row.gamma, row.outputs_match_baseline) == ("shared", 2, 1.0)
+  assert 0.0 <= row.alpha < 1.0  # a random drafter: some drafts rejected
+
+
+@pytest.mark.parametrize(
+    "drafters_of, settings, message",
+    [
+        (None, sweep.grid_settings(["d"], [2]), r"pass x\[:, None\]"),
+        (None, [sweep.SweepSetting("d", "d", 0)], r"setting 'd': gamma must be an integer >= 1"),
+        (None, [sweep.SweepSetting("e", "e", 2)], r"names drafter 'e', which is not one of"),
+        (None, [("d", 2)], r"settings must be sweep\.SweepSetting objects"),
+        (None, [], r"no settings to sweep"),
+        (None, sweep.grid_settings(["d"], [2]) * 2, r"two settings share a \(label, gamma\)"),
+        (33, sweep.grid_settings(["d"], [2]), r"drafter 'd' has vocab_size 33"),
+    ],
+    ids=["one_example_dim", "gamma_0", "unknown_drafter", "a_tuple", "none", "twice", "vocab"],
+)
+def test_sweep_rejects_bad_arguments_before_compiling(drafters_of, settings, message):
+  config, params = _tiny_pair()
+  vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
+  inputs = np.ones((2, 1, 6), np.int32) if message != r"pass x\[:, None\]" else np.ones((2, 6))
+  drafter_config = config if drafters_of is None else config.replace(vocab_size=drafters_of)
+  with pytest.raises(ValueError, match=message):
+    sweep.sweep(
+        config,
+        params,
+        {"d": (drafters.T5Drafter(drafter_config), params)},
+        settings,
+        [0.0],
+        inputs,
+        4,
+        vocabulary=vocabulary,
+        task="t",
+    )
+
+
+def test_grid_settings_cross_the_axes_and_label_them():
+  tree = trees.as_tree((2, 1))
+  verifiers = {"token": speculative.TokenVerifier(), "block": speculative.BlockVerifier()}
+  settings = sweep.grid_settings(["a", "b"], [3, 1, 3], verifiers, None, {"2x1": tree})
+  assert [(s.label, s.drafter, s.gamma) for s in settings] == [
+      ("a, token verification", "a", 1),
+      ("a, token verification", "a", 3),
+      ("a, block verification", "a", 1),
+      ("a, block verification", "a", 3),
+      ("a, tree 2x1", "a", 2),
+      ("b, token verification", "b", 1),
+      ("b, token verification", "b", 3),
+      ("b, block verification", "b", 1),
+      ("b, block verification", "b", 3),
+      ("b, tree 2x1", "b", 2),
+  ]
+  assert settings[2].verifier == speculative.BlockVerifier() and settings[4].verifier is None
+  assert settings[4].model_kwargs() == dict(
+      gamma=2, verifier=None, draft_stop=None, draft_tree=tree
+  )
+  assert sweep.cost_gammas(settings) == [1, 3, 4]  # the tree (2, 1) verifies its 4 nodes at once
+  stops = {"static": None, "confident": draft_length.ConfidenceStop(0.5)}
+  plain, adaptive = sweep.grid_settings(["a"], [4], None, stops)
+  assert (plain.label, adaptive.label) == ("a, static draft length", "a, confident draft length")
+  assert adaptive.draft_stop == draft_length.ConfidenceStop(0.5)
+  with pytest.raises(ValueError, match="a draft tree of depth 2 runs at gamma 2, got gamma 3"):
+    sweep.SweepSetting("t", "a", 3, draft_tree=tree)
+
+
+def test_load_inputs_random_and_from_a_file(tmp_path):
+  task, vocabulary, inputs = sweep.load_inputs(50, {"inputs": 8, "targets": 4}, num_examples=3)
+  assert task == sweep.RANDOM_TASK and vocabulary.eos_id == 1 and inputs.shape == (3, 8)
+  assert all(1 in row for row in inputs)
+
+  spm = str(REPO / "demo_models" / "sentencepiece.model")
+  lines = tmp_path / "inputs.txt"
+  lines.write_text("Open the file\n\nSave\n")
+  task, vocabulary, inputs = sweep.load_inputs(
+      8000, {"inputs": 8}, input_file=str(lines), sentencepiece_model=spm
+  )
+  assert task == "inputs" and inputs.shape == (2, 8)
+  assert list(inputs[1][inputs[1] > 0]) == vocabulary.encode("Save") + [vocabulary.eos_id]
+  with pytest.raises(ValueError, match="not both"):
+    sweep.load_inputs(8000, {"inputs": 8}, task="demo_ende", input_file=str(lines))
+  with pytest.raises(ValueError, match="has 8000 pieces but the models' vocab_size is 100"):
+    sweep.load_inputs(100, {"inputs": 8}, input_file=str(lines), sentencepiece_model=spm)
+  with pytest.raises(ValueError, match="num_examples >= 1"):
+    sweep.load_inputs(50, {"inputs": 8}, num_examples=0)
