@@ -76,9 +76,9 @@ _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
 _GAMMA = flags.DEFINE_integer(
     "gamma",
     1,
-    "Drafted tokens per target call. 1 is the fastest for every demo drafter on this CPU: "
-    "alpha is 0.51-0.61 and a draft costs 0.12-0.26 target steps in the loop, while verifying "
-    "2-4 tokens costs 1.1-1.5 steps (docs/results_cpu.md 16.7).",
+    "Drafted tokens per target call. On this CPU gamma 1-3 and small trees are within run-to-run "
+    "noise of each other (0.94-1.05x, docs/results_cpu.md 16.8): alpha is 0.51-0.61, a draft "
+    "costs 0.11-0.16 target steps in the loop and verifying 2-7 tokens 1.29-1.48 steps.",
     lower_bound=1,
 )
 _DRAFT_TREE = flags.DEFINE_list(

@@ -1,7 +1,8 @@
 """Exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023) for T5 1.1 in JAX/Flax.
 
-Importing the package imports TensorFlow (which seqio and TFDS need) once, quietly, and hides the
-GPUs from it as T5X does (TensorFlow only feeds data; JAX owns the accelerators): its C++ start-up
+Importing the package imports TensorFlow (which seqio and TFDS need) once, quietly, where it is
+installed (decoding needs JAX alone: scripts/run_without_tensorflow.py runs the demo and the
+benchmark without it), and hides the GPUs from it as T5X does (TensorFlow only feeds data; JAX owns the accelerators): its C++ start-up
 lines (no CUDA driver, CPU features, oneDNN) are written before any log level applies, so they are
 captured and dropped; every other line it writes is passed on to stderr. TF_CPP_MIN_LOG_LEVEL is
 set to 2 unless the user set it; a user's TF_CPP_MIN_LOG_LEVEL=0 (show everything) keeps the
@@ -14,6 +15,7 @@ comes before the package's modules), and tests/test_bad_inputs.py checks that ea
 `--help` prints nothing else.
 """
 
+import importlib.util
 import os
 import re
 import sys
@@ -33,6 +35,8 @@ def _import_tensorflow_quietly() -> None:
   """Imports TensorFlow with file descriptor 2 captured; re-emits what is not start-up chatter."""
   if "tensorflow" in sys.modules:
     return  # imported before the package: its start-up lines are already written
+  if importlib.util.find_spec("tensorflow") is None:
+    return  # decoding and training need no TensorFlow; seqio's tasks and TFDS do
   if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip() == "0":  # the user asked for every line
     import tensorflow  # pylint: disable=g-import-not-at-top
 
