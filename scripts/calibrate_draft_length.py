@@ -127,10 +127,7 @@ def measure_positions(setup, pair, task, eos_id, temperature) -> calibration.Pos
       inputs[start : start + setup.batch_size] for start in range(0, len(inputs), setup.batch_size)
   )
   return calibration.measure_positions(
-      pair.target_config,
-      pair.target_params,
-      pair.drafter,
-      pair.drafter_params,
+      pair,
       tqdm.tqdm(batches, desc=f"t={temperature:g}"),
       lengths["targets"],
       temperature,

@@ -26,7 +26,7 @@ gamma beside it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,9 @@ from speculative_t5x import draft_length
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import validation
+
+if TYPE_CHECKING:  # pairs loads every model; calibration only reads a loaded pair's fields.
+  from speculative_t5x import pairs
 
 # Float32 sums of min(p, q) may pass 1 by a rounding error; a probability beyond this is refused.
 _ROUNDING = 1e-5
@@ -129,10 +132,7 @@ def score_positions(
 
 
 def measure_positions(
-    target_config: network.T5Config,
-    target_params,
-    drafter: drafters_lib.Drafter,
-    drafter_params,
+    pair: pairs.Pair,
     encoder_batches: Iterable,
     decode_length: int,
     temperature: float,
@@ -141,18 +141,26 @@ def measure_positions(
 ) -> Positions:
   """Confidence and beta (`score_positions`) at about `num_tokens` positions the target generated
   itself (`alpha.target_samples`, seed 0) from the encoder input arrays [B, Le] of
-  `encoder_batches`, consumed until that many are counted (or it runs out)."""
+  `encoder_batches`, consumed until that many are counted (or it runs out), for a loaded `pair`
+  with a drafter."""
+  if pair.drafter is None:
+    raise ValueError("the pair has no drafter: calibration scores a drafter against its target.")
   score = jax.jit(
       lambda tp, dp, enc, seq: score_positions(
-          target_config, tp, drafter, dp, enc, seq, float(temperature)
+          pair.target_config, tp, pair.drafter, dp, enc, seq, float(temperature)
       )
   )
   samples = alpha.target_samples(
-      target_config, target_params, encoder_batches, decode_length, eos_id, float(temperature)
+      pair.target_config,
+      pair.target_params,
+      encoder_batches,
+      decode_length,
+      eos_id,
+      float(temperature),
   )
   parts = []
   for encoder_tokens, sequences in samples:
-    confidence, beta = score(target_params, drafter_params, encoder_tokens, sequences)
+    confidence, beta = score(pair.target_params, pair.drafter_params, encoder_tokens, sequences)
     parts.append(
         positions_from_scores(
             np.asarray(confidence), np.asarray(beta), np.asarray(sequences), eos_id

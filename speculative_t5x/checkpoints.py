@@ -101,6 +101,7 @@ def restore_params(
     dtype: Any = None,
     step: int | None = None,
     check_finite: bool = True,
+    lazy: bool = False,
 ) -> dict:
   """Parameters for `network.Transformer(config)` from a T5X or project checkpoint at `path`.
 
@@ -110,13 +111,14 @@ def restore_params(
   (`t5x_checkpoints.NonFiniteWeightsError`, unless check_finite=False) and checks the tree against
   `network.param_shapes(config)` (one ValueError lists every problem). The result is on the
   default device (jax arrays): numpy parameters would be copied to the device at every call of
-  a jitted function.
+  a jitted function. lazy=True: `t5x_checkpoints.LazyArray`s instead, none of them read yet
+  (the tree's shapes are checked; each slice is cast and refused where not finite as it is read).
   """
   validation.check_restore_dtype(dtype)  # before the shapes are traced and anything is read
   # A missing checkpoint is named before the shapes are traced.
   t5x_checkpoints.find_checkpoint(path, step)
   shapes = network.param_shapes(config)
-  return restore_checked(shapes, path, dtype, f"checkpoint {path}", step, check_finite)
+  return restore_checked(shapes, path, dtype, f"checkpoint {path}", step, check_finite, lazy)
 
 
 def restore_shared_encoder_params(
@@ -149,19 +151,21 @@ def restore_checked(
     source: str | None = None,
     step: int | None = None,
     check_finite: bool = True,
+    lazy: bool = False,
 ) -> dict:
   """The 'target' of the checkpoint at `path`, cast to `dtype` (floating-point leaves), refused
   where not finite, checked against `shapes` (nested dict of tuples, e.g. a drafter's) and put
-  on the device; `source` names it in errors."""
+  on the device; `source` names it in errors. lazy=True: checked against `shapes` and left as
+  `t5x_checkpoints.LazyArray`s (see `restore_params`)."""
   source = source or f"checkpoint {path}"
   template = {
       "target": t5x_checkpoints.map_leaves(lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes)
   }
   params = t5x_checkpoints.load_checkpoint(
-      path, step, dtype, template, only_target=True, check_finite=check_finite
+      path, step, dtype, template, only_target=True, check_finite=check_finite, lazy=lazy
   )["target"]
   check_params(params, shapes, source=source)
-  return jax.device_put(params)
+  return params if lazy else jax.device_put(params)
 
 
 # ----------------------------------------------------------------------------------------------

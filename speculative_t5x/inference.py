@@ -195,10 +195,15 @@ class InferConfig:
 def build_model(
     config: InferConfig, task: seqio.Task
 ) -> tuple[models.EncoderDecoderModel, pairs.Pair]:
-  """-> (model, its loaded pair: params on the device and their sources)."""
+  """-> (model, its loaded pair: params on the device and their sources). With several
+  processes the target's checkpoint is left unread (`t5x_checkpoints.LazyArray`s): each process
+  reads only its devices' slices of it (`partitioning.Partitioner.place_params_per_process`)."""
   vocabulary = task.output_features["targets"].vocabulary
   pair = pairs.load_pair(
-      config.loaded_pair, vocabulary.eos_id, fit_targets=lambda: _fit_targets(task, config)
+      config.loaded_pair,
+      vocabulary.eos_id,
+      fit_targets=lambda: _fit_targets(task, config),
+      lazy_target=jax.process_count() > 1,
   )
   module = network.Transformer(pair.target_config)
   if pair.drafter is None:
@@ -434,8 +439,10 @@ def infer(
   """Decodes the configured split, writes predictions.jsonl and metrics.json; returns the latter.
 
   One process or several (`multihost`): each process decodes its shard of the split
-  (`multihost.shard_info`) as its rows of each global batch of `batch_size` rows; process 0
-  gathers every process's predictions and statistics and writes the files. Each example decodes
+  (`partitioner.get_data_layout`) as its rows of each global batch of `batch_size` rows;
+  processes whose devices hold the same rows (a 'model' axis across processes) decode the same
+  shard, and only the first of them counts its results; process 0 gathers every process's
+  predictions and statistics and writes the files. Each example decodes
   with its own random stream (`example_keys`), so the outputs do not depend on the number of
   processes, devices or the batch size.
 
@@ -460,10 +467,11 @@ def infer(
   )
   partitioner = partitioner or partitioning.Partitioner()
   try:
-    rows, _ = partitioner.process_rows(config.batch_size)
+    layout = partitioner.get_data_layout(config.batch_size)
   except ValueError as e:
     raise gin_utils.ConfigError(f"BATCH_SIZE {config.batch_size}: {e}") from e
-  shard = multihost.shard_info()
+  rows = layout.rows
+  shard = seqio.ShardInfo(index=layout.shard_id, num_shards=layout.num_shards)
   shard_size = -(-truncation.examples // shard.num_shards)  # the largest shard
   steps = -(-shard_size // rows)
   multihost.check_same_everywhere(
@@ -473,7 +481,12 @@ def infer(
   model, pair = build_model(config, task)
   vocabulary = task.output_features["targets"].vocabulary
   shardings = partitioner.params_shardings(model)
-  params = partitioner.place_params_per_process(model, pair.params, shardings)
+  placed = False
+  try:
+    params = partitioner.place_params_per_process(model, pair.params, shardings)
+    placed = True
+  finally:  # a process whose slices cannot be read (damaged, NaN or inf) stops every process
+    multihost.all_succeeded(placed, "reading its slices of the parameters")
   greedy = sampling.is_greedy(config.temperature)
   predict = example_predict(
       model, partitioner, shardings, lengths["targets"], config.topk, config.topp, greedy
@@ -519,7 +532,8 @@ def infer(
       bar.update(min(config.batch_size, bar.total - bar.n))
   seconds = time.perf_counter() - start
 
-  records = _gathered(records, truncation.examples)
+  # A replica set's processes decoded the same examples: the first one's records count.
+  records = _gathered(records if layout.is_first_host_in_replica_set else [], truncation.examples)
   targets = [record["targets"] for record in records]
   predictions = [record["prediction"] for record in records]
   metrics = {}

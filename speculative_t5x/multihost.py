@@ -1,9 +1,9 @@
 """Several processes, one program: JAX's multi-controller runtime, as T5X runs on a TPU pod slice.
 
 Every host runs the same command; `jax.distributed` joins the processes, a mesh spans every
-process's devices (`partitioning.Partitioner`), each process reads its own shard of the data
-(`shard_info`) and feeds its rows of each global batch
-(`partitioning.Partitioner.place_process_batch`). This module holds what is about processes
+process's devices (`partitioning.Partitioner`), each process reads its shard of the data and
+feeds its rows of each global batch (`partitioning.Partitioner.get_data_layout`,
+`place_process_batch`). This module holds what is about processes
 rather than arrays:
 
   ProcessFlags      T5X's flags --multiprocess_gpu, --coordinator_address, --process_count and
@@ -27,7 +27,7 @@ the others lose the coordination service at once ("Socket closed"). A join that 
 waited for. Outputs are written by process 0 only after every process's results have been
 gathered, so a run that stops early leaves no output that could pass for complete.
 
-Single process: every function works unchanged (one process, shard 0 of 1), so the same code runs
+Single process: every function works unchanged, so the same code runs
 on one CPU and on a pod slice.
 """
 
@@ -45,7 +45,6 @@ from typing import Any, Mapping, Sequence
 from absl import logging
 import jax
 import numpy as np
-import seqio
 
 from speculative_t5x import gin_utils
 
@@ -221,12 +220,6 @@ def initialize(flags: ProcessFlags) -> None:
         f"--process_count={count} on every process, but {jax.process_count()} processes joined "
         f"the runtime at {flags.coordinator_address}: give the number of processes you start"
     )
-
-
-def shard_info() -> seqio.ShardInfo:
-  """This process's shard of a split: seqio's `ShardInfo(jax.process_index(),
-  jax.process_count())`."""
-  return seqio.ShardInfo(index=jax.process_index(), num_shards=jax.process_count())
 
 
 def is_writer() -> bool:

@@ -208,7 +208,9 @@ def check_drafter(drafter: Any, name: str = "DRAFTER") -> None:
 @dataclasses.dataclass(frozen=True)
 class Pair:
   """Loaded weights. drafter: the config's drafter for the target's vocabulary (None for the
-  target alone); sources: 'target' (and 'drafter') -> where the weights came from."""
+  target alone); target_params: on the device, or `t5x_checkpoints.LazyArray`s
+  (`load_pair(..., lazy_target=True)`); sources: 'target' (and 'drafter') -> where the weights
+  came from."""
 
   config: PairConfig
   drafter: drafters_lib.Drafter | None
@@ -243,7 +245,12 @@ def cast(params: Any, dtype: str | None) -> Any:
   )
 
 
-def load_pair(config: PairConfig, eos_id: int, fit_targets: FitTargets | None = None) -> Pair:
+def load_pair(
+    config: PairConfig,
+    eos_id: int,
+    fit_targets: FitTargets | None = None,
+    lazy_target: bool = False,
+) -> Pair:
   """Loads the target's and the drafter's weights (see the module docstring).
 
   Args:
@@ -251,6 +258,10 @@ def load_pair(config: PairConfig, eos_id: int, fit_targets: FitTargets | None = 
     eos_id: the output vocabulary's EOS id (the drafter's must agree).
     fit_targets: () -> target token sequences (1-D int arrays, 0 = padding) to fit a drafter that
       `learns_from_targets` on; called only for such a drafter without a checkpoint.
+    lazy_target: leave the target's checkpoint unread (`load_target(config, lazy=True)`), for
+      `partitioning.Partitioner.place_params_per_process` to read each process's slices of it.
+      The drafter is read whole whatever its kind: a drafter restores itself
+      (`Drafter.restore_params`), and is small.
 
   Raises:
     gin_utils.ConfigError: before anything is loaded, for a `config` that is not a PairConfig, an
@@ -258,7 +269,7 @@ def load_pair(config: PairConfig, eos_id: int, fit_targets: FitTargets | None = 
       or a drafter fitted on targets with no `fit_targets` to fit it on.
   """
   _check_load(config, eos_id, fit_targets)
-  target_params, target_source = load_target(config)
+  target_params, target_source = load_target(config, lazy=lazy_target)
   sources = {"target": target_source}
   drafter, drafter_params = None, None
   if config.drafter is not None:
@@ -296,23 +307,30 @@ def _check_load(config: Any, eos_id: Any, fit_targets: FitTargets | None) -> Non
     )
 
 
-def load_target(config: PairConfig) -> tuple[Any, str]:
+def load_target(config: PairConfig, lazy: bool = False) -> tuple[Any, str]:
   """(the target's parameters on the device, where they came from): restored from
-  CHECKPOINT_PATH, else random."""
+  CHECKPOINT_PATH, else random. lazy=True: a checkpoint's parameters are
+  `t5x_checkpoints.LazyArray`s, none read yet (`checkpoints.restore_params(..., lazy=True)`:
+  a slice is refused where not finite when it is read, and a damaged chunk named then); random
+  ones are made on the device as without it."""
+  source = _source(config.checkpoint_path, config.random_init_seed)
   if config.checkpoint_path:
     with _restoring("CHECKPOINT_PATH", config.checkpoint_path):
-      params = checkpoints.restore_params(
-          config.target_config,
-          gin_utils.resolve_path(config.checkpoint_path),
-          dtype=config.restore_dtype,
+      return (
+          checkpoints.restore_params(  # on the device, or LazyArrays
+              config.target_config,
+              gin_utils.resolve_path(config.checkpoint_path),
+              dtype=config.restore_dtype,
+              lazy=lazy,
+          ),
+          source,
       )
-  else:
-    params = _random_params(
-        lambda rng: network.init_params(config.target_config, rng),
-        config.random_init_seed,
-        config.restore_dtype,
-    )
-  return jax.device_put(params), _source(config.checkpoint_path, config.random_init_seed)
+  params = _random_params(
+      lambda rng: network.init_params(config.target_config, rng),
+      config.random_init_seed,
+      config.restore_dtype,
+  )
+  return jax.device_put(params), source
 
 
 def load_drafter(

@@ -20,8 +20,9 @@ target's caches split over heads, a replicated drafter's only over the batch).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import gin
 import jax
@@ -32,6 +33,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import t5x_checkpoints
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
@@ -261,6 +263,80 @@ def abstract_params(config: network.T5Config, shardings: Any, dtype: Any) -> Any
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class DataLayout:
+  """How one process feeds each global batch (T5X's `partitioning.DataLayout`).
+
+  rows: the rows it feeds per global batch: those of its devices on the 'data' axis.
+  shard_id, num_shards: the shard of the data it reads (`seqio.ShardInfo(shard_id,
+    num_shards)`). Processes whose devices hold the same rows (a 'model' axis across processes)
+    form a replica set: they read the same shard and feed the same rows.
+  is_first_host_in_replica_set: whether it is the lowest-numbered process of its replica set, the
+    one whose results count (so each example counts once).
+  """
+
+  rows: int
+  shard_id: int
+  num_shards: int
+  is_first_host_in_replica_set: bool
+
+
+def data_layout(
+    rows_by_process: Mapping[int, Collection[tuple[int, int]]], process: int, global_rows: int
+) -> DataLayout:
+  """`process`'s DataLayout, from the rows each process's devices hold of a batch of
+  `global_rows` rows: {process index: its devices' (start, stop) row ranges}.
+
+  Works when every process holds as many rows as every other, and two processes hold either the
+  same rows or none in common: the replica sets are then the distinct sets of rows, numbered by
+  their first row. Raises ValueError naming the processes and their rows otherwise: a process
+  cannot feed rows that another process feeds only in part.
+  """
+  held = {p: frozenset(ranges) for p, ranges in rows_by_process.items()}
+  counts = {p: sum(stop - start for start, stop in ranges) for p, ranges in held.items()}
+  fix = (
+      "give NUM_PARTITIONS (the 'model' axis) dividing the local device count (each process's "
+      "devices then hold rows of their own) or a multiple of it (the 'model' axis then spans "
+      "whole processes, which feed the same rows)"
+  )
+  if len(set(counts.values())) > 1:
+    raise ValueError(
+        f"the processes hold different numbers of rows of a batch of {global_rows} "
+        f"({dict(sorted(counts.items()))}): {fix}"
+    )
+  replica_sets = sorted(set(held.values()), key=min)
+  for i, a in enumerate(replica_sets):
+    for b in replica_sets[i + 1 :]:
+      if a & b:
+        p, q = (min(k for k, v in held.items() if v == s) for s in (a, b))
+        raise ValueError(
+            f"processes {p} and {q} hold rows {sorted(a)} and {sorted(b)} (start, stop) of a "
+            f"batch of {global_rows}, which overlap without being the same, so neither can "
+            f"feed its rows alone: {fix}"
+        )
+  mine = held[process]
+  return DataLayout(
+      rows=counts[process],
+      shard_id=replica_sets.index(mine),
+      num_shards=len(replica_sets),
+      is_first_host_in_replica_set=process == min(p for p, v in held.items() if v == mine),
+  )
+
+
+def _once_per_index(read: Callable[[tuple[slice, ...]], Any]) -> Callable[[tuple[slice, ...]], Any]:
+  """`read` (index -> values) calling the underlying read once per distinct index: devices that
+  hold the same slice (a parameter replicated over 'data') get one copy of it, read once."""
+  values = {}
+
+  def once(index: tuple[slice, ...]) -> Any:
+    key = tuple((s.start, s.stop, s.step) for s in index)
+    if key not in values:
+      values[key] = read(index)
+    return values[key]
+
+  return once
+
+
 @gin.configurable(module="partitioning")
 class Partitioner:
   """A mesh and the logical axis rules of a target and its drafter (T5X's PjitPartitioner).
@@ -343,14 +419,14 @@ class Partitioner:
 
   # --------------------------------------------------------------------------- several processes
 
-  def process_rows(self, global_rows: int) -> tuple[int, int]:
-    """(this process's rows, their first row) of a batch-first array of `global_rows` rows split
-    over 'data' (`data_sharding`): the rows this process feeds to
-    `place_process_batch`. With one process, (global_rows, 0).
+  def get_data_layout(self, global_rows: int) -> DataLayout:
+    """How this process feeds a batch-first array of `global_rows` rows split over 'data'
+    (`data_sharding`): the rows it passes to `place_process_batch` and the shard of the data
+    they come from (T5X's `get_data_layout`). With one process, DataLayout(global_rows, 0, 1,
+    True); see `data_layout` for several.
 
-    Raises ValueError if `global_rows` does not divide over the 'data' axis, or if this process's
-    devices do not hold one contiguous block of rows of their own (a 'model' axis across
-    processes, where two processes would feed the same rows).
+    Raises ValueError if `global_rows` does not divide over the 'data' axis, or for a mesh whose
+    processes hold rows that overlap without being the same (`data_layout`).
     """
     data = self.mesh.shape[DATA_AXIS]
     if global_rows % data:
@@ -358,23 +434,18 @@ class Partitioner:
           f"a batch of {global_rows} rows does not split over the {data} devices of the mesh's "
           f"'data' axis: use a multiple of {data}"
       )
-    index_map = self.data_sharding.addressable_devices_indices_map((global_rows,))
-    starts = sorted({index[0].start or 0 for index in index_map.values()})
-    rows = len(starts) * (global_rows // data)
-    if rows * jax.process_count() != global_rows or starts != list(
-        range(starts[0], starts[0] + rows, global_rows // data)
-    ):
-      raise ValueError(
-          f"this process's devices hold rows starting at {starts} of {global_rows}, not a block "
-          f"of 1/{jax.process_count()} of them: give the 'model' axis devices of one process "
-          "(num_partitions dividing the local device count)"
-      )
-    return rows, starts[0]
+    rows_by_process = {}
+    for device, index in self.data_sharding.devices_indices_map((global_rows,)).items():
+      start, stop, _ = index[0].indices(global_rows)
+      rows_by_process.setdefault(device.process_index, set()).add((start, stop))
+    return data_layout(rows_by_process, jax.process_index(), global_rows)
 
   def place_process_batch(self, local: Any, global_rows: int) -> Any:
     """Assembles a global batch from every process's rows (`jax.make_array_from_process_local_data`):
-    `local` is a tree of batch-first arrays of `process_rows(global_rows)[0]` rows, this
-    process's block; the result is split over 'data' like `place_batch`."""
+    `local` is a tree of batch-first arrays of `get_data_layout(global_rows).rows` rows, the
+    rows of this process's devices in order; processes whose devices hold the same rows (a
+    'model' axis across processes) pass the same arrays. The result is split over 'data' like
+    `place_batch`."""
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(
             self.data_sharding, np.asarray(x), (global_rows,) + np.shape(x)[1:]
@@ -386,13 +457,19 @@ class Partitioner:
       self, model: models.EncoderDecoderModel, params: Any, shardings: Any = None
   ) -> Any:
     """`place_params` for a mesh across processes: every process builds only the shards its own
-    devices hold (`jax.make_array_from_callback`), from its copy of `params` (the same on every
-    process). shardings: `params_shardings(model)`, if already computed."""
+    devices hold (`jax.make_array_from_callback`), each distinct slice once, from its `params`
+    (the same on every process): arrays, or `t5x_checkpoints.LazyArray`s, of which it then
+    reads only those slices (`LazyArray.read`, which raises for NaN or inf in them).
+    shardings: `params_shardings(model)`, if already computed."""
 
     def place(sharding: NamedSharding, subtree: Any) -> Any:
       def one(x):
-        host = np.asarray(x)
-        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        if isinstance(x, t5x_checkpoints.LazyArray):
+          shape, read = x.shape, x.read
+        else:
+          host = np.asarray(x)
+          shape, read = host.shape, host.__getitem__
+        return jax.make_array_from_callback(shape, sharding, _once_per_index(read))
 
       return jax.tree.map(one, subtree)
 

@@ -15,7 +15,9 @@
   `{'target': params}`).
 
 `checkpoints.restore_params` reads through `find_checkpoint` and `load_checkpoint` (the 'target'
-alone) and checks the tree against a model config.
+alone) and checks the tree against a model config. `load_checkpoint(..., lazy=True)` reads none
+of the target's arrays: its leaves are `LazyArray`s, each read by the slice (only the chunks the
+slice covers), so that each process of a multi-process run reads only what its devices hold.
 
 Paths are local or `gs://bucket/...`. Every file of a T5X checkpoint is read through tensorstore
 key-value stores (driver `file` locally, `gcs` for `gs://`), so the code that reads a GCS
@@ -32,12 +34,15 @@ Hugging Face weights as well). Flipped bits that leave finite numbers are invisi
 neither zarr nor orbax stores checksums of the values.
 """
 
+import contextlib
 import dataclasses
+import json
 import os
 import posixpath
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
+from etils import epath
 from flax import traverse_util
 import jax
 import ml_dtypes
@@ -79,21 +84,34 @@ def check_params_finite(params: Mapping, source: str = "params") -> None:
   """
   problems = []
   for path, value in sorted(traverse_util.flatten_dict(dict(params)).items()):
-    if not isinstance(value, (np.ndarray, np.generic, jax.Array, float, complex)):
-      continue
-    array = np.asarray(value)
-    if not jax.numpy.issubdtype(array.dtype, jax.numpy.inexact):
-      continue  # jax's issubdtype counts bfloat16 as floating; numpy's does not.
-    finite = np.isfinite(array)
-    if finite.all():
-      continue
-    nans = int(np.isnan(array).sum())
-    first = tuple(int(i) for i in np.unravel_index(np.argmin(finite), array.shape))
-    problems.append(
-        f"  {'/'.join(map(str, path))} {array.shape}: {nans} NaN and "
-        f"{array.size - int(finite.sum()) - nans} inf of {array.size} values, the first at "
-        f"index {first}"
-    )
+    if isinstance(value, (np.ndarray, np.generic, jax.Array, float, complex)):
+      array = np.asarray(value)
+      problems.append(_non_finite(f"{'/'.join(map(str, path))} {array.shape}", array))
+  _refuse_non_finite(source, problems)
+
+
+def _non_finite(what: str, array: np.ndarray, bounds: tuple[tuple[int, int, int], ...] = ()):
+  """A line of `NonFiniteWeightsError`'s message for `array` (named `what`), or None if it is
+  finite or not floating-point. bounds: (start, stop, step) per dimension of the slice `array`
+  is of a larger array, whose index the first NaN or inf is then given in."""
+  if not jax.numpy.issubdtype(array.dtype, jax.numpy.inexact):
+    return None  # jax's issubdtype counts bfloat16 as floating; numpy's does not.
+  finite = np.isfinite(array)
+  if finite.all():
+    return None
+  nans = int(np.isnan(array).sum())
+  first = tuple(int(i) for i in np.unravel_index(np.argmin(finite), array.shape))
+  if bounds:
+    first = tuple(start + i * step for i, (start, _, step) in zip(first, bounds))
+  return (
+      f"  {what}: {nans} NaN and {array.size - int(finite.sum()) - nans} inf of {array.size} "
+      f"values, the first at index {first}"
+  )
+
+
+def _refuse_non_finite(source: str, problems: list[str | None]) -> None:
+  """Raises `NonFiniteWeightsError` for the lines of `problems` (`_non_finite`'s) other than None."""
+  problems = [problem for problem in problems if problem]
   if problems:
     raise NonFiniteWeightsError(
         f"{source} holds NaN or inf in {len(problems)} parameter(s):\n"
@@ -101,6 +119,85 @@ def check_params_finite(params: Mapping, source: str = "params") -> None:
         + "\nThe file is damaged (copy or download it again) or the training diverged (use an "
         "earlier checkpoint); check_finite=False loads it anyway."
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class LazyArray:
+  """A checkpoint's parameter, read slice by slice (`load_checkpoint(..., lazy=True)`): for a
+  process that holds some shards of it, not all (`partitioning.Partitioner.
+  place_params_per_process` reads the slices its devices hold, each once).
+
+  name: the parameter's path in the checkpoint ('target/decoder/layers_0/mlp/wi_0/kernel').
+  shape: its shape, as stored.
+  dtype: its dtype as restored: the restore dtype for a floating-point array, else as stored.
+  check_finite: whether `read` refuses NaN and inf.
+  source: where it is stored ('checkpoint <path>'), for messages.
+  reader: index (a tuple of one slice per dimension) -> the stored values there, reading only
+    the chunks the slice covers (or a slice of an array already in memory).
+  """
+
+  name: str
+  shape: tuple[int, ...]
+  dtype: np.dtype
+  check_finite: bool
+  source: str
+  reader: Callable[[tuple[slice, ...]], np.ndarray] = dataclasses.field(repr=False)
+
+  def read(self, index: tuple[slice, ...] | None = None) -> np.ndarray:
+    """The values at `index` (one slice per dimension, as `jax.make_array_from_callback` gives;
+    None: the whole array) -> an array of the slice's shape, cast to `dtype`.
+
+    Raises `NonFiniteWeightsError` (if `check_finite`) if the slice holds NaN or inf, naming the
+    parameter, the slice and the first such index in the whole array; a ValueError naming the
+    array and its directory if a chunk cannot be read.
+    """
+    index = tuple(slice(None) for _ in self.shape) if index is None else tuple(index)
+    values = np.asarray(self.reader(index)).astype(self.dtype, copy=False)
+    if self.check_finite:
+      bounds = tuple(s.indices(n) for s, n in zip(index, self.shape))
+      text = ", ".join(
+          f"{start}:{stop}" + (f":{step}" if step != 1 else "") for start, stop, step in bounds
+      )
+      what = f"{self.name} {self.shape}, its slice [{text}]"
+      _refuse_non_finite(self.source, [_non_finite(what, values, bounds)])
+    return values
+
+
+def _lazy(name: str, stored: Any, dtype: np.dtype | None, check_finite: bool, source: str):
+  """A `LazyArray` of `stored` (an `_OpenedArray`, or an array in memory: one inline in a msgpack
+  file), restored in `dtype` (floating-point arrays only; None: as stored)."""
+  if not isinstance(stored, _OpenedArray):
+    stored = np.asarray(stored)
+  floating = jax.numpy.issubdtype(stored.dtype, jax.numpy.floating)
+  return LazyArray(
+      name=name,
+      shape=tuple(stored.shape),
+      dtype=np.dtype(dtype) if dtype is not None and floating else np.dtype(stored.dtype),
+      check_finite=check_finite,
+      source=source,
+      reader=stored.read if isinstance(stored, _OpenedArray) else stored.__getitem__,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class _OpenedArray:
+  """An opened tensorstore array (zarr, or an orbax array under OCDBT): `read(index)` reads only
+  the chunks that `index` covers; a read error names the array and its directory (`where`)."""
+
+  name: str
+  where: str
+  store: ts.TensorStore
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return tuple(self.store.shape)
+
+  @property
+  def dtype(self) -> np.dtype:
+    return np.dtype(self.store.dtype.numpy_dtype)
+
+  def read(self, index: tuple[slice, ...]) -> np.ndarray:
+    return _guarded(self.name, self.where, lambda: np.asarray(self.store[index].read().result()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,10 +402,10 @@ def _metadata_from_chunks(
   }
 
 
-def _read_arrays(
+def _open_arrays(
     reads: list[_ArrayRead], directory: _Location, template: Mapping[str, Any]
-) -> dict[str, np.ndarray]:
-  """Reads zarr arrays below `directory`, all in flight at once; returns {name: array}.
+) -> dict[str, _OpenedArray]:
+  """Opens zarr arrays below `directory`, all in flight at once; returns {name: opened array}.
 
   An array uses its `.zarray` when there is one (the spec's shape and dtype are then checked
   against it) and otherwise the metadata of its spec. Missing chunks are errors, never zeros.
@@ -332,7 +429,7 @@ def _read_arrays(
           f"array '{read.name}' has no .zarray file and its spec metadata lacks "
           f"shape/chunks: {read.metadata}"
       )
-  opened = {}
+  opening = {}
   for read in reads:
     spec = {
         "driver": "zarr",
@@ -342,26 +439,34 @@ def _read_arrays(
     }
     if read.dtype:
       spec["dtype"] = read.dtype
-    opened[read.name] = ts.open(
+    opening[read.name] = ts.open(
         spec, open=True, read=True, assume_metadata=not has_zarray[read.name]
     )
-  reading = {
-      r.name: _guarded(r, directory, lambda r=r: opened[r.name].result().read()) for r in reads
-  }
+  opened = {}
+  for read in reads:
+    where = directory.join(read.relative_path).path
+    opened[read.name] = _OpenedArray(
+        read.name, where, _guarded(read.name, where, opening[read.name].result)
+    )
+  return opened
+
+
+def _read_arrays(opened: Mapping[str, _OpenedArray]) -> dict[str, np.ndarray]:
+  """Reads opened arrays whole, all in flight at once; returns {name: array}."""
+  reading = {name: array.store.read() for name, array in opened.items()}
   return {
-      r.name: _guarded(r, directory, lambda r=r: np.asarray(reading[r.name].result()))
-      for r in reads
+      name: _guarded(name, array.where, lambda f=reading[name]: np.asarray(f.result()))
+      for name, array in opened.items()
   }
 
 
-def _guarded(read: _ArrayRead, directory: _Location, fn):
-  """Runs `fn`, turning tensorstore errors into one naming the array and its directory."""
+def _guarded(name: str, where: str, fn):
+  """Runs `fn`, turning tensorstore errors into one naming the array `name` and its directory."""
   try:
     return fn()
   except ValueError as e:
-    where = directory.join(read.relative_path).path
     raise ValueError(
-        f"cannot read array '{read.name}' from {where}: {e}. A missing or truncated chunk "
+        f"cannot read array '{name}' from {where}: {e}. A missing or truncated chunk "
         "file, or one that fails its compressor's checks (a flipped byte), means a damaged or "
         "incomplete copy: copy the checkpoint again"
     ) from e
@@ -456,38 +561,68 @@ def load_t5x_checkpoint(
 
 
 def load_checkpoint(
-    path, step, restore_dtype, template: Mapping[str, Any], only_target: bool, check_finite: bool
+    path,
+    step,
+    restore_dtype,
+    template: Mapping[str, Any],
+    only_target: bool,
+    check_finite: bool,
+    lazy: bool = False,
 ) -> dict:
   """`load_t5x_checkpoint`'s reading; only_target=True reads (and checks) the 'target' alone, the
-  optimizer state is left unread ({'target': ..., 'state': {}})."""
+  optimizer state is left unread ({'target': ..., 'state': {}}).
+
+  lazy=True reads the 'target' alone (as only_target=True) and none of its arrays: it reads only
+  the metadata (and a msgpack file, with the arrays stored inline in it), and the 'target' holds
+  `LazyArray`s, each of which reads only the chunks of the slice it is asked for, casts it to
+  `restore_dtype` and refuses NaN and inf in it (if `check_finite`). Zarr arrays (T5X's
+  msgpack layouts) and orbax arrays (T5X's orbax layout, `checkpoints.save_model`'s) are read by
+  the slice; arrays inline in a msgpack file are read with the file, whole.
+  """
   dtype = validation.check_restore_dtype(restore_dtype)  # before anything is read
+  only_target = only_target or lazy
   kind, location = find_checkpoint(path, step)
   if kind == "project":
-    tree = {"target": _orbax_numpy_restore(location.join(PARAMS_DIR))}
+    params = location.join(PARAMS_DIR)
+    tree = {"target": _orbax_open(params, lambda t: t) if lazy else _orbax_numpy_restore(params)}
   elif kind == "orbax":
-    tree = _orbax_numpy_restore(location)
-    tree = tree.get("_optimizer", tree)  # Orbax-era T5X wrapped the state dict in '_optimizer'.
+    # Orbax-era T5X wrapped the state dict in '_optimizer'.
+    unwrap = lambda tree: tree.get("_optimizer", tree)  # noqa: E731
+    tree = (
+        {"target": _orbax_open(location, lambda t: unwrap(t).get("target", {}))}
+        if lazy
+        else unwrap(_orbax_numpy_restore(location))
+    )
   else:
     file = location if kind == "file" else location.join(_MSGPACK_FILE)
-    tree = _read_msgpack_checkpoint(file, template, only_target)
+    tree = _read_msgpack_checkpoint(file, template, only_target, lazy)
   if only_target:
     tree = {"target": tree.get("target", {})}
   tree.setdefault("target", {})
   tree.setdefault("state", {})
+  source = f"checkpoint {location.path}"
+  if lazy:
+    flat = traverse_util.flatten_dict(tree["target"], sep="/")
+    tree["target"] = traverse_util.unflatten_dict(
+        {k: _lazy(f"target/{k}", v, dtype, check_finite, source) for k, v in flat.items()},
+        sep="/",
+    )
+    return tree
   if dtype is not None:
     tree["target"] = map_leaves(  # jax's issubdtype counts bfloat16 as floating; numpy's does not.
         lambda x: x.astype(dtype) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x,
         tree["target"],
     )
   if check_finite:  # After the cast: an overflow to float16's inf is refused as well.
-    check_params_finite(tree, source=f"checkpoint {location.path}")
+    check_params_finite(tree, source=source)
   return tree
 
 
 def _read_msgpack_checkpoint(
-    file: _Location, template: Mapping[str, Any], only_target: bool
+    file: _Location, template: Mapping[str, Any], only_target: bool, lazy: bool
 ) -> dict:
-  """The optimizer state dict of a msgpack checkpoint file, its zarr arrays read in."""
+  """The optimizer state dict of a msgpack checkpoint file, its zarr arrays read in (lazy: opened,
+  as `_OpenedArray`s)."""
   data = file.read_file()
   if data is None:
     raise FileNotFoundError(f"checkpoint file {file.path} does not exist")
@@ -508,22 +643,54 @@ def _read_msgpack_checkpoint(
       reads.append(_ArrayRead(name, leaf[len(_PLACEHOLDER) :]))
     elif isinstance(leaf, dict) and _CHUNKED in leaf:
       flat[name] = _unchunk(leaf, name)
-  flat.update(
-      _read_arrays(reads, file.parent(), traverse_util.flatten_dict(dict(template), sep="/"))
-  )
+  opened = _open_arrays(reads, file.parent(), traverse_util.flatten_dict(dict(template), sep="/"))
+  flat.update(opened if lazy else _read_arrays(opened))
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def _orbax_numpy_restore(location: _Location) -> dict:
   """Restores an orbax PyTree checkpoint as numpy arrays on the host (no device memory)."""
   checkpointer = ocp.PyTreeCheckpointer()
-  try:
-    metadata = checkpointer.metadata(location.path).item_metadata
-    if metadata is None:
-      raise ValueError("its tree metadata cannot be read (missing, or its chunk is damaged)")
-    structure = metadata.tree
-    args = map_leaves(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), structure)
+  with _orbax_errors(location):
+    args = map_leaves(
+        lambda _: ocp.RestoreArgs(restore_type=np.ndarray), _orbax_tree(checkpointer, location)
+    )
     return checkpointer.restore(location.path, restore_args=args)
+
+
+def _orbax_open(location: _Location, select: Callable[[dict], dict]) -> dict:
+  """Opens the arrays of `select(an orbax PyTree checkpoint's tree)`, reading none of them:
+  `_OpenedArray`s, through the tensorstore specs orbax itself reads them with."""
+  with _orbax_errors(location):
+    tree = select(_orbax_tree(ocp.PyTreeCheckpointer(), location))
+    directory = epath.Path(location.path)
+    use_ocdbt = ocp.type_handlers.is_ocdbt_checkpoint(directory)
+    use_zarr3 = bool(json.loads(location.join(ORBAX_METADATA).read_file()).get("use_zarr3"))
+    context = ocp.type_handlers.get_ts_context(use_ocdbt=use_ocdbt)
+
+    def spec(metadata) -> dict:
+      info = ocp.type_handlers.ParamInfo(
+          name=metadata.name, parent_dir=directory, use_zarr3=use_zarr3, ts_context=context
+      )
+      return ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=use_ocdbt)
+
+    opening = map_leaves(lambda m: (m.name, ts.open(spec(m), context=context)), tree)
+    return map_leaves(lambda o: _OpenedArray(o[0], location.path, o[1].result()), opening)
+
+
+def _orbax_tree(checkpointer: ocp.PyTreeCheckpointer, location: _Location) -> dict:
+  """The tree of an orbax checkpoint's metadata (`ArrayMetadata` leaves)."""
+  metadata = checkpointer.metadata(location.path).item_metadata
+  if metadata is None:
+    raise ValueError("its tree metadata cannot be read (missing, or its chunk is damaged)")
+  return dict(metadata.tree)
+
+
+@contextlib.contextmanager
+def _orbax_errors(location: _Location) -> Iterator[None]:
+  """Turns a read error of the orbax checkpoint at `location` into one naming it."""
+  try:
+    yield
   except (ValueError, OSError) as e:
     raise ValueError(
         f"cannot restore the orbax checkpoint at {location.path}: {e}. A read or decompression "

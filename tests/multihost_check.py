@@ -4,13 +4,20 @@ A process fixes its device count and its process group when JAX starts, so this 
 interpreter:
   python tests/multihost_check.py OUT_DIR DEVICES CHECKPOINTS \
     [COORDINATOR_ADDRESS PROCESS_COUNT PROCESS_INDEX]
-It expects DEVICES CPU devices (the caller sets XLA_FLAGS), joins the other processes through `multihost.initialize` when
-given an address (T5X's flags), and runs `inference.infer` on the demo_ende task (the corpus in
-$SPECULATIVE_T5X_DEMO_DATA) for each of RUNS, with the tiny random target and T5 drafter saved in
-CHECKPOINTS/target and CHECKPOINTS/drafter (`save_pair`), into OUT_DIR/<run name>. Process 0
-writes the outputs; the test compares them across process counts.
+It expects DEVICES CPU devices (the caller sets XLA_FLAGS), joins the other processes through
+`multihost.initialize` when given an address (T5X's flags), and runs `inference.infer` on the
+demo_ende task (the corpus in $SPECULATIVE_T5X_DEMO_DATA), with the tiny random target and T5
+drafter saved in CHECKPOINTS/target and CHECKPOINTS/drafter (`save_pair`): each of RUNS on a
+data-parallel mesh into OUT_DIR/<run name>, then each of MODEL_PARALLEL_RUNS with the 'model'
+axis over every device (across the processes when there are several) into
+OUT_DIR/model_parallel/<run name>. Process 0 writes the outputs; the test compares them across
+process counts. At the end each process writes to stderr, after READS, the slices of the target's
+checkpoint it read lazily (`t5x_checkpoints.LazyArray.read`), as JSON: {run (its directory
+under OUT_DIR): [[parameter, shape, [[start, stop] per dimension]], ...]}, runs without any
+left out.
 """
 
+import json
 import os
 import sys
 
@@ -25,10 +32,13 @@ from speculative_t5x import inference
 from speculative_t5x import multihost
 from speculative_t5x import network
 from speculative_t5x import pairs
+from speculative_t5x import partitioning
+from speculative_t5x import t5x_checkpoints
 from speculative_t5x import tasks
 
 VOCAB_SIZE = 32  # covers the test vocabulary's 26 pieces
-TINY = tiny_config(VOCAB_SIZE, emb_dim=8, head_dim=4, mlp_dim=16, num_decoder_layers=1)
+# 4 heads: the model-parallel runs split heads, mlp and vocab over 4 devices.
+TINY = tiny_config(VOCAB_SIZE, emb_dim=8, num_heads=4, head_dim=4, mlp_dim=16, num_decoder_layers=1)
 LENGTHS = {"inputs": 12, "targets": 6}
 BATCH_SIZE = 4
 # name -> (temperature, draft tree or None: a chain of GAMMA)
@@ -38,7 +48,10 @@ RUNS = {
     "tree_t0": (0.0, (2, 1)),
     "tree_t1": (1.0, (2, 1)),
 }
+MODEL_PARALLEL_RUNS = ("chain_t0", "chain_t1")
+MODEL_PARALLEL_DIR = "model_parallel"
 GAMMA = 2
+READS = "multihost_check: lazy reads "
 
 
 def save_pair(directory: str) -> None:
@@ -72,22 +85,42 @@ def main():
       random_init_seed=None,
       restore_dtype="float32",
   )
-  for name, (temperature, tree) in RUNS.items():
-    gin.clear_config()
-    if tree is not None:
-      gin.bind_parameter("SpeculativeEncoderDecoderModel.draft_tree", tree)
-    inference.infer(
-        inference.InferConfig(
-            mixture_or_task_name=tasks.DEMO_ENDE_TASK,
-            task_feature_lengths=LENGTHS,
-            output_dir=os.path.join(out, name),
-            pair=pair,
-            gamma=GAMMA,
-            temperature=temperature,
-            batch_size=BATCH_SIZE,
-            decode_seed=7,
-        )
-    )
+  reads, log = {}, []
+  read = t5x_checkpoints.LazyArray.read
+
+  def logged(leaf, index):
+    bounds = [list(s.indices(n)[:2]) for s, n in zip(index, leaf.shape)]
+    log.append([leaf.name, list(leaf.shape), bounds])
+    return read(leaf, index)
+
+  t5x_checkpoints.LazyArray.read = logged
+  model_parallel = os.path.join(out, MODEL_PARALLEL_DIR)
+  for names, partitions, directory in (
+      (RUNS, 1, out),
+      (MODEL_PARALLEL_RUNS, jax.device_count(), model_parallel),
+  ):
+    for name in names:
+      temperature, tree = RUNS[name]
+      gin.clear_config()
+      if tree is not None:
+        gin.bind_parameter("SpeculativeEncoderDecoderModel.draft_tree", tree)
+      inference.infer(
+          inference.InferConfig(
+              mixture_or_task_name=tasks.DEMO_ENDE_TASK,
+              task_feature_lengths=LENGTHS,
+              output_dir=os.path.join(directory, name),
+              pair=pair,
+              gamma=GAMMA,
+              temperature=temperature,
+              batch_size=BATCH_SIZE,
+              decode_seed=7,
+          ),
+          partitioner=partitioning.Partitioner(num_partitions=partitions),
+      )
+      if log:
+        reads[os.path.relpath(os.path.join(directory, name), out)] = log[:]
+        log.clear()
+  print(f"\n{READS}{json.dumps(reads)}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

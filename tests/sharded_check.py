@@ -6,12 +6,19 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 itself). It decodes a tiny ta
 unsharded and then on each mesh of MESHES (target model-parallel by the standard rules, drafter
 replicated by the data-parallel rules), and prints one JSON object with what the test asserts:
 {mesh name: {check: value}, 'unsharded': reference statistics, 'loop_carry': the per-device shapes
-of the compiled decode loop's carry on mesh LOOP_MESH}.
+of the compiled decode loop's carry on mesh LOOP_MESH}. On each mesh it also places the target
+restored lazily from a checkpoint (`t5x_checkpoints.LazyArray`s, `place_params_per_process`)
+and reports whether that gives the arrays `place_params` gives, and how many times each slice
+was read.
 """
 
+import collections
+import dataclasses
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -25,7 +32,7 @@ import seqio  # noqa: E402
 
 # tests/ is this script's sys.path[0].
 from conftest import tiny_config  # noqa: E402
-from speculative_t5x import models, network, partitioning  # noqa: E402
+from speculative_t5x import checkpoints, models, network, partitioning  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -94,6 +101,36 @@ def _shard_fractions(arrays, shardings_axes, name: str) -> list:
   return out
 
 
+def _lazy_placement(partitioner, model, params, placed, saved: str) -> dict:
+  """Places the target restored lazily from `saved` (and the drafter's arrays) with
+  `place_params_per_process` -> {'equal': whether every array is `placed`'s (values, dtype,
+  sharding), 'reads': {parameter: [times each slice was read]}}."""
+  reads = collections.defaultdict(collections.Counter)
+
+  def counted(leaf):
+    def reader(index):
+      reads[leaf.name][tuple(s.indices(n) for s, n in zip(index, leaf.shape))] += 1
+      return leaf.reader(index)
+
+    return dataclasses.replace(leaf, reader=reader)
+
+  lazy = checkpoints.restore_params(TARGET, saved, dtype="float32", lazy=True)
+  lazy_placed = partitioner.place_params_per_process(
+      model, {"target": jax.tree.map(counted, lazy), "drafter": params["drafter"]}
+  )
+  equal = jax.tree.map(
+      lambda a, b: a.dtype == b.dtype
+      and a.sharding.is_equivalent_to(b.sharding, a.ndim)
+      and np.array_equal(a, b),
+      lazy_placed,
+      placed,
+  )
+  return {
+      "equal": all(jax.tree.leaves(equal)),
+      "reads": {name: sorted(counts.values()) for name, counts in reads.items()},
+  }
+
+
 def _loop_carry_shapes(predict, *args) -> str:
   """The per-device array shapes of the compiled decode's outer `while` (its largest carry)."""
   loops = [
@@ -123,6 +160,8 @@ def main():
   results = {
       "unsharded": {"stats": {k: v.tolist() for k, v in greedy[1]["speculative_stats"].items()}}
   }
+  saved = tempfile.mkdtemp()
+  checkpoints.save_model(saved, params["target"], TARGET)
   for mesh_shape in MESHES:
     partitioner = partitioning.Partitioner(
         mesh_shape=mesh_shape,
@@ -160,7 +199,9 @@ def main():
             placed_cache["layers_0"]["self_key"].addressable_shards[0].data.shape
         ),
         "self_key_shape": list(placed_cache["layers_0"]["self_key"].shape),
+        "lazy": _lazy_placement(partitioner, model, params, placed, saved),
     }
+  shutil.rmtree(saved)
   json.dump(results, sys.stdout)
 
 

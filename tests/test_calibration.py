@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from speculative_t5x import alpha, calibration, drafters, network
+from speculative_t5x import alpha, calibration, drafters, network, pairs
 
 # One sequence of 4 generated positions.
 CONFIDENCE = np.array([0.9, 0.2, 0.9, 0.9])
@@ -163,9 +163,10 @@ def test_measure_positions_scores_the_targets_own_samples_until_enough():
     yield first
     raise AssertionError("read a batch after num_tokens were counted")
 
-  positions = calibration.measure_positions(
-      target_config, target, drafter, params, batches(), 6, 1.0, 1, num_tokens=1
+  pair = pairs.Pair(
+      pairs.PairConfig(target_config, drafter, random_init_seed=0), drafter, target, params, {}
   )
+  positions = calibration.measure_positions(pair, batches(), 6, 1.0, 1, num_tokens=1)
   [(encoder, sequences)] = list(alpha.target_samples(target_config, target, [first], 6, 1, 1.0))
   confidence, beta = calibration.score_positions(
       target_config, target, drafter, params, encoder, sequences, 1.0
@@ -176,3 +177,10 @@ def test_measure_positions_scores_the_targets_own_samples_until_enough():
   assert positions.count == expected.count > 0
   for got, want in zip(positions.beta + positions.confidence, expected.beta + expected.confidence):
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_measure_positions_refuses_a_pair_without_a_drafter():
+  target_config, target, _, _ = _tiny_pair()
+  pair = pairs.Pair(pairs.PairConfig(target_config, random_init_seed=0), None, target, None, {})
+  with pytest.raises(ValueError, match="no drafter"):
+    calibration.measure_positions(pair, [], 6, 1.0, 1, num_tokens=1)

@@ -7,7 +7,8 @@ and side, each compiling with XLA:CPU's cheapest settings, FAST_COMPILE):
   - the same inference (tests/multihost_check.py: a tiny random target and T5 drafter, 9 examples,
     global batches of 4 rows) by 2 processes of 2 devices and by 1 process of 4 devices, each at
     T = 0 and T = 1, with a chain and a draft tree: the outputs must be identical, and process 1
-    must write nothing;
+    must write nothing; then with the 'model' axis over all 4 devices (across the 2
+    processes), at T = 0 and T = 1, against 1 process with the same mesh;
   - scripts/infer.py with a process killed once it has joined: the other must end with a non-zero
     status, within 60 s, saying which process died, and leave no outputs;
   - scripts/infer.py with mismatched --process_count: both refuse before any model loads;
@@ -33,13 +34,13 @@ from absl import flags
 import jax
 import numpy as np
 import pytest
-import seqio
 
-from conftest import REPO_ROOT, SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS
+from conftest import REPO_ROOT, SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS, flat
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
 from speculative_t5x import inference
 from speculative_t5x import multihost
+from speculative_t5x import network
 from speculative_t5x import tasks
 import multihost_check
 
@@ -223,6 +224,75 @@ def test_two_processes_decode_what_one_process_does(decoded, run):
   assert not decoded["two_p1"].exists()  # process 1 writes nothing
 
 
+@pytest.mark.parametrize("run", multihost_check.MODEL_PARALLEL_RUNS)
+def test_a_model_axis_across_processes_decodes_what_one_process_does(decoded, run):
+  # The 'model' axis over all 4 devices: 2 processes x 2 devices against 1 process x 4, the
+  # same (1, 4) mesh; both processes feed every row, and only process 0's results count.
+  one, two = (decoded[side] / multihost_check.MODEL_PARALLEL_DIR / run for side in ("one", "two"))
+  lines, expected = _lines(two), _lines(one)
+  # The same tokens and counts; beta_sum, a sum of probabilities, to float32 rounding: the
+  # model axis's reductions run in another order over gloo than within one process.
+  for line in expected:
+    line["stats"]["beta_sum"] = pytest.approx(line["stats"]["beta_sum"], rel=1e-5)
+  assert lines == expected
+  assert [line["targets"] for line in lines] == [de for _, de in PAIRS]  # each example once
+  assert [line["prediction"] for line in lines] == [
+      line["prediction"] for line in _lines(decoded["one"] / run)  # the data-parallel mesh's
+  ]
+  metrics = {d: json.loads((d / inference.METRICS_FILE).read_text()) for d in (one, two)}
+  for d in (one, two):
+    del metrics[d]["seconds"]
+  # Pooled over the examples once each, though both processes decoded every one.
+  totals = {name: np.array([line["stats"][name] for line in lines]) for name in lines[0]["stats"]}
+  assert metrics[two]["decoding"] == decoding.SpeculativeStats.from_dict(totals).summary()
+  metrics[one]["decoding"] = pytest.approx(metrics[one]["decoding"], rel=1e-5)
+  assert metrics[two]["settings"].pop("processes") == 2
+  assert metrics[one]["settings"].pop("processes") == 1
+  assert metrics[two]["settings"]["mesh"] == {"data": 1, "model": 4}
+  assert metrics[two] == metrics[one]
+  assert not decoded["two_p1"].exists()
+
+
+def _reads(log: pathlib.Path) -> dict:
+  """{run: {parameter: (shape, [the slices it read, each ((start, stop) per dimension)])}} from
+  a multihost_check.py process's stderr."""
+  [line] = [line for line in log.read_text().splitlines() if multihost_check.READS in line]
+  out = {}
+  for run, reads in json.loads(line.partition(multihost_check.READS)[2]).items():
+    for name, shape, bounds in reads:
+      out.setdefault(run, {}).setdefault(name, (tuple(shape), []))[1].append(
+          tuple(map(tuple, bounds))
+      )
+  return out
+
+
+def test_each_process_reads_only_its_devices_slices_of_the_target(decoded):
+  logs = decoded["one"].parent / "logs"
+  one, mine, theirs = (_reads(logs / name) for name in ("one", "two", "two_p1"))
+  assert one == {}  # one process reads the checkpoint whole, as it always has
+  names = {f"target/{name}" for name in flat(network.param_shapes(multihost_check.TINY))}
+  model_parallel = [
+      f"{multihost_check.MODEL_PARALLEL_DIR}/{run}" for run in multihost_check.MODEL_PARALLEL_RUNS
+  ]
+  assert mine.keys() == theirs.keys() == set(RUNS) | set(model_parallel)
+  # wi_0 [8, 16], its 'mlp' axis over 'model' (4 devices, 2 a process): each process its half.
+  kernel = "target/decoder/layers_0/mlp/wi_0/kernel"
+  assert mine[model_parallel[0]][kernel] == ((8, 16), [((0, 8), (0, 4)), ((0, 8), (4, 8))])
+  assert theirs[model_parallel[0]][kernel] == ((8, 16), [((0, 8), (8, 12)), ((0, 8), (12, 16))])
+  for run in mine:
+    assert mine[run].keys() == theirs[run].keys() == names
+    for name in names:
+      (shape, a), (_, b) = mine[run][name], theirs[run][name]
+      whole = [tuple((0, n) for n in shape)]
+      assert len(set(a)) == len(a) and len(set(b)) == len(b), (run, name)  # each slice once
+      if run in RUNS or a == whole:  # replicated: each process reads it whole, once
+        assert a == b == whole, (run, name)
+      else:  # split over 'model': the two processes' halves, neither reading the other's
+        assert not set(a) & set(b), (run, name)
+        sizes = [sum(np.prod([stop - start for start, stop in s]) for s in x) for x in (a, b)]
+        assert sizes == [np.prod(shape) // 2] * 2, (run, name)
+
+
 def test_sampling_differs_from_greedy(decoded):
   # Guards the comparison above: T = 1 must sample (not fall back to greedy) in these runs.
   for shape in ("chain", "tree"):
@@ -364,8 +434,7 @@ def test_good_flags_pass():
   multihost.ProcessFlags()  # one process
 
 
-def test_one_process_is_shard_0_of_1_and_gathers_its_own():
-  assert multihost.shard_info() == seqio.ShardInfo(index=0, num_shards=1)
+def test_one_process_gathers_its_own():
   assert multihost.gather_texts(["a", "é"]) == ["a", "é"]
   multihost.check_same_everywhere({"anything": 1})
   multihost.all_succeeded(True, "nothing")

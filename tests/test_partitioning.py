@@ -11,6 +11,7 @@ the compiled loop the caches are split like the parameters that write them.
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ import pytest
 import seqio
 from jax.sharding import PartitionSpec as P
 
-from conftest import tiny_config
+from conftest import flat, tiny_config
 from speculative_t5x import drafters, models, network, partitioning, table_drafters
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -90,6 +91,65 @@ def test_state_axes_by_rank():
       "layers_0": {"self_key": ("batch", "length", "heads", "kv")},
       "length": ("batch",),
   }
+
+
+# --- feeding batches from several processes --------------------------------------------------------
+def test_one_process_feeds_every_row_as_shard_0_of_1():
+  assert partitioning.Partitioner().get_data_layout(4) == partitioning.DataLayout(4, 0, 1, True)
+
+
+@pytest.mark.parametrize(
+    "rows_by_process, expected",
+    [
+        # 2 processes x 2 devices, data axis 4: a block of rows each.
+        (
+            {0: {(0, 1), (1, 2)}, 1: {(2, 3), (3, 4)}},
+            [partitioning.DataLayout(2, 0, 2, True), partitioning.DataLayout(2, 1, 2, True)],
+        ),
+        # The 'model' axis over all 4 devices: both processes feed every row, one replica set.
+        (
+            {0: {(0, 4)}, 1: {(0, 4)}},
+            [partitioning.DataLayout(4, 0, 1, True), partitioning.DataLayout(4, 0, 1, False)],
+        ),
+        # 4 processes x 1 device, mesh (2, 2): processes 0, 1 and 2, 3 share rows.
+        (
+            {0: {(0, 2)}, 1: {(0, 2)}, 2: {(2, 4)}, 3: {(2, 4)}},
+            [
+                partitioning.DataLayout(2, 0, 2, True),
+                partitioning.DataLayout(2, 0, 2, False),
+                partitioning.DataLayout(2, 1, 2, True),
+                partitioning.DataLayout(2, 1, 2, False),
+            ],
+        ),
+        # Rows not in one block (devices interleaved across processes) still work.
+        (
+            {0: {(0, 1), (2, 3)}, 1: {(1, 2), (3, 4)}},
+            [partitioning.DataLayout(2, 0, 2, True), partitioning.DataLayout(2, 1, 2, True)],
+        ),
+    ],
+)
+def test_data_layout_of_each_process(rows_by_process, expected):
+  assert [partitioning.data_layout(rows_by_process, p, 4) for p in rows_by_process] == expected
+
+
+def test_rows_that_overlap_without_being_the_same_are_refused():
+  # 2 processes x 3 devices, num_partitions 2: mesh (3, 2), row 1 split between the processes.
+  with pytest.raises(
+      ValueError,
+      match=re.escape(
+          "processes 0 and 1 hold rows [(0, 1), (1, 2)] and [(1, 2), (2, 3)] (start, stop) of a "
+          "batch of 3, which overlap without being the same, so neither can feed its rows alone: "
+          "give NUM_PARTITIONS (the 'model' axis) dividing the local device count"
+      ),
+  ):
+    partitioning.data_layout({0: {(0, 1), (1, 2)}, 1: {(1, 2), (2, 3)}}, 0, 3)
+
+
+def test_processes_holding_different_numbers_of_rows_are_refused():
+  with pytest.raises(
+      ValueError, match=re.escape("different numbers of rows of a batch of 3 ({0: 2, 1: 1})")
+  ):
+    partitioning.data_layout({0: {(0, 1), (1, 2)}, 1: {(2, 3)}}, 1, 3)
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -253,3 +313,18 @@ def test_caches_in_the_compiled_loop_follow_the_parameters(sharded):
   carry = sharded["loop_carry"]
   assert "f32[4,14,2,4]" in carry and "f32[4,14,8,4]" in carry
   assert "f32[8,14,8,4]" not in carry
+
+
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+def test_a_lazily_restored_target_is_placed_as_its_arrays_each_slice_read_once(sharded, mesh):
+  # place_params_per_process on LazyArray leaves (the target, from a save_model checkpoint) and
+  # on the drafter's arrays gives place_params's arrays: values, dtypes and shardings.
+  lazy = sharded[mesh]["lazy"]
+  assert lazy["equal"]
+  reads = lazy["reads"]
+  assert reads.keys() == {f"target/{name}" for name in flat(network.param_shapes(TINY))}
+  # Each distinct slice of the 8 devices' is read once: the 'model' axis's slices of an mlp
+  # kernel, the whole of a replicated parameter once (not once per device).
+  assert reads["target/decoder/layers_0/mlp/wi_0/kernel"] == [1] * MESHES[mesh]
+  assert reads["target/decoder/decoder_norm/scale"] == [1]
+  assert {count for counts in reads.values() for count in counts} == {1}

@@ -3,6 +3,7 @@ files, files written here in its layouts, and missing or damaged files refused w
 name the array and the file."""
 
 import os
+import re
 import shutil
 
 import flax.serialization
@@ -391,3 +392,95 @@ def test_t5x_gzip_chunk_with_a_flipped_byte_is_named(tmp_path):
       r".*state.param_states.kernel/0.0",
   ):
     t5x_checkpoints.load_t5x_checkpoint(tmp_path / "tiny_t5")
+
+
+# ----------------------------------------------------------------------------------------------
+# Lazy reading (load_checkpoint(..., lazy=True)): each parameter read by the slice, in the
+# restore dtype, refused where the slice read holds NaN or inf.
+# ----------------------------------------------------------------------------------------------
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def _lazy_target(path, restore_dtype="float32", check_finite=True) -> dict:
+  return t5x_checkpoints.load_checkpoint(
+      path, None, restore_dtype, {}, only_target=True, check_finite=check_finite, lazy=True
+  )["target"]
+
+
+def _checkpoint_of_kind(kind: str, directory, params):
+  """A checkpoint of `params` in one of the layouts lazy reading covers -> its path."""
+  if kind == "t5x_zarr":  # bfloat16 zarr arrays, several chunks each
+    _write_t5x_checkpoint(directory, 1, params)
+  elif kind == "t5x_orbax":
+    ocp.PyTreeCheckpointer().save(
+        directory / "checkpoint_4" / "state", {"target": params, "state": {"step": np.int32(4)}}
+    )
+  elif kind == "project":
+    checkpoints.save_model(directory, params, SMALL_CONFIG)
+  else:  # arrays inline in the msgpack file: read with the file, whole
+    (directory / "checkpoint").write_bytes(
+        flax.serialization.msgpack_serialize(
+            {"version": 3, "optimizer": {"target": params, "state": {"step": np.int32(1)}}}
+        )
+    )
+  return directory
+
+
+@pytest.mark.parametrize("restore_dtype", sorted(DTYPES))
+@pytest.mark.parametrize("kind", ["t5x_zarr", "t5x_orbax", "project", "msgpack_inline"])
+def test_a_lazy_array_reads_the_slice_asked_in_the_restore_dtype(
+    tmp_path, small_params, kind, restore_dtype
+):
+  path = _checkpoint_of_kind(kind, tmp_path, small_params)
+  eager = flat(t5x_checkpoints.load_t5x_checkpoint(path, restore_dtype=restore_dtype)["target"])
+  lazy = flat(_lazy_target(path, restore_dtype))
+  assert lazy.keys() == eager.keys()
+  for name, array in eager.items():
+    leaf = lazy[name]
+    assert (leaf.name, leaf.shape, leaf.dtype) == (f"target/{name}", array.shape, array.dtype)
+    assert array.dtype == DTYPES[restore_dtype]
+    whole = tuple(slice(None) for _ in array.shape)
+    middle = tuple(slice(n // 4, n // 4 + max(1, n // 2)) for n in array.shape)
+    corner = tuple(slice(n - 1, n) for n in array.shape)
+    for index in (whole, middle, corner):
+      values = leaf.read(index)
+      assert values.dtype == DTYPES[restore_dtype], (name, index)
+      np.testing.assert_array_equal(values, array[index], err_msg=f"{name} {index}")
+    np.testing.assert_array_equal(leaf.read(), array, err_msg=name)
+
+
+def test_a_lazy_array_reads_only_the_chunks_of_its_slice(tmp_path, small_params):
+  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params)  # embedding [40, 8], chunks [20, 4]
+  os.remove(os.path.join(ckpt_dir, "target.token_embedder.embedding", "1.1"))  # [20:40, 4:8]
+  embedding = _lazy_target(tmp_path)["token_embedder"]["embedding"]
+  expected = small_params["token_embedder"]["embedding"].astype(ml_dtypes.bfloat16)
+  np.testing.assert_array_equal(embedding.read((slice(0, 20), slice(0, 8))), expected[:20])
+  np.testing.assert_array_equal(embedding.read((slice(20, 40), slice(0, 4))), expected[20:, :4])
+  with pytest.raises(
+      ValueError, match=r"cannot read array 'target/token_embedder/embedding' from .*embedding"
+  ):
+    embedding.read((slice(30, 40), slice(3, 5)))
+
+
+def test_a_lazy_array_refuses_nan_in_the_slice_it_reads(tmp_path, small_params):
+  ckpt_dir = _write_t5x_checkpoint(tmp_path, 1, small_params, compressor="zstd")
+  chunk = os.path.join(ckpt_dir, "target.token_embedder.embedding", "0.1")  # [0:20, 4:8]
+  values = small_params["token_embedder"]["embedding"][:20, 4:].astype(ml_dtypes.bfloat16)
+  with open(chunk, "rb") as f:
+    data = f.read()
+  with open(chunk, "wb") as f:
+    f.write(_nan_bits(data, values, 5))  # Row 1, column 5 of the array.
+  embedding = _lazy_target(tmp_path)["token_embedder"]["embedding"]
+  embedding.read((slice(0, 20), slice(0, 4)))  # the finite chunks
+  embedding.read((slice(20, 40), slice(0, 8)))
+  with pytest.raises(
+      t5x_checkpoints.NonFiniteWeightsError,
+      match=re.escape(
+          f"checkpoint {ckpt_dir} holds NaN or inf in 1 parameter(s):\n"
+          "  target/token_embedder/embedding (40, 8), its slice [0:10, 2:8]: 1 NaN and 0 inf of "
+          "60 values, the first at index (1, 5)\n"
+      ),
+  ):
+    embedding.read((slice(0, 10), slice(2, 8)))
+  unchecked = _lazy_target(tmp_path, check_finite=False)["token_embedder"]["embedding"]
+  assert np.isnan(unchecked.read((slice(0, 10), slice(2, 8)))[1, 3])
