@@ -1,4 +1,5 @@
-"""Shared test set-up: one CPU device, float32 matmuls, and the T5X fixtures beside the project."""
+"""Shared test set-up: one CPU device, float32 matmuls, a persistent compilation cache, and the
+T5X fixtures beside the project."""
 
 import os
 import pathlib
@@ -6,6 +7,12 @@ import pathlib
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# JAX's persistent compilation cache, shared by the test workers and the scripts they start (which
+# inherit the variable): a program that compiles in a second or more compiles once per clone.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax_compilation_cache"),
+)
 
 import speculative_t5x  # noqa: E402,F401  (first: TensorFlow, which seqio imports, quietly)
 import jax  # noqa: E402

@@ -48,7 +48,7 @@ RUNS = {
     "tree_t0": (0.0, (2, 1)),
     "tree_t1": (1.0, (2, 1)),
 }
-MODEL_PARALLEL_RUNS = ("chain_t0", "chain_t1")
+MODEL_PARALLEL_RUNS = ("chain_t1",)  # T = 1: sampling, whose reductions run over the model axis
 MODEL_PARALLEL_DIR = "model_parallel"
 GAMMA = 2
 READS = "multihost_check: lazy reads "

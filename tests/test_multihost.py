@@ -8,7 +8,7 @@ and side, each compiling with XLA:CPU's cheapest settings, FAST_COMPILE):
     global batches of 4 rows) by 2 processes of 2 devices and by 1 process of 4 devices, each at
     T = 0 and T = 1, with a chain and a draft tree: the outputs must be identical, and process 1
     must write nothing; then with the 'model' axis over all 4 devices (across the 2
-    processes), at T = 0 and T = 1, against 1 process with the same mesh;
+    processes), at T = 1, against 1 process with the same mesh;
   - scripts/infer.py with a process killed once it has joined: the other must end with a non-zero
     status, within 60 s, saying which process died, and leave no outputs;
   - scripts/infer.py with mismatched --process_count: both refuse before any model loads;
