@@ -4,10 +4,12 @@ A shape owns, for each iteration of `decoding.speculative_sample`: its block (D,
 one call accepts, gamma for a chain; M, the drafts it proposes; M + 1, the tokens the target
 scores), its uniforms, its proposal (`Drafter.propose`, `Drafter.propose_tree`), the verifier it
 takes by default, its cache compaction after acceptance, the target features it hands a drafter
-that `reads_target_features` (`Drafter.observe_features`), and what the trace records of it. The
-loop calls `DraftShape.iterate` and writes what it returns: it holds no branch on the shape, so a
-new shape is one subclass plus a gin line
-(`SpeculativeEncoderDecoderModel.draft_shape = @draft_shapes.MyShape()`).
+that `reads_target_features` (`Drafter.observe_features`), and what the trace records of it; for
+the reports (`report.SpeedupRow`, `sweep.SweepSetting`), its label, the fields results files
+record, the tokens per call and the speedup the paper's model predicts, and which timed iteration
+is its own. The
+loop and the reports call the shape and hold no branch on it, so a new shape is one subclass plus
+a gin line (`SpeculativeEncoderDecoderModel.draft_shape = @draft_shapes.MyShape()`).
 
 - `Chain(gamma, draft_stop)`: Algorithm 1's chain of gamma drafts (D = M = gamma), with an
   optional `draft_length` rule (adaptive draft length: static width, fewer drafter steps).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import gin
@@ -33,6 +36,7 @@ from speculative_t5x import draft_length
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import sampling
 from speculative_t5x import speculative
+from speculative_t5x import theory
 from speculative_t5x import trees
 from speculative_t5x import validation
 
@@ -166,6 +170,37 @@ class DraftShape(abc.ABC):
   def default_verifier(self) -> speculative.Verifier:
     """The verifier used when none is given."""
 
+  @property
+  @abc.abstractmethod
+  def label(self) -> str:
+    """How reports name the shape, e.g. 'gamma 3' or 'tree (0, 0, 1)'."""
+
+  @abc.abstractmethod
+  def describe(self) -> dict[str, Any]:
+    """What results files record of the shape: 'gamma' (D) and 'draft_tree' (a tree's parents,
+    None for a chain)."""
+
+  def expected_tokens(self, alpha: float) -> float:
+    """Tokens per target call at acceptance rate alpha in the paper's model (each draft accepted
+    independently with probability alpha), or NaN where the shape has none; the reports then
+    predict from the realized tokens per call only. The default: NaN."""
+    del alpha
+    return math.nan
+
+  def predicted_speedup(self, alpha: float, c: float, verify_cost: float = 1.0) -> float:
+    """Theorem 3.8's speedup at acceptance rate alpha and cost coefficient c, a verification
+    costing `verify_cost` target steps (the hardware-aware form; 1: the theorem's own), or NaN
+    where the shape has no `expected_tokens`. The default: NaN."""
+    del alpha, c, verify_cost
+    return math.nan
+
+  @property
+  def timed_iteration(self) -> int | None:
+    """The gamma whose `benchmark.DecodeCosts.iteration` (gamma drafter steps, then the target on
+    gamma + 1 tokens, in one loop step) is this shape's iteration, or None where none is. The
+    default: None."""
+    return None
+
   def check(
       self,
       verifier: speculative.Verifier,
@@ -230,6 +265,26 @@ class Chain(DraftShape):
   @property
   def default_verifier(self) -> speculative.Verifier:
     return speculative.ALGORITHM_1
+
+  @property
+  def label(self) -> str:
+    return f"gamma {self.gamma}"
+
+  def describe(self) -> dict[str, Any]:
+    return {"gamma": self.gamma, "draft_tree": None}
+
+  def expected_tokens(self, alpha: float) -> float:
+    """Eq. (1): (1 - alpha^(gamma + 1)) / (1 - alpha) (`theory.expected_tokens`). Under a
+    `draft_stop` rule, that of gamma, the most drafts a call proposes."""
+    return theory.expected_tokens(alpha, self.gamma)
+
+  def predicted_speedup(self, alpha: float, c: float, verify_cost: float = 1.0) -> float:
+    """`theory.speedup_hardware_aware` at gamma."""
+    return theory.speedup_hardware_aware(alpha, self.gamma, c, verify_cost)
+
+  @property
+  def timed_iteration(self) -> int:
+    return self.gamma
 
   def iterate(self, parts: Parts, position: Position, u: jax.Array) -> Iteration:
     """Drafts the chain (`Drafter.propose`), scores it, hands its features over (the whole block:
@@ -302,6 +357,16 @@ class Tree(DraftShape):
   @property
   def default_verifier(self) -> speculative.Verifier:
     return speculative.TreeVerifier()
+
+  @property
+  def label(self) -> str:
+    return f"tree {self.tree.parents}"
+
+  def describe(self) -> dict[str, Any]:
+    """Its depth as 'gamma' and its parents; a tree's tokens per call have no closed form in
+    alpha and its drafting rounds propose several nodes each, so `expected_tokens` is NaN and no
+    chain's timed iteration is its own."""
+    return {"gamma": self.depth, "draft_tree": self.tree.parents}
 
   def check(self, verifier, drafter, move_target_cache) -> None:
     """A tree needs a verifier of trees, a drafter that proposes them and a cache move."""

@@ -36,11 +36,13 @@ What a `SpeedupRow` reports from them:
                          temperature 0; at other temperatures the two sample the same distribution
                          with different draws.
 
-A draft tree's row (`sweep.grid_settings(draft_trees=)`, M drafts of depth D, gamma = D) reports
-its verify cost on M + 1 tokens and predicts only from the realized tokens per call, tokens /
-(D c + verify cost): Theorem 3.8's E[tokens](alpha) and the iteration timed together (D drafter
-steps of one token, gamma + 1 verified) describe chains, so `predicted`, `predicted_hw`,
-`iteration_cost`, `predicted_in_situ` and the efficiencies built on them are NaN there.
+A row asks its draft shape (`draft_shapes.DraftShape`) what depends on it. A draft tree's row
+(`sweep.grid_settings(draft_trees=)`, M drafts of depth D, gamma = D) reports its verify cost on
+M + 1 tokens and predicts only from the realized tokens per call, tokens / (D c + verify cost):
+Theorem 3.8's E[tokens](alpha) (`DraftShape.expected_tokens`, `DraftShape.predicted_speedup`)
+and the iteration timed together (`DraftShape.timed_iteration`: gamma drafter steps of one token,
+gamma + 1 verified) describe chains, so `predicted`, `predicted_hw`, `iteration_cost`, `predicted_in_situ` and the efficiencies
+built on them are NaN there.
 """
 
 from __future__ import annotations
@@ -54,8 +56,7 @@ import numpy as np
 
 from speculative_t5x import benchmark
 from speculative_t5x import decoding
-from speculative_t5x import theory
-from speculative_t5x import trees
+from speculative_t5x import draft_shapes
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -118,9 +119,10 @@ def _summarize(timings: Sequence[benchmark.Timing]) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class SpeedupRow:
-  """One Table 2 row: a (task, drafter, temperature, gamma) setting against the baseline.
+  """One Table 2 row: a (task, drafter, temperature, draft shape) setting against the baseline.
 
-  Fields are what was measured (see the module docstring and sweep.py's); the speedups,
+  shape: the `draft_shapes.DraftShape` decoded (`gamma` is its depth). The other fields are what
+  was measured (see the module docstring and sweep.py's); the speedups,
   predictions and efficiencies are properties computed from them, each by one formula.
   Per-example fields hold one entry per example, in order: times of the decodes and of their
   prefills, decoded tokens.
@@ -129,7 +131,7 @@ class SpeedupRow:
   task: str
   drafter: str
   temperature: float
-  gamma: int
+  shape: draft_shapes.DraftShape
   alpha: float
   tokens_per_target_call: float
   acceptance_rate: float
@@ -145,8 +147,7 @@ class SpeedupRow:
   baseline_tokens: tuple[int, ...]
   speculative_tokens: tuple[int, ...]
   outputs_match_baseline: float
-  draft_tree: tuple[int, ...] | None = None  # the tree's parents (`trees.DraftTree`); None: chain
-  c_in_loop: float = math.nan  # `DecodeCosts.c_in_loop` (NaN for a tree)
+  c_in_loop: float = math.nan  # `DecodeCosts.c_in_loop` (NaN where no iteration is timed)
 
   def __post_init__(self):
     counts = {
@@ -172,16 +173,16 @@ class SpeedupRow:
       task: str,
       drafter: str,
       temperature: float,
-      gamma: int,
+      shape: draft_shapes.DraftShape,
       costs: benchmark.DecodeCosts,
       baseline: Sequence[ExampleResult],
       speculative: Sequence[ExampleResult],
-      draft_tree: trees.DraftTree | None = None,
   ) -> "SpeedupRow":
     """The row of one setting from its per-example results and the baseline's on the same
     examples (in the same order), with the step costs of its drafter at its temperature; alpha
     and tokens per target call pool the speculative results' statistics over all their rows.
-    A draft tree's costs must hold its verification on M + 1 tokens (as 'gamma' M)."""
+    The costs must hold the shape's verification of M + 1 tokens (as 'gamma' M) and, where the
+    shape has one, its timed iteration."""
     if len(baseline) != len(speculative) or not baseline:
       raise ValueError(
           f"need the baseline's and the speculative decode's results on the same "
@@ -194,21 +195,20 @@ class SpeedupRow:
       )
     stats = decoding.SpeculativeStats.concatenate([result.stats for result in speculative])
     matches = [np.array_equal(b.decodes, s.decodes) for b, s in zip(baseline, speculative)]
-    verified = gamma if draft_tree is None else draft_tree.num_nodes
-    chain = draft_tree is None
+    timed = shape.timed_iteration
     return cls(
         task=task,
         drafter=drafter,
         temperature=float(temperature),
-        gamma=int(gamma),
+        shape=shape,
         alpha=stats.alpha,
         tokens_per_target_call=stats.tokens_per_call,
         acceptance_rate=stats.acceptance_rate,
         stat_totals=stats.totals(),
         c=costs.c,
-        verify_cost=costs.verify_cost(verified),
-        iteration_cost=costs.iteration_cost(gamma) if chain else math.nan,
-        interference_ms=costs.interference_ms(gamma) if chain else math.nan,
+        verify_cost=costs.verify_cost(shape.num_drafts),
+        iteration_cost=math.nan if timed is None else costs.iteration_cost(timed),
+        interference_ms=math.nan if timed is None else costs.interference_ms(timed),
         baseline_ms=tuple(r.timing for r in baseline),
         speculative_ms=tuple(r.timing for r in speculative),
         baseline_prefill_ms=tuple(r.prefill for r in baseline),
@@ -216,9 +216,13 @@ class SpeedupRow:
         baseline_tokens=tuple(r.tokens for r in baseline),
         speculative_tokens=tuple(r.tokens for r in speculative),
         outputs_match_baseline=float(np.mean(matches)),
-        draft_tree=None if chain else draft_tree.parents,
-        c_in_loop=costs.c_in_loop(gamma) if chain else math.nan,
+        c_in_loop=math.nan if timed is None else costs.c_in_loop(timed),
     )
+
+  @property
+  def gamma(self) -> int:
+    """Drafts per call along one path: gamma of a chain, a tree's depth D."""
+    return self.shape.depth
 
   # ---- measured
   @property
@@ -246,17 +250,13 @@ class SpeedupRow:
   @property
   def predicted(self) -> float:
     """Theorem 3.8 at the measured alpha and c (NaN for a tree)."""
-    if self.draft_tree is not None:
-      return math.nan
-    return theory.speedup(self.alpha, self.gamma, self.c)
+    return self.shape.predicted_speedup(self.alpha, self.c)
 
   @property
   def predicted_hw(self) -> float:
     """Theorem 3.8 with the measured verification cost in place of one target step (NaN for a
     tree)."""
-    if self.draft_tree is not None:
-      return math.nan
-    return theory.speedup_hardware_aware(self.alpha, self.gamma, self.c, self.verify_cost)
+    return self.shape.predicted_speedup(self.alpha, self.c, self.verify_cost)
 
   @property
   def predicted_hw_realized(self) -> float:
@@ -267,9 +267,7 @@ class SpeedupRow:
   @property
   def predicted_in_situ(self) -> float:
     """E[tokens](alpha) over the iteration's network work timed together (NaN for a tree)."""
-    if self.draft_tree is not None:
-      return math.nan
-    return theory.expected_tokens(self.alpha, self.gamma) / self.iteration_cost
+    return self.shape.expected_tokens(self.alpha) / self.iteration_cost
 
   # ---- measured over predicted
   @property
@@ -290,8 +288,7 @@ class SpeedupRow:
         "task": self.task,
         "drafter": self.drafter,
         "temperature": self.temperature,
-        "gamma": self.gamma,
-        "draft_tree": self.draft_tree,
+        **self.shape.describe(),
         "alpha": self.alpha,
         "tokens_per_target_call": self.tokens_per_target_call,
         "acceptance_rate": self.acceptance_rate,
@@ -419,16 +416,14 @@ def plain_summary(rows: Sequence[SpeedupRow]) -> str:
   figure."""
   lines = []
   for r in rows:
-    shape = f"gamma {r.gamma}" if r.draft_tree is None else f"tree {r.draft_tree}"
     baseline = _summarize(r.baseline_ms)["mean_median_ms"]
     speculative = _summarize(r.speculative_ms)["mean_median_ms"]
-    verified = r.gamma + 1 if r.draft_tree is None else len(r.draft_tree) + 1
     in_loop = "" if math.isnan(r.c_in_loop) else f", a draft in the loop {r.c_in_loop:.2f}"
     lines.append(
-        f"  {r.drafter}, {shape}, temperature {r.temperature:g}: speedup {r.speedup:.2f}x per token\n"
+        f"  {r.drafter}, {r.shape.label}, temperature {r.temperature:g}: speedup {r.speedup:.2f}x per token\n"
         f"    per example: baseline {baseline:.1f} ms, speculative {speculative:.1f} ms; alpha "
         f"{r.alpha:.2f}, {r.tokens_per_target_call:.2f} tokens per target call\n"
-        f"    in target steps: a verification of {verified} tokens {r.verify_cost:.2f}{in_loop}"
+        f"    in target steps: a verification of {r.shape.width} tokens {r.verify_cost:.2f}{in_loop}"
     )
   return "\n".join(lines) + "\n"
 

@@ -44,6 +44,7 @@ import tqdm
 
 from speculative_t5x import benchmark
 from speculative_t5x import draft_length
+from speculative_t5x import draft_shapes
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import models
 from speculative_t5x import network
@@ -82,43 +83,29 @@ class SweepSetting:
   by `model_kwargs`.
 
   label: the rows' drafter label (`report.SpeedupRow.drafter`); drafter: a key of the sweep's
-  drafters; gamma: drafts per target call (a tree's depth); verifier: None is the draft shape's
-  default (Algorithm 1 for a chain, `speculative.TreeVerifier` for a tree); draft_stop: a
-  `draft_length` rule or None (static gamma); draft_tree: a `trees.DraftTree` or None (a chain).
+  drafters; shape: a `draft_shapes.DraftShape` (`draft_shapes.Chain(gamma, draft_stop)`,
+  `draft_shapes.Tree(tree)`, or any other); verifier: None is the shape's default (Algorithm 1
+  for a chain, `speculative.TreeVerifier` for a tree).
   """
 
   label: str
   drafter: str
-  gamma: int
+  shape: draft_shapes.DraftShape
   verifier: speculative.Verifier | None = None
-  draft_stop: draft_length.DraftStop | None = None
-  draft_tree: trees.DraftTree | None = None
 
-  def __post_init__(self):
-    if self.draft_tree is not None and self.gamma != self.draft_tree.depth:
-      raise ValueError(
-          f"setting {self.label!r}: a draft tree of depth {self.draft_tree.depth} runs at gamma "
-          f"{self.draft_tree.depth}, got gamma {self.gamma}."
-      )
+  @property
+  def gamma(self) -> int:
+    """Drafts per call along one path: gamma of a chain, a tree's depth."""
+    return self.shape.depth
 
   @property
   def key(self) -> tuple[str, int]:
     """Its key in `build_settings` and `Sweep.results`: (label, gamma)."""
     return self.label, self.gamma
 
-  @property
-  def verified(self) -> int:
-    """Drafts per verification: gamma for a chain, M for a tree of M nodes."""
-    return self.gamma if self.draft_tree is None else self.draft_tree.num_nodes
-
   def model_kwargs(self) -> dict[str, Any]:
     """The `models.SpeculativeEncoderDecoderModel` arguments it sets."""
-    return dict(
-        gamma=self.gamma,
-        verifier=self.verifier,
-        draft_stop=self.draft_stop,
-        draft_tree=self.draft_tree,
-    )
+    return dict(draft_shape=self.shape, verifier=self.verifier)
 
 
 def grid_settings(
@@ -145,17 +132,18 @@ def grid_settings(
         if len(draft_stops) > 1:
           label += f", {stop_label} draft length"
         settings += [
-            SweepSetting(label, name, int(g), verifier, stop) for g in sorted({*map(int, gammas)})
+            SweepSetting(label, name, draft_shapes.Chain(g, stop), verifier)
+            for g in sorted({*map(int, gammas)})
         ]
     for tree_label, tree in (draft_trees or {}).items():
-      settings.append(SweepSetting(f"{name}, tree {tree_label}", name, tree.depth, draft_tree=tree))
+      settings.append(SweepSetting(f"{name}, tree {tree_label}", name, draft_shapes.Tree(tree)))
   return settings
 
 
 def cost_gammas(settings: Sequence[SweepSetting]) -> list[int]:
   """The 'gammas' whose verification the costs time: each setting's drafts per verification
   (the target on that many + 1 tokens)."""
-  return sorted({setting.verified for setting in settings})
+  return sorted({setting.shape.num_drafts for setting in settings})
 
 
 def build_settings(
@@ -358,9 +346,10 @@ def _check_sweep(
           f"setting {setting.label!r} names drafter {setting.drafter!r}, which is not one of "
           f"the drafters {sorted(drafters)}."
       )
-    if isinstance(setting.gamma, bool) or not isinstance(setting.gamma, int) or setting.gamma < 1:
+    if not isinstance(setting.shape, draft_shapes.DraftShape):
       raise ValueError(
-          f"setting {setting.label!r}: gamma must be an integer >= 1, got {setting.gamma!r}."
+          f"setting {setting.label!r}: shape must be a draft_shapes.DraftShape (e.g. "
+          f"draft_shapes.Chain(2) or draft_shapes.Tree((2, 1))), got {setting.shape!r}."
       )
   keys = [setting.key for setting in settings]
   if len(set(keys)) != len(keys):
@@ -474,11 +463,10 @@ def sweep(
           task,
           setting.label,
           t,
-          setting.gamma,
+          setting.shape,
           costs[t][setting.drafter],
           results[t][BASELINE],
           results[t][setting.key],
-          draft_tree=setting.draft_tree,
       )
       for setting in settings
       for t in temperatures

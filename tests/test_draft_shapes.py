@@ -151,6 +151,19 @@ def test_the_shapes_sizes():
   assert draft_shapes.make_shape(draft_shape=tree) is tree
 
 
+def test_what_the_reports_ask_a_shape():
+  chain, tree = draft_shapes.Chain(3), draft_shapes.Tree((2, 1))
+  assert (chain.label, tree.label) == ("gamma 3", "tree (0, 0, 1, 2)")
+  assert chain.describe() == {"gamma": 3, "draft_tree": None}
+  assert tree.describe() == {"gamma": 2, "draft_tree": (0, 0, 1, 2)}
+  # Eq. (1) at alpha 0.5, gamma 3: 1 + 0.5 + 0.25 + 0.125; Theorem 3.8 divides by 3 c + verify.
+  assert chain.expected_tokens(0.5) == pytest.approx(1.875)
+  assert chain.predicted_speedup(0.5, 0.1) == pytest.approx(1.875 / 1.3)
+  assert chain.predicted_speedup(0.5, 0.1, 1.7) == pytest.approx(1.875 / 2.0)
+  assert (chain.timed_iteration, tree.timed_iteration) == (3, None)
+  assert np.isnan(tree.expected_tokens(0.5)) and np.isnan(tree.predicted_speedup(0.5, 0.1))
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [

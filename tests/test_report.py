@@ -2,15 +2,18 @@
 is worked out by hand in the comments; no timing is measured."""
 
 import json
+import math
 
 import numpy as np
 import pytest
 
 from speculative_t5x import benchmark
 from speculative_t5x import decoding
+from speculative_t5x import draft_shapes
 from speculative_t5x import report
 
 GEOMETRY = benchmark.DecodeGeometry(4, 8, 0, 1)
+CHAIN = draft_shapes.Chain(2)
 
 
 def ms(value):
@@ -55,7 +58,7 @@ def two_examples():
 
 def make_row():
   baseline, speculative = two_examples()
-  return report.SpeedupRow.from_results("task", "d", 0.0, 2, COSTS, baseline, speculative)
+  return report.SpeedupRow.from_results("task", "d", 0.0, CHAIN, COSTS, baseline, speculative)
 
 
 def test_row_measured_values_from_known_inputs():
@@ -98,9 +101,36 @@ def test_identical_examples_give_one_speedup_per_token_and_per_example():
   speculative = [
       report.ExampleResult(ms(4.0), ms(1.0), np.array([[4, 1]]), 8, stats(3, 5, 5.0, 6))
   ] * 2
-  row = report.SpeedupRow.from_results("t", "d", 0.0, 2, COSTS, baseline, speculative)
+  row = report.SpeedupRow.from_results("t", "d", 0.0, CHAIN, COSTS, baseline, speculative)
   assert row.speedup == pytest.approx(3.0) and row.speedup_per_example == pytest.approx(3.0)
   assert row.loop_speedup == pytest.approx(10 / 3) and row.outputs_match_baseline == 1.0
+
+
+def test_a_tree_row_asks_its_shape_and_predicts_from_its_realized_tokens_only():
+  """A tree of branching (2, 1): M = 4 drafts of depth D = 2, parents (0, 0, 1, 2). Its
+  verification is the target on 5 tokens (4 ms / 2 ms = 2.0); Theorem 3.8 and the chain's timed iteration describe chains, so those
+  columns are NaN, and the rest is measured as for a chain."""
+  baseline, speculative = two_examples()
+  costs = benchmark.DecodeCosts(
+      GEOMETRY, target_step=ms(2.0), drafter_step=ms(0.5), verify={4: ms(4.0)}, iteration={}
+  )
+  tree = draft_shapes.Tree((2, 1))
+  row = report.SpeedupRow.from_results("t", "d", 1.0, tree, costs, baseline, speculative)
+  assert (row.gamma, row.c, row.verify_cost, row.tokens_per_target_call) == (2, 0.25, 2.0, 2.5)
+  for nan in ("predicted", "predicted_hw", "iteration_cost", "interference_ms", "c_in_loop"):
+    assert math.isnan(getattr(row, nan)), nan
+  assert math.isnan(row.predicted_in_situ) and math.isnan(row.efficiency)
+  assert row.predicted_hw_realized == pytest.approx(2.5 / (2 * 0.25 + 2.0))  # 1.0
+  assert row.efficiency_realized == pytest.approx(119 / 45)
+  record = json.loads(json.dumps(row.as_dict()))
+  assert (record["gamma"], record["draft_tree"]) == (2, [0, 0, 1, 2])
+  assert json.loads(json.dumps(make_row().as_dict()))["draft_tree"] is None
+  assert report.plain_summary([row]) == (
+      "  d, tree (0, 0, 1, 2), temperature 1: speedup 2.46x per token\n"
+      "    per example: baseline 20.0 ms, speculative 9.5 ms; alpha 0.75, 2.50 tokens per "
+      "target call\n"
+      "    in target steps: a verification of 5 tokens 2.00\n"
+  )
 
 
 def test_as_dict_is_the_results_json_row():
@@ -142,12 +172,14 @@ def test_as_dict_is_the_results_json_row():
 def test_row_needs_matching_examples_and_stats():
   baseline, speculative = two_examples()
   with pytest.raises(ValueError, match="same examples, got 2 and 1"):
-    report.SpeedupRow.from_results("t", "d", 0.0, 2, COSTS, baseline, speculative[:1])
+    report.SpeedupRow.from_results("t", "d", 0.0, CHAIN, COSTS, baseline, speculative[:1])
   no_stats = [report.ExampleResult(r.timing, r.prefill, r.decodes, r.tokens) for r in speculative]
   with pytest.raises(ValueError, match="has no stats"):
-    report.SpeedupRow.from_results("t", "d", 0.0, 2, COSTS, baseline, no_stats)
+    report.SpeedupRow.from_results("t", "d", 0.0, CHAIN, COSTS, baseline, no_stats)
   with pytest.raises(ValueError, match="no timing for gamma=3"):
-    report.SpeedupRow.from_results("t", "d", 0.0, 3, COSTS, baseline, speculative)
+    report.SpeedupRow.from_results(
+        "t", "d", 0.0, draft_shapes.Chain(3), COSTS, baseline, speculative
+    )
 
 
 def test_example_result_from_a_decode():

@@ -10,6 +10,7 @@ import seqio
 
 from speculative_t5x import benchmark
 from speculative_t5x import draft_length
+from speculative_t5x import draft_shapes
 from speculative_t5x import drafters
 from speculative_t5x import network
 from speculative_t5x import speculative
@@ -147,14 +148,18 @@ def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
     "drafters_of, settings, message",
     [
         (None, sweep.grid_settings(["d"], [2]), r"pass x\[:, None\]"),
-        (None, [sweep.SweepSetting("d", "d", 0)], r"setting 'd': gamma must be an integer >= 1"),
-        (None, [sweep.SweepSetting("e", "e", 2)], r"names drafter 'e', which is not one of"),
+        (None, [sweep.SweepSetting("d", "d", 2)], r"setting 'd': shape must be a draft_shapes"),
+        (
+            None,
+            [sweep.SweepSetting("e", "e", draft_shapes.Chain(2))],
+            r"names drafter 'e', which is not one of",
+        ),
         (None, [("d", 2)], r"settings must be sweep\.SweepSetting objects"),
         (None, [], r"no settings to sweep"),
         (None, sweep.grid_settings(["d"], [2]) * 2, r"two settings share a \(label, gamma\)"),
         (33, sweep.grid_settings(["d"], [2]), r"drafter 'd' has vocab_size 33"),
     ],
-    ids=["one_example_dim", "gamma_0", "unknown_drafter", "a_tuple", "none", "twice", "vocab"],
+    ids=["one_example_dim", "not_a_shape", "unknown_drafter", "a_tuple", "none", "twice", "vocab"],
 )
 def test_sweep_rejects_bad_arguments_before_compiling(drafters_of, settings, message):
   config, params = _tiny_pair()
@@ -192,16 +197,15 @@ def test_grid_settings_cross_the_axes_and_label_them():
       ("b, tree 2x1", "b", 2),
   ]
   assert settings[2].verifier == speculative.BlockVerifier() and settings[4].verifier is None
-  assert settings[4].model_kwargs() == dict(
-      gamma=2, verifier=None, draft_stop=None, draft_tree=tree
+  assert settings[4].model_kwargs() == dict(draft_shape=draft_shapes.Tree(tree), verifier=None)
+  assert settings[0].model_kwargs() == dict(
+      draft_shape=draft_shapes.Chain(1), verifier=speculative.TokenVerifier()
   )
   assert sweep.cost_gammas(settings) == [1, 3, 4]  # the tree (2, 1) verifies its 4 nodes at once
   stops = {"static": None, "confident": draft_length.ConfidenceStop(0.5)}
   plain, adaptive = sweep.grid_settings(["a"], [4], None, stops)
   assert (plain.label, adaptive.label) == ("a, static draft length", "a, confident draft length")
-  assert adaptive.draft_stop == draft_length.ConfidenceStop(0.5)
-  with pytest.raises(ValueError, match="a draft tree of depth 2 runs at gamma 2, got gamma 3"):
-    sweep.SweepSetting("t", "a", 3, draft_tree=tree)
+  assert adaptive.shape == draft_shapes.Chain(4, draft_length.ConfidenceStop(0.5))
 
 
 def test_load_inputs_random_and_from_a_file(tmp_path):
