@@ -42,7 +42,7 @@ from speculative_t5x import pairs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Directory for interference.json.")
-flags.DEFINE_string("pair_dir", "demo_models", "Pair directory (checkpoints.save_pair).")
+flags.DEFINE_string("pair_dir", "demo_models", "Pair directory (pairs.save_pair).")
 flags.DEFINE_list("stream_mb", ["1", "4", "14", "28", "56"], "Streamed megabytes per stage.")
 flags.DEFINE_integer("repeats", 30, "Timed rounds; medians are reported.", lower_bound=1)
 flags.DEFINE_integer("encoder_length", 32, "Encoder input length.", lower_bound=1)
@@ -63,7 +63,7 @@ def check_flags() -> list[float]:
     raise gin_utils.ConfigError(f"--stream_mb={FLAGS.stream_mb}: give sizes > 0, e.g. 4,28")
   if not (pathlib.Path(FLAGS.pair_dir) / "target").is_dir():
     raise gin_utils.ConfigError(
-        f"--pair_dir={FLAGS.pair_dir} has no target/: give a checkpoints.save_pair directory"
+        f"--pair_dir={FLAGS.pair_dir} has no target/: give a pairs.save_pair directory"
     )
   return sizes
 

@@ -50,7 +50,7 @@ RANDOM_INPUT_LENGTH = 16
 _PAIR_DIR = flags.DEFINE_string(
     "pair_dir",
     str(REPO / "demo_models"),
-    "Directory written by checkpoints.save_pair (+ sentencepiece.model).",
+    "Directory written by pairs.save_pair (+ sentencepiece.model).",
 )
 _DRAFTERS = flags.DEFINE_list(
     "drafter",
@@ -138,7 +138,7 @@ def check_flags() -> tuple[float, ...]:
     problem = "does not exist" if not pair_dir.is_dir() else f"has no {', '.join(missing)}"
     raise gin_utils.ConfigError(
         f"--pair_dir={_PAIR_DIR.value} {problem}: give a directory written by "
-        f"checkpoints.save_pair with its {tasks.DEMO_VOCABULARY_FILE} (the shipped demo_models/ "
+        f"pairs.save_pair with its {tasks.DEMO_VOCABULARY_FILE} (the shipped demo_models/ "
         "is the default) and --drafter one of its drafter subdirectories, or --random_pair for "
         "a tiny random pair (mechanics only)"
     )

@@ -46,7 +46,7 @@ NOT_STANDALONE = "reads the target's encoder output: not a standalone translatio
 FEATURE_LENGTHS = {"inputs": 48, "targets": 48}  # configs/runs/train.gin's TASK_FEATURE_LENGTHS
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("pair_dir", "demo_models", "Directory of the pair (checkpoints.save_pair).")
+flags.DEFINE_string("pair_dir", "demo_models", "Directory of the pair (pairs.save_pair).")
 flags.DEFINE_string("target_run", None, "scripts/train.py model dir of the target to export.")
 flags.DEFINE_string("drafter_run", None, "scripts/train.py model dir of the drafter to export.")
 flags.DEFINE_bool("overwrite", False, "Replace an existing pair in --pair_dir when exporting.")
@@ -128,7 +128,7 @@ def check_flags() -> list[int]:
       )
   if not FLAGS.target_run and not os.path.isdir(FLAGS.pair_dir):
     raise gin_utils.ConfigError(
-        f"--pair_dir={FLAGS.pair_dir} does not exist: give a checkpoints.save_pair directory "
+        f"--pair_dir={FLAGS.pair_dir} does not exist: give a pairs.save_pair directory "
         "(e.g. demo_models), or --target_run and --drafter_run to export one"
     )
   return gammas

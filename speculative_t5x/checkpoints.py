@@ -1,25 +1,23 @@
 """The project's own checkpoints, and restoring any checkpoint against a model config.
 
-Reading: `restore_params` (and `restore_shared_encoder_params`, `restore_checked` for other
-shapes) reads every layout `t5x_checkpoints.load_t5x_checkpoint` reads (T5X's, and the
+Reading: `restore_params` (and `restore_checked` for other shapes, e.g. a drafter's) reads every layout `t5x_checkpoints.load_t5x_checkpoint` reads (T5X's, and the
 directories written here), casts it, refuses NaN and inf (`t5x_checkpoints.NonFiniteWeightsError`,
 unless check_finite=False) and checks its tree against the model config (`check_params`: one
 ValueError listing every missing, extra or mis-shaped parameter). `config_from_params` reads the
 `T5Config` off a T5X parameter tree.
 
-Writing: `save_model` / `restore_model` keep one model's params and `T5Config`, `save_pair` a
-(target, drafter) pair in one directory (read back by `pairs.PairConfig.from_pair_dir` and
-`pairs.load_pair`), each as orbax params plus `config.json`; `stored_dtypes` reads the dtypes a
-directory stores without restoring it. A shared-encoder drafter (`save_shared_encoder_drafter`, a
-decoder reading the target's encoder output) has the same layout; its config.json adds to the
-T5Config fields the entry "drafter": {"kind": "shared_encoder", "encoder_emb_dim": E_target}
-(`read_drafter_entry`; `drafters.read_drafter` gives the drafter back).
+Writing: `save_model` / `restore_model` keep one model's params and `T5Config` as orbax params
+plus `config.json`; `stored_dtypes` reads the dtypes a directory stores without restoring it.
+`save_drafter` writes any drafter in the same layout, its config.json adding to its network's
+T5Config fields the entry "drafter": {"kind": ..., ...}, which its class writes and reads
+(`Drafter.save_params`, `read_drafter_entry`; `drafters.read_drafter` gives the drafter back).
+A (target, drafter) pair is `pairs.save_pair`'s.
 """
 
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from etils import epath
 from flax import traverse_util
@@ -32,10 +30,8 @@ from speculative_t5x import t5x_checkpoints
 from speculative_t5x import validation
 
 _CONFIG_FILE = "config.json"
-_PAIR_MEMBERS = ("target", "drafter")
-# config.json's entry for a drafter that is not a T5 with an encoder, and its one kind.
+# config.json's entry for a drafter that is not a T5 with an encoder (its class's `save_params`).
 _DRAFTER_ENTRY = "drafter"
-SHARED_ENCODER_KIND = "shared_encoder"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -114,38 +110,19 @@ def restore_params(
   a jitted function. lazy=True: `t5x_checkpoints.LazyArray`s instead, none of them read yet
   (the tree's shapes are checked; each slice is cast and refused where not finite as it is read).
   """
-  validation.check_restore_dtype(dtype)  # before the shapes are traced and anything is read
-  # A missing checkpoint is named before the shapes are traced.
-  t5x_checkpoints.find_checkpoint(path, step)
-  shapes = network.param_shapes(config)
-  return restore_checked(shapes, path, dtype, f"checkpoint {path}", step, check_finite, lazy)
-
-
-def restore_shared_encoder_params(
-    config: network.T5Config,
-    encoder_emb_dim: int,
-    path: str | os.PathLike,
-    dtype: Any = None,
-    step: int | None = None,
-    check_finite: bool = True,
-) -> dict:
-  """Parameters for `network.SharedEncoderDecoder(config)` reading encoder outputs of width
-  encoder_emb_dim, from a checkpoint at `path` (a `save_shared_encoder_drafter` directory, or any
-  layout `restore_params` reads), cast, refused and checked as by `restore_params` against
-  `network.shared_encoder_param_shapes(config, encoder_emb_dim)`."""
-  validation.check_restore_dtype(dtype)  # before the shapes are traced and anything is read
-  # A missing checkpoint is named before the shapes are traced.
-  t5x_checkpoints.find_checkpoint(path, step)
-  shapes = network.shared_encoder_param_shapes(config, encoder_emb_dim)
-  source = (
-      f"checkpoint {path} (a shared-encoder drafter reading encoder outputs of width "
-      f"encoder_emb_dim={encoder_emb_dim})"
+  return restore_checked(
+      lambda: network.param_shapes(config),
+      path,
+      dtype,
+      f"checkpoint {path}",
+      step,
+      check_finite,
+      lazy,
   )
-  return restore_checked(shapes, path, dtype, source, step, check_finite)
 
 
 def restore_checked(
-    shapes: Mapping,
+    shapes: Mapping | Callable[[], Mapping],
     path,
     dtype: Any = None,
     source: str | None = None,
@@ -154,9 +131,15 @@ def restore_checked(
     lazy: bool = False,
 ) -> dict:
   """The 'target' of the checkpoint at `path`, cast to `dtype` (floating-point leaves), refused
-  where not finite, checked against `shapes` (nested dict of tuples, e.g. a drafter's) and put
-  on the device; `source` names it in errors. lazy=True: checked against `shapes` and left as
-  `t5x_checkpoints.LazyArray`s (see `restore_params`)."""
+  where not finite, checked against `shapes` (nested dict of tuples, e.g. a drafter's, or a
+  function giving it, e.g. `Drafter.param_shapes`) and put on the device; `source` names it in
+  errors. lazy=True: checked against `shapes` and left as `t5x_checkpoints.LazyArray`s (see
+  `restore_params`). A dtype that is not floating-point and a missing checkpoint are refused
+  before anything is read, and before a function `shapes` is called (which traces the model)."""
+  validation.check_restore_dtype(dtype)
+  t5x_checkpoints.find_checkpoint(path, step)
+  if callable(shapes):
+    shapes = shapes()
   source = source or f"checkpoint {path}"
   template = {
       "target": t5x_checkpoints.map_leaves(lambda s: jax.ShapeDtypeStruct(s, np.float32), shapes)
@@ -265,23 +248,6 @@ def save_model(
   _save(directory, params, network.param_shapes(config), config_to_json(config), overwrite)
 
 
-def save_shared_encoder_drafter(
-    directory: str | os.PathLike,
-    params: Mapping,
-    config: network.T5Config,
-    encoder_emb_dim: int,
-    overwrite: bool = False,
-) -> None:
-  """Writes the params of a `network.SharedEncoderDecoder(config)` reading encoder outputs of
-  width encoder_emb_dim (a `drafters.SharedEncoderDrafter`): orbax params under
-  `directory/params`, and `directory/config.json` holding the T5Config fields and the entry
-  "drafter": {"kind": "shared_encoder", "encoder_emb_dim": encoder_emb_dim}. The params are
-  checked first, so a saved drafter always restores."""
-  shapes = network.shared_encoder_param_shapes(config, encoder_emb_dim)
-  entry = {"kind": SHARED_ENCODER_KIND, "encoder_emb_dim": int(encoder_emb_dim)}
-  _save(directory, params, shapes, config_to_json(config, entry), overwrite)
-
-
 def save_drafter(
     directory: str | os.PathLike,
     params: Mapping,
@@ -340,7 +306,7 @@ def restore_model(
 
 def stored_dtypes(directory: str | os.PathLike) -> set[str]:
   """The dtype names (e.g. {'float32'} or {'bfloat16'}) of the floating-point arrays stored under
-  `directory/params` by `save_model`, `save_shared_encoder_drafter` or a drafter's `save_params`,
+  `directory/params` by `save_model` or a drafter's `save_params` (`save_drafter`),
   read from orbax's array metadata (each array's zarr `.zarray`, where tensorstore records
   bfloat16 as "bfloat16") without restoring the arrays."""
   location = _epath(directory) / t5x_checkpoints.PARAMS_DIR
@@ -366,38 +332,3 @@ def stored_dtypes(directory: str | os.PathLike) -> set[str]:
       for dtype in dtypes
       if dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.floating)
   }
-
-
-def save_pair(
-    directory: str | os.PathLike,
-    target_params: Mapping,
-    target_config: network.T5Config,
-    drafter_params: Any,
-    drafter: Any,
-    overwrite: bool = False,
-) -> None:
-  """Writes a (target, drafter) pair, which `pairs.PairConfig.from_pair_dir` and `pairs.load_pair`
-  read back: `save_model` into `directory/target`, and `drafter.save_params` into
-  `directory/drafter` (`drafter`: a `drafters.Drafter`, whose kind its config.json records).
-
-  The drafter is refused before anything is written unless it serves the target
-  (`drafter.check_target(target_config)`) and `drafter_params` are its parameters
-  (`drafter.check_params`)."""
-  if isinstance(drafter, network.T5Config):
-    raise ValueError(
-        "save_pair's drafter must be a drafters.Drafter, got a network.T5Config: pass "
-        "drafters.T5Drafter(config) for a T5 drafter of that config."
-    )
-  if not all(
-      callable(getattr(drafter, name, None))
-      for name in ("check_target", "check_params", "save_params")
-  ):
-    raise ValueError(
-        f"save_pair's drafter must be a drafters.Drafter (e.g. drafters.T5Drafter(config)), got "
-        f"{drafter!r}."
-    )
-  drafter.check_target(target_config)
-  drafter.check_params(drafter_params, "save_pair's drafter_params")
-  directory = _epath(directory)
-  save_model(directory / _PAIR_MEMBERS[0], target_params, target_config, overwrite)
-  drafter.save_params(directory / _PAIR_MEMBERS[1], drafter_params, overwrite=overwrite)

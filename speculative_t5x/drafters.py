@@ -37,6 +37,8 @@ from speculative_t5x import validation
 
 # An empty draft slot: the row stopped drafting before it (`draft_length`); verifiers reject it.
 EMPTY = -1
+# The kind `SharedEncoderDrafter.save_params` records in its config.json's 'drafter' entry.
+SHARED_ENCODER_KIND = "shared_encoder"
 # The feature shapes `init_params` gets where no batch is at hand (`param_shapes`, untrained
 # parameters in `pairs`): one row of one token each. A drafter's parameters do not depend on them.
 INIT_FEATURE_SHAPES = {"encoder_input_tokens": (1, 1), "decoder_input_tokens": (1, 1)}
@@ -531,7 +533,7 @@ def register_kind(kind: str, reader: Callable[[network.T5Config, dict], "Drafter
 
 
 def read_drafter(directory: str | os.PathLike) -> Drafter:
-  """The drafter whose checkpoint `save_params` (or `checkpoints.save_pair`) wrote to `directory`,
+  """The drafter whose checkpoint `save_params` (or `pairs.save_pair`) wrote to `directory`,
   from its config.json: the reader registered for its entry's kind (`register_kind`), or the
   `T5Drafter` of its config where it has no entry."""
   config, entry = checkpoints.read_drafter_entry(directory)
@@ -741,13 +743,20 @@ class SharedEncoderDrafter(_CachedDecoderDrafter):
     return network.shared_encoder_init_params(self.config, self.encoder_emb_dim, rng)
 
   def restore_params(self, path, dtype=None):
-    return checkpoints.restore_shared_encoder_params(
-        self.config, self.encoder_emb_dim, path, dtype=dtype
+    return checkpoints.restore_checked(
+        self.param_shapes,
+        path,
+        dtype,
+        f"checkpoint {path} (a shared-encoder drafter reading encoder outputs of width "
+        f"encoder_emb_dim={self.encoder_emb_dim})",
     )
 
   def save_params(self, directory, params, overwrite=False):
-    checkpoints.save_shared_encoder_drafter(
-        directory, params, self.config, self.encoder_emb_dim, overwrite=overwrite
+    """`checkpoints.save_drafter` with the entry {"kind": "shared_encoder", "encoder_emb_dim":
+    E_target}."""
+    entry = {"kind": SHARED_ENCODER_KIND, "encoder_emb_dim": self.encoder_emb_dim}
+    checkpoints.save_drafter(
+        directory, params, self.param_shapes(), self.config, entry, overwrite=overwrite
     )
 
   def param_axes(self):
@@ -806,6 +815,6 @@ class SharedEncoderDrafter(_CachedDecoderDrafter):
 
 
 register_kind(
-    checkpoints.SHARED_ENCODER_KIND,
+    SHARED_ENCODER_KIND,
     lambda config, entry: SharedEncoderDrafter(config, entry["encoder_emb_dim"]),
 )

@@ -431,7 +431,7 @@ class FeatureDrafter(drafters.Drafter):
 
   def restore_params(self, path, dtype=None):
     return checkpoints.restore_checked(
-        self.param_shapes(), path, dtype, f"checkpoint {path} (a FeatureDrafter)"
+        self.param_shapes, path, dtype, f"checkpoint {path} (a FeatureDrafter)"
     )
 
   @classmethod

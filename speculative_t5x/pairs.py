@@ -13,10 +13,11 @@ turns it into parameters:
     RANDOM_INIT_SEED set (tests and demos), and labelled as such in `Pair.sources`.
 Relative checkpoint paths resolve like gin files (`gin_utils.resolve_path`): the working
 directory, then the repository. `PairConfig.from_pair_dir` reads a directory written by
-`checkpoints.save_pair` (demo_models/).
+`save_pair` (demo_models/).
 
-`export_pair` writes such a directory from two scripts/train.py runs, and `greedy_check` checks a
-loaded pair: its greedy speculative decodes must be the target's own, token for token.
+`save_pair` writes such a directory, `export_pair` one from two scripts/train.py runs, and
+`greedy_check` checks a loaded pair: its greedy speculative decodes must be the target's own,
+token for token.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from speculative_t5x import training
 from speculative_t5x import validation
 
 RANDOM_WEIGHTS = "RANDOM weights (seed {seed}), not a trained model"
-MEMBERS = ("target", "drafter")  # the subdirectories `export_pair` writes
+MEMBERS = ("target", "drafter")  # the subdirectories `save_pair` writes
 
 FitTargets = Callable[[], Iterable[np.ndarray]]
 
@@ -150,7 +151,7 @@ class PairConfig:
       restore_dtype: str | None = None,
       drafter_member: str = "drafter",
   ) -> "PairConfig":
-    """The pair written by `checkpoints.save_pair` into `directory` (target/ and drafter/, each
+    """The pair written by `save_pair` into `directory` (target/ and drafter/, each
     with its config.json): a T5 target and the drafter drafter/config.json records
     (`drafters.read_drafter`: any registered kind, e.g. a `SharedEncoderDrafter` or a
     `feature_drafter.FeatureDrafter`).
@@ -167,7 +168,7 @@ class PairConfig:
     _check_restore_dtype(restore_dtype, "from_pair_dir's restore_dtype")
     if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
       raise gin_utils.ConfigError(
-          f"from_pair_dir needs the directory checkpoints.save_pair wrote (holding target/ and "
+          f"from_pair_dir needs the directory pairs.save_pair wrote (holding target/ and "
           f"drafter/, e.g. 'demo_models'), got {directory!r}."
       )
     directory = gin_utils.resolve_path(directory)
@@ -176,7 +177,7 @@ class PairConfig:
       if not os.path.isdir(member):
         raise FileNotFoundError(
             f"{member} does not exist: {directory} is not a pair written by "
-            f"checkpoints.save_pair (it needs target/ and {drafter_member}/)."
+            f"pairs.save_pair (it needs target/ and {drafter_member}/)."
         )
     target_config = checkpoints.read_config(target)
     return cls(
@@ -395,6 +396,41 @@ def _random_params(init: Callable[[jax.Array], Any], seed: int, dtype: str | Non
   return cast(init(jax.random.PRNGKey(seed)), dtype)
 
 
+def save_pair(
+    directory: str | os.PathLike,
+    target_params: Mapping[str, Any],
+    target_config: network.T5Config,
+    drafter_params: Any,
+    drafter: Any,
+    overwrite: bool = False,
+) -> None:
+  """Writes a (target, drafter) pair, which `pairs.PairConfig.from_pair_dir` and `pairs.load_pair`
+  read back: `checkpoints.save_model` into `directory/target`, and `drafter.save_params` into
+  `directory/drafter` (`drafter`: a `drafters.Drafter`, whose kind its config.json records).
+
+  The drafter is refused before anything is written unless it serves the target
+  (`drafter.check_target(target_config)`) and `drafter_params` are its parameters
+  (`drafter.check_params`)."""
+  if isinstance(drafter, network.T5Config):
+    raise ValueError(
+        "save_pair's drafter must be a drafters.Drafter, got a network.T5Config: pass "
+        "drafters.T5Drafter(config) for a T5 drafter of that config."
+    )
+  if not all(
+      callable(getattr(drafter, name, None))
+      for name in ("check_target", "check_params", "save_params")
+  ):
+    raise ValueError(
+        f"save_pair's drafter must be a drafters.Drafter (e.g. drafters.T5Drafter(config)), got "
+        f"{drafter!r}."
+    )
+  drafter.check_target(target_config)
+  drafter.check_params(drafter_params, "save_pair's drafter_params")
+  target_dir, drafter_dir = (os.path.join(os.fspath(directory), member) for member in MEMBERS)
+  checkpoints.save_model(target_dir, target_params, target_config, overwrite)
+  drafter.save_params(drafter_dir, drafter_params, overwrite=overwrite)
+
+
 def export_pair(
     pair_dir: str | os.PathLike,
     target_run: str | os.PathLike,
@@ -403,7 +439,7 @@ def export_pair(
     overwrite: bool = False,
 ) -> None:
   """Writes the models two scripts/train.py runs exported (each run's `training.EXPORT_DIR`) as a
-  pair into `pair_dir` (`checkpoints.save_pair`), then each run's `training.SUMMARY_FILE` into its
+  pair into `pair_dir` (`save_pair`), then each run's `training.SUMMARY_FILE` into its
   member's subdirectory and the demo corpus's vocabulary beside them.
 
   The drafter run may hold a T5 drafter or any kind `drafters.read_drafter` reads (e.g. a
@@ -419,9 +455,7 @@ def export_pair(
   drafter_dir = os.path.join(drafter_run, training.EXPORT_DIR)
   drafter = drafters_lib.read_drafter(drafter_dir)
   drafter_params = drafter.restore_params(drafter_dir, dtype=storage_dtype)
-  checkpoints.save_pair(
-      pair_dir, target_params, target_config, drafter_params, drafter, overwrite=overwrite
-  )
+  save_pair(pair_dir, target_params, target_config, drafter_params, drafter, overwrite=overwrite)
   for member, run in zip(MEMBERS, (target_run, drafter_run)):
     shutil.copy(os.path.join(run, training.SUMMARY_FILE), pair_dir / member)
   shutil.copy(tasks.demo_data_dir() / tasks.DEMO_VOCABULARY_FILE, pair_dir)

@@ -1684,8 +1684,8 @@ THIRD_CASES = [
         r"vocab_size 64 != TARGET_CONFIG vocab_size 32",
     ),
     (
-        "restore_shared_encoder_params: no checkpoint, before tracing",
-        lambda: checkpoints.restore_shared_encoder_params(CONFIG, 8, "/nonexistent/drafter"),
+        "SharedEncoderDrafter.restore_params: no checkpoint, before reading",
+        lambda: drafters.SharedEncoderDrafter(CONFIG, 8).restore_params("/nonexistent/drafter"),
         FileNotFoundError,
         "no checkpoint at /nonexistent/drafter",
     ),

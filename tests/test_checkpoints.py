@@ -2,8 +2,6 @@
 config.json round trips, pairs, stored dtypes, checks against a model config, damaged files
 refused, and the convert script. Reading T5X's files: test_t5x_checkpoints.py."""
 
-import dataclasses
-import json
 import os
 import re
 import shutil
@@ -24,10 +22,8 @@ from conftest import (
     bf16,
     fixture_path,
     flat,
-    tiny_config,
 )
 from speculative_t5x import checkpoints
-from speculative_t5x import drafters
 from speculative_t5x import hf_weights
 from speculative_t5x import t5x_checkpoints
 
@@ -75,71 +71,6 @@ def test_stored_dtypes_reads_the_storage_dtype_and_bfloat16_restores_as_float32(
   assert_trees_equal(restored, traverse_util.unflatten_dict(expected, sep="/"))
   with pytest.raises(FileNotFoundError, match="not a directory written by save_model"):
     checkpoints.stored_dtypes(tmp_path)
-
-
-SHARED_DRAFTER = drafters.SharedEncoderDrafter(
-    tiny_config(40, emb_dim=6, num_heads=2, head_dim=4, mlp_dim=12, num_decoder_layers=1),
-    SMALL_CONFIG.emb_dim,
-)
-
-
-@pytest.fixture(scope="module")
-def shared_params():
-  params = jax.jit(lambda rng: SHARED_DRAFTER.init_params(rng, {}))(jax.random.PRNGKey(2))
-  return jax.tree.map(np.asarray, params)
-
-
-def test_save_pair_writes_each_member_in_its_format(tmp_path, small_params, shared_params):
-  """target/ as save_model writes it; drafter/ as the drafter's save_params does, its kind in
-  config.json (pairs reads a pair back: tests/test_pairs.py)."""
-  checkpoints.save_pair(tmp_path, small_params, SMALL_CONFIG, shared_params, SHARED_DRAFTER)
-  fields = json.loads((tmp_path / "drafter" / "config.json").read_text())
-  assert fields.pop("drafter") == {"kind": "shared_encoder", "encoder_emb_dim": 8}
-  assert fields == json.loads(checkpoints.config_to_json(SHARED_DRAFTER.config))
-  target_params, target_config = checkpoints.restore_model(tmp_path / "target")
-  assert target_config == SMALL_CONFIG
-  assert_trees_equal(target_params, small_params)
-  assert_trees_equal(SHARED_DRAFTER.restore_params(tmp_path / "drafter"), shared_params)
-  half = SHARED_DRAFTER.restore_params(tmp_path / "drafter", dtype="bfloat16")
-  assert_trees_equal(half, bf16(shared_params))
-  assert checkpoints.read_drafter_entry(tmp_path / "drafter")[0] == SHARED_DRAFTER.config
-  with pytest.raises(
-      ValueError, match="describes a drafter without an encoder .*drafters.read_drafter"
-  ):
-    checkpoints.restore_model(tmp_path / "drafter")
-
-
-def test_save_pair_writes_a_t5_drafter_as_save_model_does(tmp_path, small_params):
-  checkpoints.save_pair(
-      tmp_path, small_params, SMALL_CONFIG, small_params, drafters.T5Drafter(SMALL_CONFIG)
-  )
-  assert checkpoints.read_drafter_entry(tmp_path / "drafter") == (SMALL_CONFIG, None)
-  drafter_params, drafter_config = checkpoints.restore_model(tmp_path / "drafter")
-  assert drafter_config == SMALL_CONFIG
-  assert_trees_equal(drafter_params, small_params)
-
-
-def test_save_pair_refuses_a_drafter_or_params_that_do_not_fit_before_writing(
-    tmp_path, small_params, shared_params
-):
-  wide = dataclasses.replace(SHARED_DRAFTER, encoder_emb_dim=12)
-  with pytest.raises(ValueError, match="encoder_emb_dim 12 != the target's emb_dim 8"):
-    checkpoints.save_pair(tmp_path, small_params, SMALL_CONFIG, {}, wide)
-  with pytest.raises(ValueError, match=r"drafter must be a drafters\.Drafter .* got 'small'"):
-    checkpoints.save_pair(tmp_path, small_params, SMALL_CONFIG, {}, "small")
-  with pytest.raises(
-      ValueError,
-      match=r"got a network\.T5Config: pass drafters\.T5Drafter\(config\) for a T5 drafter",
-  ):
-    checkpoints.save_pair(tmp_path, small_params, SMALL_CONFIG, small_params, SMALL_CONFIG)
-  with pytest.raises(
-      ValueError,
-      match=r"^save_pair's drafter_params are not this SharedEncoderDrafter's parameters \(40 "
-      r"problem\(s\); the first: decoder/decoder_norm/scale is \(8,\), the SharedEncoderDrafter "
-      r"needs \(6,\)\)",
-  ):
-    checkpoints.save_pair(tmp_path, small_params, SMALL_CONFIG, small_params, SHARED_DRAFTER)
-  assert not os.listdir(tmp_path)  # refused before anything is written
 
 
 def test_config_json_with_unknown_field_is_rejected():

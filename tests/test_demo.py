@@ -37,7 +37,7 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
   (tmp_path / "no_tab.tsv").write_text("Open\tÖffnen\nonly English\n")
   cases = {
       f"--pair_dir={tmp_path / 'nowhere'}": f"--pair_dir={tmp_path / 'nowhere'} does not exist: "
-      "give a directory written by checkpoints.save_pair with its sentencepiece.model (the "
+      "give a directory written by pairs.save_pair with its sentencepiece.model (the "
       "shipped demo_models/ is the default) and --drafter one of its drafter subdirectories, or "
       "--random_pair for a tiny random pair",
       f"--pair_dir={tmp_path / 'incomplete'}": f"--pair_dir={tmp_path / 'incomplete'} has no "

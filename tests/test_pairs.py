@@ -5,6 +5,7 @@ check of a loaded pair against its target alone."""
 
 import dataclasses
 import json
+import os
 import shutil
 
 import jax
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import seqio
 
-from conftest import tiny_config
+from conftest import SMALL_CONFIG, assert_trees_equal, bf16, tiny_config
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
@@ -40,11 +41,11 @@ def _leaves_equal(actual, expected, dtype):
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-  """A pair written by checkpoints.save_pair -> (directory, target params, drafter params)."""
+  """A pair written by pairs.save_pair -> (directory, target params, drafter params)."""
   directory = tmp_path_factory.mktemp("pair")
   target = network.init_params(TARGET, jax.random.PRNGKey(1))
   drafter = network.init_params(DRAFTER, jax.random.PRNGKey(2))
-  checkpoints.save_pair(directory, target, TARGET, drafter, drafters.T5Drafter(DRAFTER))
+  pairs.save_pair(directory, target, TARGET, drafter, drafters.T5Drafter(DRAFTER))
   return directory, target, drafter
 
 
@@ -100,7 +101,7 @@ def test_a_pair_comes_back_exactly_with_every_config_field(tmp_path):
   )
   target = jax.tree.map(np.asarray, network.init_params(TARGET, jax.random.PRNGKey(1)))
   drafter = jax.tree.map(np.asarray, network.init_params(drafter_config, jax.random.PRNGKey(2)))
-  checkpoints.save_pair(tmp_path, target, TARGET, drafter, drafters.T5Drafter(drafter_config))
+  pairs.save_pair(tmp_path, target, TARGET, drafter, drafters.T5Drafter(drafter_config))
   config = pairs.PairConfig.from_pair_dir(tmp_path)
   assert (config.target_config, config.drafter.config) == (TARGET, drafter_config)
   pair = pairs.load_pair(config, EOS)
@@ -113,7 +114,7 @@ def test_from_pair_dir_restores_a_bfloat16_pair_in_its_compute_dtype(saved, tmp_
   compute in, not as stored."""
   _, target, drafter = saved
   target, drafter = jax.tree.map(lambda x: np.asarray(x, jax.numpy.bfloat16), (target, drafter))
-  checkpoints.save_pair(tmp_path, target, TARGET, drafter, drafters.T5Drafter(DRAFTER))
+  pairs.save_pair(tmp_path, target, TARGET, drafter, drafters.T5Drafter(DRAFTER))
   assert checkpoints.stored_dtypes(tmp_path / "target") == {"bfloat16"}
   pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(tmp_path), EOS)
   for member in ("target", "drafter"):
@@ -125,7 +126,7 @@ def test_shared_encoder_drafter_from_pair_dir(saved, tmp_path):
   directory, target, _ = saved
   drafter = drafters.SharedEncoderDrafter(DRAFTER, TARGET.emb_dim)
   params = drafter.init_params(jax.random.PRNGKey(3), {})
-  checkpoints.save_pair(tmp_path, target, TARGET, params, drafter)
+  pairs.save_pair(tmp_path, target, TARGET, params, drafter)
   config = pairs.PairConfig.from_pair_dir(tmp_path)
   assert type(config.drafter) is drafters.SharedEncoderDrafter  # pylint: disable=unidiomatic-typecheck
   assert (config.drafter.config, config.drafter.encoder_emb_dim) == (DRAFTER, TARGET.emb_dim)
@@ -174,7 +175,7 @@ def test_a_damaged_or_mismatched_drafter_config_is_refused(saved, tmp_path, dama
   _, target, _ = saved
   drafter = drafters.SharedEncoderDrafter(DRAFTER, TARGET.emb_dim)
   params = drafter.init_params(jax.random.PRNGKey(3), {})
-  checkpoints.save_pair(tmp_path, target, TARGET, params, drafter)
+  pairs.save_pair(tmp_path, target, TARGET, params, drafter)
   config_file = tmp_path / "drafter" / "config.json"
   config_file.write_text(damage(config_file.read_text()))
   with pytest.raises(error, match=message):
@@ -341,13 +342,9 @@ def test_weights_holding_nan_or_inf_are_refused_naming_the_macro(tmp_path):
   target = jax.tree.map(np.array, network.init_params(TARGET, jax.random.PRNGKey(1)))
   drafter = jax.tree.map(np.array, network.init_params(DRAFTER, jax.random.PRNGKey(2)))
   drafter["decoder"]["logits_dense"]["kernel"][2, 4] = np.nan
-  checkpoints.save_pair(
-      tmp_path / "nan_drafter", target, TARGET, drafter, drafters.T5Drafter(DRAFTER)
-  )
+  pairs.save_pair(tmp_path / "nan_drafter", target, TARGET, drafter, drafters.T5Drafter(DRAFTER))
   target["encoder"]["relpos_bias"]["rel_embedding"][1, 0] = np.inf
-  checkpoints.save_pair(
-      tmp_path / "inf_target", target, TARGET, drafter, drafters.T5Drafter(DRAFTER)
-  )
+  pairs.save_pair(tmp_path / "inf_target", target, TARGET, drafter, drafters.T5Drafter(DRAFTER))
   for name, macro, parameter in (
       ("nan_drafter", "DRAFTER_CHECKPOINT_PATH", r"decoder/logits_dense/kernel \(8, 13\): 1 NaN"),
       (
@@ -468,3 +465,70 @@ def test_greedy_check_counts_rows_identical_to_the_baseline(drafter):
     assert 0.0 <= result["alpha"] <= 1.0 and result["tokens_per_target_call"] >= 1.0
   result = pairs.greedy_check(pair, batch, vocabulary, [2])[2]
   assert result["identical_rows"] == result["rows"] == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# save_pair
+SHARED_DRAFTER = drafters.SharedEncoderDrafter(
+    tiny_config(40, emb_dim=6, num_heads=2, head_dim=4, mlp_dim=12, num_decoder_layers=1),
+    SMALL_CONFIG.emb_dim,
+)
+
+
+@pytest.fixture(scope="module")
+def shared_params():
+  params = jax.jit(lambda rng: SHARED_DRAFTER.init_params(rng, {}))(jax.random.PRNGKey(2))
+  return jax.tree.map(np.asarray, params)
+
+
+def test_save_pair_writes_each_member_in_its_format(tmp_path, small_params, shared_params):
+  """target/ as checkpoints.save_model writes it; drafter/ as the drafter's save_params does,
+  its kind in config.json."""
+  pairs.save_pair(tmp_path, small_params, SMALL_CONFIG, shared_params, SHARED_DRAFTER)
+  fields = json.loads((tmp_path / "drafter" / "config.json").read_text())
+  assert fields.pop("drafter") == {"kind": "shared_encoder", "encoder_emb_dim": 8}
+  assert fields == json.loads(checkpoints.config_to_json(SHARED_DRAFTER.config))
+  target_params, target_config = checkpoints.restore_model(tmp_path / "target")
+  assert target_config == SMALL_CONFIG
+  assert_trees_equal(target_params, small_params)
+  assert_trees_equal(SHARED_DRAFTER.restore_params(tmp_path / "drafter"), shared_params)
+  half = SHARED_DRAFTER.restore_params(tmp_path / "drafter", dtype="bfloat16")
+  assert_trees_equal(half, bf16(shared_params))
+  assert checkpoints.read_drafter_entry(tmp_path / "drafter")[0] == SHARED_DRAFTER.config
+  with pytest.raises(
+      ValueError, match="describes a drafter without an encoder .*drafters.read_drafter"
+  ):
+    checkpoints.restore_model(tmp_path / "drafter")
+
+
+def test_save_pair_writes_a_t5_drafter_as_save_model_does(tmp_path, small_params):
+  pairs.save_pair(
+      tmp_path, small_params, SMALL_CONFIG, small_params, drafters.T5Drafter(SMALL_CONFIG)
+  )
+  assert checkpoints.read_drafter_entry(tmp_path / "drafter") == (SMALL_CONFIG, None)
+  drafter_params, drafter_config = checkpoints.restore_model(tmp_path / "drafter")
+  assert drafter_config == SMALL_CONFIG
+  assert_trees_equal(drafter_params, small_params)
+
+
+def test_save_pair_refuses_a_drafter_or_params_that_do_not_fit_before_writing(
+    tmp_path, small_params, shared_params
+):
+  wide = dataclasses.replace(SHARED_DRAFTER, encoder_emb_dim=12)
+  with pytest.raises(ValueError, match="encoder_emb_dim 12 != the target's emb_dim 8"):
+    pairs.save_pair(tmp_path, small_params, SMALL_CONFIG, {}, wide)
+  with pytest.raises(ValueError, match=r"drafter must be a drafters\.Drafter .* got 'small'"):
+    pairs.save_pair(tmp_path, small_params, SMALL_CONFIG, {}, "small")
+  with pytest.raises(
+      ValueError,
+      match=r"got a network\.T5Config: pass drafters\.T5Drafter\(config\) for a T5 drafter",
+  ):
+    pairs.save_pair(tmp_path, small_params, SMALL_CONFIG, small_params, SMALL_CONFIG)
+  with pytest.raises(
+      ValueError,
+      match=r"^save_pair's drafter_params are not this SharedEncoderDrafter's parameters \(40 "
+      r"problem\(s\); the first: decoder/decoder_norm/scale is \(8,\), the SharedEncoderDrafter "
+      r"needs \(6,\)\)",
+  ):
+    pairs.save_pair(tmp_path, small_params, SMALL_CONFIG, small_params, SHARED_DRAFTER)
+  assert not os.listdir(tmp_path)  # refused before anything is written
