@@ -1107,7 +1107,7 @@ MORE_CASES = [
         "from_pair_dir: not a pair",
         lambda: pairs.PairConfig.from_pair_dir("/nonexistent/pair"),
         FileNotFoundError,
-        r"/nonexistent/pair/target does not exist: .* is not a pair written by checkpoints\.save_pair",
+        r"/nonexistent/pair/target does not exist: .* is not a pair written by pairs\.save_pair",
     ),
     (
         "restore_params: dtype int8 before the path is read",
@@ -1838,7 +1838,7 @@ THIRD_CASES = [
         "from_pair_dir: a number",
         lambda: pairs.PairConfig.from_pair_dir(5),
         CONFIG_ERROR,
-        r"from_pair_dir needs the directory checkpoints\.save_pair wrote .*got 5",
+        r"from_pair_dir needs the directory pairs\.save_pair wrote .*got 5",
     ),
     (
         "from_pair_dir: None",

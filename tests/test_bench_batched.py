@@ -6,14 +6,16 @@ from conftest import run_script
 
 
 def test_bench_batched_writes_a_row_per_batch_size(tmp_path):
+  # 32 steps per timed call over 5 rounds: a tiny network's extra steps must outweigh the
+  # machine's noise (8 steps over 3 rounds once gave a negative median step time under load).
   out = run_script(
       "bench_batched.py",
       f"--output_dir={tmp_path}",
       "--batch_sizes=2",
       "--temperatures=0",
       "--repeats=1",
-      "--cost_repeats=3",
-      "--steps_per_call=8",
+      "--cost_repeats=5",
+      "--steps_per_call=32",
       "--gamma=2",
       "--vocab_size=64",
       "--emb_dim=32",
@@ -22,7 +24,7 @@ def test_bench_batched_writes_a_row_per_batch_size(tmp_path):
       "--num_encoder_layers=1",
       "--num_decoder_layers=2",
       "--input_length=8",
-      "--decode_length=8",
+      "--decode_length=32",
   )
   results = json.loads((tmp_path / "results.json").read_text())
   (row,) = results["results"]
