@@ -7,9 +7,8 @@ takes by default, its cache compaction after acceptance, the target features it 
 that `reads_target_features` (`Drafter.observe_features`), and what the trace records of it; for
 the reports (`report.SpeedupRow`, `sweep.SweepSetting`), its label, the fields results files
 record, the tokens per call and the speedup the paper's model predicts, and which timed iteration
-is its own. The
-loop and the reports call the shape and hold no branch on it, so a new shape is one subclass plus
-a gin line (`SpeculativeEncoderDecoderModel.draft_shape = @draft_shapes.MyShape()`).
+is its own. The loop and the reports call the shape and hold no branch on it, so a new shape is
+one subclass plus a gin line (`SpeculativeEncoderDecoderModel.draft_shape = @draft_shapes.MyShape()`).
 
 - `Chain(gamma, draft_stop)`: Algorithm 1's chain of gamma drafts (D = M = gamma), with an
   optional `draft_length` rule (adaptive draft length: static width, fewer drafter steps).
