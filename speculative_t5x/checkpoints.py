@@ -1,7 +1,8 @@
 """The project's own checkpoints, and restoring any checkpoint against a model config.
 
 Reading: `restore_params` (and `restore_checked` for other shapes, e.g. a drafter's) reads
-every layout `t5x_checkpoints.load_t5x_checkpoint` reads (T5X's, and the directories written here), casts it, refuses NaN and inf (`t5x_checkpoints.NonFiniteWeightsError`,
+every layout `t5x_checkpoints.load_t5x_checkpoint` reads (T5X's, and the directories written
+here), casts it, refuses NaN and inf (`t5x_checkpoints.NonFiniteWeightsError`,
 unless check_finite=False) and checks its tree against the model config (`check_params`: one
 ValueError listing every missing, extra or mis-shaped parameter). `config_from_params` reads the
 `T5Config` off a T5X parameter tree.
