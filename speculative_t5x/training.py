@@ -10,14 +10,14 @@
   with `distillation` a drafter distilled against a frozen target (`distillation.Distiller`: a
   DistillSpec divergence on references, the target's decodes or the drafter's own samples);
 * optimizer: optax Adafactor (T5X's default) or AdamW, with a linear warmup and a constant,
-  cosine or inverse-square-root schedule, and global-norm clipping;
+  cosine, inverse-square-root or warmup-stable-decay schedule, and global-norm clipping;
 * evaluation every `eval_period` steps: for a model, teacher-forced loss and accuracy, and greedy
   decodes (`jit_predict`, temperature 0) scored with the task's metrics (BLEU for translation);
   for a distilled drafter, the distillation loss and Table 3's alpha at T = 0 and T = 1;
 * checkpoints: `orbax.checkpoint.CheckpointManager` under `model_dir/checkpoints`, holding the
   step, the parameters and the optimizer state; a rerun with the same `model_dir` continues from
   the latest one. The final parameters are also exported to `model_dir/model`, a model with
-  `checkpoints.save_model` (the format `checkpoints.restore_model` and `save_pair` use), a
+  `checkpoints.save_model` (the format `checkpoints.restore_model` and `pairs.save_pair` use), a
   drafter with its `save_params`.
 
 `distill_from` is the shorthand for the oldest distillation: cross-entropy on a target's own
@@ -55,7 +55,7 @@ from speculative_t5x import validation
 
 Batch = Mapping[str, np.ndarray]
 OPTIMIZERS = ("adafactor", "adamw")
-SCHEDULES = ("constant", "cosine", "rsqrt")
+SCHEDULES = ("constant", "cosine", "rsqrt", "wsd")
 CHECKPOINTS_DIR = "checkpoints"
 EXPORT_DIR = "model"
 SUMMARY_FILE = "train_summary.json"
@@ -85,6 +85,7 @@ def make_optimizer(
     learning_rate: float = 1e-2,
     warmup_steps: int = 0,
     schedule: str = "rsqrt",
+    cooldown_steps: int = 0,
     weight_decay: float = 0.0,
     clip_norm: float | None = 1.0,
 ) -> optax.GradientTransformation:
@@ -94,7 +95,10 @@ def make_optimizer(
     T5X) or 'adamw'.
   learning_rate: the peak, reached after `warmup_steps` linear steps.
   schedule: after warmup, 'constant'; 'cosine' down to COSINE_FINAL_FRACTION of the peak at
-    `num_steps`; or 'rsqrt' (T5X's rsqrt_decay): peak * sqrt(warmup / step).
+    `num_steps`; 'rsqrt' (T5X's rsqrt_decay): peak * sqrt(warmup / step); or 'wsd' (warmup-
+    stable-decay): the peak until the last `cooldown_steps`, then linearly down to 0 at
+    `num_steps`.
+  cooldown_steps: the length of 'wsd''s linear decay; 'wsd' only.
   clip_norm: global gradient-norm clipping (None: off).
   """
   if name not in OPTIMIZERS:
@@ -109,6 +113,7 @@ def make_optimizer(
   try:
     validation.check_integer(num_steps, "num_steps", 1)
     validation.check_integer(warmup_steps, "training.make_optimizer.warmup_steps", 0)
+    validation.check_integer(cooldown_steps, "training.make_optimizer.cooldown_steps", 0)
     validation.check_number(weight_decay, "training.make_optimizer.weight_decay", 0.0)
   except validation.InvalidInputError as e:
     raise gin_utils.ConfigError(str(e)) from e
@@ -125,6 +130,32 @@ def make_optimizer(
           f"{value!r}."
       )
 
+  if (schedule == "wsd") != (cooldown_steps > 0):
+    raise gin_utils.ConfigError(
+        f"training.make_optimizer.cooldown_steps is {cooldown_steps} with schedule {schedule!r}: "
+        "the linear cooldown is 'wsd''s alone; use schedule='wsd' with cooldown_steps > 0, or "
+        "another schedule with cooldown_steps = 0."
+    )
+  if schedule == "wsd" and cooldown_steps > num_steps - warmup_steps:
+    raise gin_utils.ConfigError(
+        f"training.make_optimizer.cooldown_steps is {cooldown_steps}, more than the "
+        f"{num_steps - warmup_steps} steps after warmup ({num_steps} steps, {warmup_steps} of "
+        "warmup): lower it or train longer."
+    )
+  rate = learning_rate_schedule(num_steps, learning_rate, warmup_steps, schedule, cooldown_steps)
+  if name == "adafactor":
+    update = optax.adafactor(rate, weight_decay_rate=weight_decay or None)
+  else:
+    update = optax.adamw(rate, b1=0.9, b2=0.98, weight_decay=weight_decay)
+  return update if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), update)
+
+
+def learning_rate_schedule(
+    num_steps: int, learning_rate: float, warmup_steps: int, schedule: str, cooldown_steps: int
+) -> Callable[[jax.Array], jax.Array]:
+  """`rate(step)`, make_optimizer's rate at a 0-based step (its docstring gives the schedules;
+  the arguments are checked there)."""
+
   def rate(step):
     step = jnp.asarray(step, jnp.float32)
     warmup = jnp.minimum(1.0, (step + 1) / max(warmup_steps, 1))
@@ -134,15 +165,13 @@ def make_optimizer(
       progress = jnp.clip((step - warmup_steps) / max(num_steps - warmup_steps, 1), 0.0, 1.0)
       cosine = 0.5 * (1 + jnp.cos(jnp.pi * progress))
       decay = COSINE_FINAL_FRACTION + (1 - COSINE_FINAL_FRACTION) * cosine
+    elif schedule == "wsd":
+      decay = jnp.clip((num_steps - step) / cooldown_steps, 0.0, 1.0)
     else:
       decay = jnp.sqrt(max(warmup_steps, 1) / jnp.maximum(step + 1, max(warmup_steps, 1)))
     return learning_rate * warmup * decay
 
-  if name == "adafactor":
-    update = optax.adafactor(rate, weight_decay_rate=weight_decay or None)
-  else:
-    update = optax.adamw(rate, b1=0.9, b2=0.98, weight_decay=weight_decay)
-  return update if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), update)
+  return rate
 
 
 def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:

@@ -185,6 +185,36 @@ def test_make_optimizer_rejects_unknown_names():
     training.make_optimizer(10, schedule="linear")
 
 
+def test_wsd_schedule_holds_the_peak_then_decays_linearly_to_zero():
+  """Warmup 100, peak 1e-2, 3,000 cooldown steps ending at step 10,000: by hand, the rate is
+  1e-2 * (s + 1) / 100 in warmup, 1e-2 until step 7,000, then 1e-2 * (10,000 - s) / 3,000."""
+  rate = training.learning_rate_schedule(10_000, 1e-2, 100, "wsd", 3_000)
+  for step, expected in [
+      (0, 1e-4),
+      (49, 5e-3),
+      (99, 1e-2),
+      (6_999, 1e-2),
+      (7_000, 1e-2),
+      (8_500, 5e-3),
+      (9_700, 1e-3),
+      (9_999, 1e-2 / 3_000),
+      (10_000, 0.0),
+  ]:
+    np.testing.assert_allclose(float(rate(step)), expected, rtol=1e-5, atol=1e-12)
+
+
+def test_make_optimizer_refuses_a_cooldown_it_would_not_run():
+  cases = [
+      (dict(schedule="constant", cooldown_steps=100), "cooldown_steps is 100 with schedule 'const"),
+      (dict(schedule="wsd"), "cooldown_steps is 0 with schedule 'wsd'"),
+      (dict(schedule="wsd", warmup_steps=10, cooldown_steps=95), "more than the 90 steps after"),
+      (dict(schedule="wsd", cooldown_steps=-1), "cooldown_steps"),
+  ]
+  for settings, message in cases:
+    with pytest.raises(gin_utils.ConfigError, match=message):
+      training.make_optimizer(100, **settings)
+
+
 def test_demo_pair_greedy_speculative_equals_baseline():
   """The shipped pair (stored in bfloat16, restored in the float32 it computes in), loaded as the
   scripts load it: a target and the drafter its config.json records (the shared-encoder
