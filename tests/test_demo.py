@@ -6,7 +6,7 @@ import sys
 
 from conftest import REPO_ROOT, SCRIPT_ENV, require_demo_pair, run_script
 
-GAMMA = 1  # scripts/demo.py's default
+GAMMA = 3  # scripts/demo.py's default
 
 
 def test_demo_translates_and_checks_greedy_equality():
