@@ -56,6 +56,7 @@ def teacher_forced_betas(
       decoder_inputs,
       jnp.ones_like(decoder_inputs),  # as `network.teacher_forced_logits`: 0 is a token here.
       return_features=reads_features,
+      feature_layers=drafter.target_feature_layers,
       method=target.teacher_forced,
   )
   # A drafter reading the target's features gets them at the same positions (its first draft).

@@ -476,7 +476,8 @@ def speculative_sample(
       `width`: gamma + 1 for a chain).
     target_logits_fn: (tokens [rows, k], cache, cache_index [rows]) -> (logits [rows, k, V], cache),
       the target's k-token cached decode; with return_features=True (asked for only when the
-      drafter `reads_target_features`) -> (logits, decoder features [rows, k, E], cache), whose
+      drafter `reads_target_features`, with feature_layers=its `target_feature_layers`) ->
+      (logits, decoder features [rows, k, E (1 + len(feature_layers))], cache), whose
       accepted positions the loop hands the drafter (`Drafter.observe_features`); with a tree,
       tree=the `trees.DraftTree` (scored under its attention mask).
     drafter: a `drafters.Drafter`; drafter_params its parameters; drafter_state its state at

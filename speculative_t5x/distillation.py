@@ -367,10 +367,11 @@ def target_logits(
     encoder_input_tokens: jax.Array,
     decoder_input_tokens: jax.Array,
     return_features: bool = False,
+    feature_layers: tuple[int, ...] = (),
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
   """`network.teacher_forced_logits` from the encoder output `encoded` [B, Le, E] (not run
   again): encoder_input_tokens [B, Le], decoder_input_tokens [B, L] -> logits [B, L, V], and
-  with return_features the decoder features [B, L, E] too. The decoder mask comes from all-ones
+  with return_features the decoder features [B, L, E (1 + len(feature_layers))] too. The decoder mask comes from all-ones
   targets: a 0 after position 0 is a token."""
   module = network.Transformer(config)
   return module.apply(
@@ -380,6 +381,7 @@ def target_logits(
       decoder_input_tokens,
       jnp.ones_like(decoder_input_tokens),
       return_features=return_features,
+      feature_layers=feature_layers,
       method=module.teacher_forced,
   )
 
@@ -601,7 +603,13 @@ class Distiller:
     settings = self.settings
     p_logits, features = jax.lax.stop_gradient(
         target_logits(
-            self.target_config, target_params, encoded, encoder_tokens, inputs, return_features=True
+            self.target_config,
+            target_params,
+            encoded,
+            encoder_tokens,
+            inputs,
+            return_features=True,
+            feature_layers=self.drafter.target_feature_layers,
         )
     )
     noise = None

@@ -40,7 +40,8 @@ from speculative_t5x import trees
 from speculative_t5x import validation
 
 # (tokens [rows, k], cache, cache_index [rows], **options) -> (logits [rows, k, V], cache), or
-# (logits, features [rows, k, E], cache) with return_features=True: the target's cached decode.
+# (logits, features [rows, k, F], cache) with return_features=True (F = E (1 + the number of the
+# drafter's `target_feature_layers`), passed as feature_layers): the target's cached decode.
 TargetLogitsFn = Callable[..., tuple]
 # (cache, destination [rows], sources [rows, D]) -> cache: slots destination + j take the
 # contents of slots sources[:, j] (`network.move_cache_slots`).
@@ -119,7 +120,14 @@ def _score_block(
   if not parts.drafter.reads_target_features:
     logits, cache = parts.target_logits_fn(tokens, cache, index, **tree)
     return logits, None, cache
-  return parts.target_logits_fn(tokens, cache, index, return_features=True, **tree)
+  return parts.target_logits_fn(
+      tokens,
+      cache,
+      index,
+      return_features=True,
+      feature_layers=parts.drafter.target_feature_layers,
+      **tree,
+  )
 
 
 def _block_tokens(parts: Parts, position: Position, drafts: jax.Array) -> jax.Array:

@@ -262,6 +262,9 @@ class Drafter(abc.ABC):
   # `teacher_forced_logits`). The loop asks the target for them only then, so a drafter that
   # does not compiles to the program it compiled to before features existed.
   reads_target_features = False
+  # For such a drafter: the target's decoder layers whose outputs it reads beside the final
+  # feature (`network.check_feature_layers`), so the features are [..., E (1 + their number)].
+  target_feature_layers: tuple[int, ...] = ()
   # The token ids it may draft (ascending), or () for the whole vocabulary: q is 0 elsewhere, so
   # distillation compares q with p restricted to them (`distillation.Distiller`).
   draft_vocab: tuple[int, ...] = ()

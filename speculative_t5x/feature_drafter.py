@@ -33,11 +33,18 @@ from a predicted feature lies in that window), which gives the logits of the fir
 drafts feed on the drafter's own predicted features. So after a rollback no predicted feature
 survives in the entries a query can see.
 
+With `target_feature_layers` (EAGLE-3's multi-layer features, Li et al. 2025), f_t is wider:
+the final feature, then the outputs of those target decoder layers under the target's final norm,
+[f_t; RMSNorm(h^i_t) ...], F = E (1 + their number) wide (`layers.Decoder._features`). The head
+then predicts all of it, f^ = W_out n with W_out [d, F]; the logits read its first E columns and
+the next draft all F, so `fold` keeps a draft's bytes: [d, N] + [d, d].
+
 Training (`distillation.Distiller`) unrolls the head for several steps on its own predictions,
 as at run time (`FeatureHead.unrolled`, EAGLE-3's and HASS's training-time test).
 
-Shapes: B batch, L decoder length (cache length S), k new tokens, E the target's emb_dim (the
-feature width), d the drafter's emb_dim, V the target's vocabulary, N the draft vocabulary.
+Shapes: B batch, L decoder length (cache length S), k new tokens, E the target's emb_dim, F the
+feature width (E, or E (1 + len(target_feature_layers))), d the drafter's emb_dim, V the target's
+vocabulary, N the draft vocabulary.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ _OUT_AXES = ("mlp", "embed")
 
 
 def shift_features(features: jax.Array) -> jax.Array:
-  """f_{t-1} at every position t: [B, L, E] -> [B, L, E], zeros at t = 0 (no feature before BOS)."""
+  """f_{t-1} at every position t: [B, L, F] -> [B, L, F], zeros at t = 0 (no feature before BOS)."""
   return jnp.pad(features, ((0, 0), (1, 0), (0, 0)))[:, :-1]
 
 
@@ -91,17 +98,19 @@ def scatter_draft_logits(logits: jax.Array, draft_vocab: tuple[int, ...], vocab_
 
 class FeatureHead(nn.Module):
   """The drafter's network. Parameters: 'embedding' [V, E] and 'head' [E, N] (copies of the
-  target's, frozen: gradients stop at them), 'fuse' {'kernel' [2E, d]}, 'fuse_bias' [d],
+  target's, frozen: gradients stop at them), 'fuse' {'kernel' [F + E, d]}, 'fuse_bias' [d],
   'relpos_bias', 'layers_i' (T5 1.1 `DecoderLayer`s of width d whose cross-attention reads
-  [B, Le, E]), 'feature_norm', 'feature_out' {'kernel' [d, E]}.
+  [B, Le, E]), 'feature_norm', 'feature_out' {'kernel' [d, F]}.
 
   config: the body (emb_dim d, heads, mlp, num_decoder_layers; vocab_size V, the target's).
   feature_dim: E. draft_vocab: the N token ids the head scores, or () for all V.
+  num_features: F / E, how many E-wide features f_t holds (1 + len(target_feature_layers)).
   """
 
   config: network.T5Config
   feature_dim: int
   draft_vocab: tuple[int, ...] = ()
+  num_features: int = 1
 
   def setup(self):
     cfg = self.config
@@ -136,20 +145,21 @@ class FeatureHead(nn.Module):
         layers.DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)
     ]
     self.feature_norm = layers.RMSNorm(dtype)
-    self.feature_out = layers.Dense(self.feature_dim, dtype, _OUT_AXES)
+    self.feature_out = layers.Dense(self.feature_dim * self.num_features, dtype, _OUT_AXES)
 
   def fused_inputs(self, previous_features: jax.Array, tokens: jax.Array) -> jax.Array:
-    """g = W_fuse [f_prev; e(x)] + b: [B, k, E] and [B, k] -> [B, k, d]."""
+    """g = W_fuse [f_prev; e(x)] + b: [B, k, F] and [B, k] -> [B, k, d]."""
     dtype = self.config.activation_dtype
     embedded = jnp.take(jax.lax.stop_gradient(self.embedding), tokens, axis=0)
     x = jnp.concatenate([previous_features.astype(dtype), embedded.astype(dtype)], axis=-1)
     return self.fuse(x) + jnp.asarray(self.fuse_bias, dtype)
 
   def _outputs(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Hidden states [..., d] -> (predicted features [..., E], logits [..., N] float32 over the
-    draft vocabulary, [..., V] without one)."""
+    """Hidden states [..., d] -> (predicted features [..., F], logits [..., N] float32 over the
+    draft vocabulary, [..., V] without one, from the first E of them)."""
     predicted = self.feature_out(self.feature_norm(x))
-    logits = jnp.dot(predicted.astype(jnp.float32), jax.lax.stop_gradient(self.head))
+    final = predicted[..., : self.feature_dim].astype(jnp.float32)
+    logits = jnp.dot(final, jax.lax.stop_gradient(self.head))
     return predicted, logits
 
   def __call__(
@@ -160,7 +170,7 @@ class FeatureHead(nn.Module):
       decoder_input_tokens: jax.Array,
   ) -> tuple[jax.Array, jax.Array]:
     """One teacher-forced step from true features: the first draft at every position ->
-    (f^ [B, L, E], logits [B, L, V])."""
+    (f^ [B, L, F], logits [B, L, V])."""
     predicted, logits = self.unrolled(
         encoded, encoder_input_tokens, features, decoder_input_tokens, 1
     )
@@ -183,11 +193,11 @@ class FeatureHead(nn.Module):
 
     Args:
       encoded: [B, Le, E], the target's encoder output of encoder_input_tokens [B, Le].
-      features: [B, L, E], the target's features f_t at the positions of decoder_input_tokens
+      features: [B, L, F], the target's features f_t at the positions of decoder_input_tokens
         [B, L] (BOS, then the sequence shifted right).
-      input_noise: [B, L, E] added to the true features f_{t-1} the first step reads, or None.
+      input_noise: [B, L, F] added to the true features f_{t-1} the first step reads, or None.
     Returns:
-      (f^ [steps, B, L, E], logits [steps, B, L, N] over the draft vocabulary (V without one)):
+      (f^ [steps, B, L, F], logits [steps, B, L, N] over the draft vocabulary (V without one)):
       step j's output at position t is the j-th draft of a chain started at t - j + 1
       (meaningful for t >= j - 1).
     """
@@ -272,15 +282,47 @@ class FeatureHead(nn.Module):
 
 def fold(params: Any, feature_dim: int) -> dict:
   """The matrices a draft reads after the head's layers, folded (see the module docstring): with
-  W_out = feature_out's kernel [d, E] and W_fuse = fuse's kernel [2E, d],
-  {'logits': W_out W_head [d, N], 'feature_fuse': W_out W_fuse[:E] [d, d],
-  'token_fuse': W_fuse[E:] [E, d]}, all float32."""
+  W_out = feature_out's kernel [d, F] and W_fuse = fuse's kernel [F + E, d] (E = feature_dim),
+  {'logits': W_out[:, :E] W_head [d, N], 'feature_fuse': W_out W_fuse[:F] [d, d],
+  'token_fuse': W_fuse[F:] [E, d]}, all float32."""
   out = jnp.asarray(params["feature_out"]["kernel"], jnp.float32)
   fuse = jnp.asarray(params["fuse"]["kernel"], jnp.float32)
+  width = out.shape[1]
   return {
-      "logits": out @ jnp.asarray(params["head"], jnp.float32),
-      "feature_fuse": out @ fuse[:feature_dim],
-      "token_fuse": fuse[feature_dim:],
+      "logits": out[:, :feature_dim] @ jnp.asarray(params["head"], jnp.float32),
+      "feature_fuse": out @ fuse[:width],
+      "token_fuse": fuse[width:],
+  }
+
+
+def widen_features(params: Any, feature_dim: int, num_features: int) -> Any:
+  """A trained head's parameters, made to read num_features E-wide features (E = feature_dim)
+  where it read fewer, computing the same function: zero rows for the new features in W_fuse
+  (inserted before its token rows) and zero columns in W_out (their predictions start at 0).
+  So a head trained on the final feature can go on training with lower layers' features
+  (`FeatureDrafter.target_feature_layers`) from where it stands."""
+  fuse = np.asarray(params["fuse"]["kernel"])
+  out = np.asarray(params["feature_out"]["kernel"])
+  width = out.shape[1]
+  if width % feature_dim or fuse.shape[0] != width + feature_dim:
+    raise ValueError(
+        f"these are not a FeatureHead's parameters at feature_dim {feature_dim}: fuse kernel "
+        f"{fuse.shape}, feature_out kernel {out.shape}."
+    )
+  if num_features * feature_dim < width:
+    raise ValueError(
+        f"the head reads {width // feature_dim} features already; it can only be widened to "
+        f"more, not to {num_features}."
+    )
+  added = num_features * feature_dim - width
+  new_fuse = np.concatenate(
+      [fuse[:width], np.zeros((added, fuse.shape[1]), fuse.dtype), fuse[width:]]
+  )
+  new_out = np.concatenate([out, np.zeros((out.shape[0], added), out.dtype)], axis=1)
+  return {
+      **params,
+      "fuse": {**params["fuse"], "kernel": jnp.asarray(new_fuse)},
+      "feature_out": {**params["feature_out"], "kernel": jnp.asarray(new_out)},
   }
 
 
@@ -300,7 +342,7 @@ def _trained(params: Any) -> Any:
 
 @flax.struct.dataclass
 class FeatureDrafterState:
-  """cache: the head's decoder cache [B, S, ...]; features [B, S, E]: the target's features by
+  """cache: the head's decoder cache [B, S, ...]; features [B, S, F]: the target's features by
   position, true up to the decode's length - 1 (`FeatureDrafter.observe_features`)."""
 
   cache: Any
@@ -351,12 +393,15 @@ class FeatureDrafter(drafters.Drafter):
     vocab_size is the target's); num_encoder_layers is not used.
   feature_dim: E, the target's emb_dim.
   draft_vocab: the token ids it may draft (`frequent_tokens`), or () for the whole vocabulary.
+  target_feature_layers: the target's decoder layers whose outputs it reads beside the final
+    feature (EAGLE-3's lower-layer features; `network.check_feature_layers`), or ().
   """
 
   config: network.T5Config = gin.REQUIRED
   feature_dim: int = gin.REQUIRED
   draft_vocab: tuple[int, ...] = ()
   eos_id: int | None = None
+  target_feature_layers: tuple[int, ...] = ()
 
   reads_target_features = True
 
@@ -378,6 +423,16 @@ class FeatureDrafter(drafters.Drafter):
       )
     object.__setattr__(self, "feature_dim", int(self.feature_dim))
     object.__setattr__(self, "draft_vocab", tuple(int(i) for i in vocab))
+    layers_ = tuple(self.target_feature_layers)
+    if any(
+        not isinstance(i, (int, np.integer)) or isinstance(i, bool) or i < 0 for i in layers_
+    ) or len(set(layers_)) != len(layers_):
+      raise ValueError(
+          f"FeatureDrafter.target_feature_layers must be distinct target decoder layer indices "
+          f"(ints >= 0), got {self.target_feature_layers!r}: give e.g. (0, 1), or () for the "
+          "final feature alone."
+      )
+    object.__setattr__(self, "target_feature_layers", tuple(int(i) for i in layers_))
 
   @property
   def vocab_size(self) -> int:
@@ -385,14 +440,22 @@ class FeatureDrafter(drafters.Drafter):
 
   @property
   def module(self) -> FeatureHead:
-    return FeatureHead(self.config, self.feature_dim, self.draft_vocab)
+    return FeatureHead(
+        self.config, self.feature_dim, self.draft_vocab, 1 + len(self.target_feature_layers)
+    )
+
+  @property
+  def feature_width(self) -> int:
+    """F: the width of the target's features it reads, E (1 + len(target_feature_layers))."""
+    return self.feature_dim * (1 + len(self.target_feature_layers))
 
   # ---- parameters
   def _boxed(self, rng: jax.Array) -> Any:
     module = self.module
     encoded = jnp.zeros((1, 2, self.feature_dim), jnp.float32)
+    features = jnp.zeros((1, 2, self.feature_width), jnp.float32)
     tokens = jnp.ones((1, 2), jnp.int32)
-    return module.init(rng, encoded, tokens, encoded, tokens)["params"]
+    return module.init(rng, encoded, tokens, features, tokens)["params"]
 
   def init_params(self, rng, input_shapes):
     del input_shapes  # its parameter shapes do not depend on them.
@@ -422,6 +485,7 @@ class FeatureDrafter(drafters.Drafter):
         "kind": FEATURE_KIND,
         "feature_dim": self.feature_dim,
         "draft_vocab": list(self.draft_vocab),
+        "target_feature_layers": list(self.target_feature_layers),
     }
 
   def save_params(self, directory, params, overwrite=False):
@@ -437,7 +501,9 @@ class FeatureDrafter(drafters.Drafter):
   @classmethod
   def from_entry(cls, config: network.T5Config, entry: Mapping[str, Any]) -> "FeatureDrafter":
     """The drafter a `save_params` directory's config.json describes (its 'drafter' entry)."""
-    return cls(config, int(entry["feature_dim"]), tuple(entry["draft_vocab"]))
+    # Checkpoints written before target_feature_layers existed read the final feature alone.
+    layers_ = tuple(entry.get("target_feature_layers", ()))
+    return cls(config, int(entry["feature_dim"]), tuple(entry["draft_vocab"]), None, layers_)
 
   def check_target(self, target_config):
     drafters.check_reads_target(
@@ -447,6 +513,10 @@ class FeatureDrafter(drafters.Drafter):
         self.feature_dim,
         "reads the target's features and encoder output",
     )
+    try:
+      network.check_feature_layers(target_config, self.target_feature_layers)
+    except ValueError as e:
+      raise ValueError(f"FeatureDrafter.target_feature_layers: {e}") from e
 
   # ---- decoding
   def _encoded(self, target_encoded: jax.Array | None, method: str) -> jax.Array:
@@ -470,11 +540,11 @@ class FeatureDrafter(drafters.Drafter):
         {"params": params}, encoded, encoder_input_tokens, cache_length, method=module.init_cache
     )
     batch = encoder_input_tokens.shape[0]
-    features = jnp.zeros((batch, cache_length, self.feature_dim), jnp.float32)
+    features = jnp.zeros((batch, cache_length, self.feature_width), jnp.float32)
     return FeatureDrafterState(cache, features)
 
   def observe_features(self, state, features, start):
-    """Writes the target's features [B, W, E] of positions start[b] .. start[b] + W - 1."""
+    """Writes the target's features [B, W, F] of positions start[b] .. start[b] + W - 1."""
     write = jax.vmap(lambda buf, new, i: jax.lax.dynamic_update_slice_in_dim(buf, new, i, 0))
     return state.replace(
         features=write(state.features, features.astype(state.features.dtype), start)
@@ -500,7 +570,7 @@ class FeatureDrafter(drafters.Drafter):
 
   def _next_inputs(self, params, folded: dict, hidden: jax.Array, tokens: jax.Array):
     """g from the drafter's own output n [B, k, d] and the tokens drafted from it [B, k]:
-    n W_out W_fuse[:E] + e(x) W_fuse[E:] + b -> [B, k, d]."""
+    n W_out W_fuse[:F] + e(x) W_fuse[F:] + b -> [B, k, d]."""
     dtype = self.config.activation_dtype
     embedded = jnp.take(params["embedding"], tokens, axis=0)
     g = jnp.dot(hidden.astype(jnp.float32), folded["feature_fuse"]) + jnp.dot(
@@ -581,7 +651,7 @@ class FeatureDrafter(drafters.Drafter):
       target_features=None,
   ):
     """The first draft's logits at every position, from the target's true features
-    target_features [B, L, E] (required) -> [B, L, V]."""
+    target_features [B, L, F] (required) -> [B, L, V]."""
     logits = self.unrolled(
         params, encoder_input_tokens, decoder_input_tokens, target_encoded, target_features, 1
     )[1][0]
@@ -599,16 +669,16 @@ class FeatureDrafter(drafters.Drafter):
       steps: int,
       input_noise: jax.Array | None = None,
   ) -> tuple[jax.Array, jax.Array]:
-    """`FeatureHead.unrolled` -> (f^ [steps, B, L, E], logits [steps, B, L, N] over
+    """`FeatureHead.unrolled` -> (f^ [steps, B, L, F], logits [steps, B, L, N] over
     `draft_vocab`, or [steps, B, L, V] without one)."""
     encoded = self._encoded(target_encoded, "teacher_forced_logits")
     shape = np.shape(target_features) if target_features is not None else None
-    want = tuple(np.shape(decoder_input_tokens)) + (self.feature_dim,)
+    want = tuple(np.shape(decoder_input_tokens)) + (self.feature_width,)
     if shape != want:
       raise ValueError(
           f"FeatureDrafter needs target_features {want}, the target's decoder features at the "
           f"positions of decoder_input_tokens (network `teacher_forced(..., "
-          f"return_features=True)`), got {shape}."
+          f"return_features=True, feature_layers={self.target_feature_layers})`), got {shape}."
       )
     module = self.module
     return module.apply(

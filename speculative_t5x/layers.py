@@ -427,9 +427,10 @@ class Decoder(nn.Module):
       decoder_segment_ids,
       deterministic,
       return_features=False,
+      feature_layers=(),
   ):
     """Teacher-forced decoder: -> logits [B, l, V] float32; with return_features, (logits,
-    features [B, l, E]), the final-normed hidden states the logits layer reads."""
+    features [B, l, E (1 + len(feature_layers))]) (`_features`)."""
     length = decoder_input_tokens.shape[1]
     target_valid = decoder_target_tokens > 0
     causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
@@ -445,12 +446,20 @@ class Decoder(nn.Module):
     bias = self.relpos_bias(positions, positions)
     x = self.dropout(self.shared_embedding(decoder_input_tokens), deterministic=deterministic)
     x = x.astype(self.config.activation_dtype)
+    outputs = []
     for layer in self.layers:
       x = layer(x, encoded, self_mask, bias, cross_mask, deterministic)
+      outputs.append(x)
     if return_features:
-      features = self.dropout(self.decoder_norm(x), deterministic=deterministic)
-      return self._logits_of_features(features), features
+      final = self.dropout(self.decoder_norm(x), deterministic=deterministic)
+      return self._logits_of_features(final), self._features(final, outputs, feature_layers)
     return self._logits(x, deterministic)
+
+  def _features(self, final: Array, outputs: list[Array], feature_layers: tuple[int, ...]) -> Array:
+    """What a feature-level drafter reads: the final-normed hidden states [..., E] the logits
+    layer reads, then for each index i in feature_layers the output of decoder layer i under the
+    same final norm (EAGLE-3's lower-layer features) -> [..., E (1 + len(feature_layers))]."""
+    return jnp.concatenate([final] + [self.decoder_norm(outputs[i]) for i in feature_layers], -1)
 
   def init_cache(self, encoded: Array, encoder_tokens: Array, cache_length: int) -> dict:
     return init_layer_caches(self.config, self.layers, encoded, encoder_tokens, cache_length)
@@ -463,11 +472,12 @@ class Decoder(nn.Module):
       tree: trees.DraftTree | None = None,
       slots: tuple[int, int] | None = None,
       return_features: bool = False,
+      feature_layers: tuple[int, ...] = (),
   ) -> tuple[Array, dict] | tuple[Array, Array, dict]:
     """tokens [B, k] -> (logits [B, k, V], cache): a chain at cache_index + (0..k-1), or the
     block slots slots[0]..slots[1]-1 of `tree` (inputs checked by `Transformer.decode`). With
-    return_features, (logits, features [B, k, E], cache): features are the final-normed hidden
-    states that the logits layer reads (what a feature-level drafter consumes)."""
+    return_features, (logits, features [B, k, E (1 + len(feature_layers))], cache): what a
+    feature-level drafter consumes (`_features`)."""
     cache_length = cache["layers_0"]["self_key"].shape[1]
     positions, key_positions, self_mask, write_index = decode_placement(
         cache_length, cache_index, tokens.shape[1], tree, slots
@@ -477,13 +487,16 @@ class Decoder(nn.Module):
     bias = self.relpos_bias(positions, key_positions)
     x = self.shared_embedding(tokens).astype(self.config.activation_dtype)
     new_cache = {"encoder_valid": cache["encoder_valid"]}
+    outputs = []
     for i, layer in enumerate(self.layers):
       x, new_cache[f"layers_{i}"] = layer.decode(
           x, cache[f"layers_{i}"], write_index, self_mask, bias, cross_mask
       )
+      outputs.append(x)
     if return_features:
-      features = self.decoder_norm(x)
-      return self._logits_of_features(features), features, new_cache
+      final = self.decoder_norm(x)
+      features = self._features(final, outputs, feature_layers)
+      return self._logits_of_features(final), features, new_cache
     return self._logits(x, True), new_cache
 
 

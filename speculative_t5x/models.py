@@ -217,7 +217,9 @@ class EncoderDecoderModel:
         {"params": params}, encoder_tokens, cache_length, method=self.module.prefill
     )
 
-  def _target_decode(self, params, tokens, cache, index, tree=None, return_features=False):
+  def _target_decode(
+      self, params, tokens, cache, index, tree=None, return_features=False, feature_layers=()
+  ):
     return self.module.apply(
         {"params": params},
         tokens,
@@ -225,6 +227,7 @@ class EncoderDecoderModel:
         index,
         tree=tree,
         return_features=return_features,
+        feature_layers=feature_layers,
         method=self.module.decode,
     )
 

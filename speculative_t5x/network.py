@@ -212,6 +212,22 @@ def _check_encoded(encoded: Any, encoder_input_tokens: Any) -> None:
     )
 
 
+def check_feature_layers(config: T5Config, feature_layers: Any) -> tuple[int, ...]:
+  """Decoder layer indices whose outputs join the features (`layers.Decoder._features`): distinct
+  ints in [0, num_decoder_layers - 1) (the last layer's output is the final feature already)."""
+  layers_ = tuple(feature_layers)
+  last = config.num_decoder_layers - 1
+  if any(not isinstance(i, (int, np.integer)) or isinstance(i, bool) for i in layers_) or (
+      len(set(layers_)) != len(layers_) or any(not 0 <= i < last for i in layers_)
+  ):
+    raise ValueError(
+        f"feature_layers {feature_layers!r} must be distinct decoder layer indices in [0, {last}) "
+        f"for a decoder of {config.num_decoder_layers} layers (layer {last}'s output is the final "
+        "feature, always included): give e.g. (0,) or ()."
+    )
+  return tuple(int(i) for i in layers_)
+
+
 class _CachedDecoderModel(nn.Module):
   """What decoding runs per token, T5X's `token_embedder` and `decoder` subtrees: teacher-forced
   from an encoder output (`teacher_forced`), or k tokens at a time from a cache
@@ -236,11 +252,13 @@ class _CachedDecoderModel(nn.Module):
       *,
       enable_dropout: bool = False,
       return_features: bool = False,
+      feature_layers: tuple[int, ...] = (),
   ) -> Array | tuple[Array, Array]:
     """encoded [B, Le, E_enc] of encoder_input_tokens [B, Le], decoder_input_tokens and
     decoder_target_tokens [B, l] -> logits [B, l, V] float32 (token 0 is padding; the decoder
     mask comes from decoder_target_tokens, as in T5X); with return_features, (logits, features
-    [B, l, E]): the final-normed hidden states the logits layer reads."""
+    [B, l, E (1 + len(feature_layers))]): the final-normed hidden states the logits layer reads,
+    then those of the decoder layers feature_layers under the same norm."""
     for name, tokens in (
         ("encoder_input_tokens", encoder_input_tokens),
         ("decoder_input_tokens", decoder_input_tokens),
@@ -263,6 +281,7 @@ class _CachedDecoderModel(nn.Module):
         decoder_segment_ids,
         not enable_dropout,
         return_features,
+        check_feature_layers(self.config, feature_layers),
     )
 
   def init_decode_cache(
@@ -284,6 +303,7 @@ class _CachedDecoderModel(nn.Module):
       tree: trees.DraftTree | None = None,
       slots: tuple[int, int] | None = None,
       return_features: bool = False,
+      feature_layers: tuple[int, ...] = (),
   ) -> tuple[Array, dict] | tuple[Array, Array, dict]:
     """Scores decoder_tokens [B, k] at positions cache_index[b] + (0..k-1), or as draft-tree slots.
 
@@ -300,8 +320,9 @@ class _CachedDecoderModel(nn.Module):
     slots=tree.levels[d], gives the logits of one whole-tree call). The block needs cache slots up
     to cache_index + stop - 1. After accepting a path, see `move_cache_slots`.
 
-    With return_features, returns (logits, features [B, k, E], cache): the final-normed hidden
-    states the logits layer reads, which a feature-level drafter consumes.
+    With return_features, returns (logits, features [B, k, E (1 + len(feature_layers))], cache):
+    the final-normed hidden states the logits layer reads, then those of the decoder layers
+    feature_layers under the same norm, which a feature-level drafter consumes.
     """
     _check_tokens("decoder_tokens", decoder_tokens)
     cache_length = cache["layers_0"]["self_key"].shape[1]
@@ -338,7 +359,13 @@ class _CachedDecoderModel(nn.Module):
             f"(max_decode_len + {spare}) or roll cache_index back."
         )
     return self.decoder.decode(
-        decoder_tokens, cache, jnp.asarray(cache_index, jnp.int32), tree, slots, return_features
+        decoder_tokens,
+        cache,
+        jnp.asarray(cache_index, jnp.int32),
+        tree,
+        slots,
+        return_features,
+        check_feature_layers(self.config, feature_layers),
     )
 
 

@@ -53,12 +53,16 @@ def _small_params():
 @functools.lru_cache(maxsize=None)
 def _small_model_drafter(kind):
   """-> (drafter, params): SMALL_DRAFTER as a T5 drafter, or as a shared-encoder decoder reading
-  the target's encoder output (of width 16, its own 8)."""
+  the target's encoder output (of width 16, its own 8), or a feature drafter ('feature_layers':
+  reading the target's layer 0 too)."""
   if kind == "t5":
     return network.Transformer(SMALL_DRAFTER), _small_params()[1]
-  if kind == "feature":  # a draft vocabulary without token 3: q = 0 there.
+  if kind in ("feature", "feature_layers"):  # a draft vocabulary without token 3: q = 0 there.
     drafter = feature_drafter.FeatureDrafter(
-        SMALL_DRAFTER, SMALL_TARGET.emb_dim, draft_vocab=(0, 1, 2)
+        SMALL_DRAFTER,
+        SMALL_TARGET.emb_dim,
+        draft_vocab=(0, 1, 2),
+        target_feature_layers=(0,) if kind == "feature_layers" else (),
     )
     params = drafter.init_params(jax.random.PRNGKey(3), {})
     return drafter, drafter.init_from_target(params, _small_params()[0])
@@ -134,7 +138,7 @@ def _sample_small(model, drafter_params, temperature, topk=0, topp=0.0, seed=0):
         ("shared_encoder", 3, 1.0, 0, 0.0),
         ("shared_encoder", 3, 0.7, 3, 0.0),
         ("feature", 3, 1.0, 0, 0.0),
-        ("feature", 3, 0.7, 3, 0.0),
+        ("feature_layers", 3, 0.7, 3, 0.0),
     ],
 )
 def test_model_drafters_sample_the_exact_target_distribution(kind, gamma, temperature, topk, topp):
@@ -207,14 +211,18 @@ def _tiny_params():
 @functools.lru_cache(maxsize=None)
 def _tiny_drafter(kind):
   """-> (drafter, params) of a drafter kind of _speculative: 'self' (the target), 't5'
-  (TINY_DRAFTER) or 'shared_encoder' (TINY_DRAFTER's decoder reading the target's encoder)."""
+  (TINY_DRAFTER), 'shared_encoder' (TINY_DRAFTER's decoder reading the target's encoder),
+  'feature' or 'feature_layers' (a feature drafter, reading the target's layer 0 too)."""
   target, t5_params = _tiny_params()
   if kind == "self":
     return network.Transformer(TINY), target
   if kind == "t5":
     return network.Transformer(TINY_DRAFTER), t5_params
-  if kind == "feature":
-    drafter = feature_drafter.FeatureDrafter(TINY_DRAFTER, TINY.emb_dim)
+  if kind in ("feature", "feature_layers"):
+    layers = (0,) if kind == "feature_layers" else ()
+    drafter = feature_drafter.FeatureDrafter(
+        TINY_DRAFTER, TINY.emb_dim, target_feature_layers=layers
+    )
     params = drafter.init_params(jax.random.PRNGKey(12), {})
     return drafter, drafter.init_from_target(params, target)
   params = network.shared_encoder_init_params(TINY_DRAFTER, TINY.emb_dim, jax.random.PRNGKey(12))
@@ -270,7 +278,8 @@ def test_greedy_equals_baseline_batch_1(gamma):
 
 
 @pytest.mark.parametrize(
-    "kind, gamma", [("t5", 1), ("t5", 4), ("t5", 8), ("shared_encoder", 4), ("feature", 3)]
+    "kind, gamma",
+    [("t5", 1), ("t5", 4), ("t5", 8), ("shared_encoder", 4), ("feature", 3), ("feature_layers", 3)],
 )
 def test_greedy_equals_baseline_batch_3(kind, gamma):
   """Ragged rows (random input lengths) that accept different numbers of drafts."""
@@ -1188,6 +1197,7 @@ def _tree_model(config, drafter, tree, verifier=TREE):
         ("bigram", (2, 2, 1), 0.7, 3),
         ("shared_encoder", (2, 2, 1), 0.7, 3),
         ("feature", (2, 2, 1), 1.0, 0),
+        ("feature_layers", (2, 1), 0.7, 3),
     ],
 )
 def test_a_draft_tree_samples_the_exact_target_distribution(kind, tree, temperature, topk):

@@ -30,13 +30,17 @@ DRAFT_VOCAB = tuple(range(0, V, 2))
 GAMMA = 3
 
 
+# The target's layer 0 read beside its final feature (EAGLE-3's multi-layer features): F = 2E.
+LAYERS = (0,)
+
+
 @functools.lru_cache(maxsize=None)
-def _setup(width=None):
-  """-> (drafter, params, target params) with the target's embedding and head copied in."""
+def _setup(width=None, layers=()):
+  """-> (drafter, params, target params) with the target's embedding and head copied in; the
+  drafter reads the target's decoder layers `layers` beside its final feature."""
   target_params = network.init_params(TARGET, jax.random.PRNGKey(0))
-  drafter = feature_drafter.FeatureDrafter(HEAD, TARGET.emb_dim, DRAFT_VOCAB)
-  if width is not None:
-    drafter = _NoRebuild(HEAD, TARGET.emb_dim, DRAFT_VOCAB)
+  kind = feature_drafter.FeatureDrafter if width is None else _NoRebuild
+  drafter = kind(HEAD, TARGET.emb_dim, DRAFT_VOCAB, target_feature_layers=layers)
   params = drafter.init_from_target(drafter.init_params(jax.random.PRNGKey(1), {}), target_params)
   return drafter, params, target_params
 
@@ -49,9 +53,10 @@ class _NoRebuild(feature_drafter.FeatureDrafter):
     return super()._rebuild(params, folded, state, sequences, length, 1)
 
 
-def _target_outputs(target_params, encoder_tokens, sequences):
-  """-> (encoded, logits [B, L, V], features [B, L, E]) teacher-forced on `sequences`."""
-  model = network.Transformer(TARGET)
+def _target_outputs(target_params, encoder_tokens, sequences, layers=(), config=TARGET):
+  """-> (encoded, logits [B, L, V], features [B, L, E (1 + len(layers))]) of the target (of
+  `config`) teacher-forced on `sequences`."""
+  model = network.Transformer(config)
   encoded = model.apply({"params": target_params}, encoder_tokens, method=model.encode)
   inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
   logits, features = model.apply(
@@ -61,6 +66,7 @@ def _target_outputs(target_params, encoder_tokens, sequences):
       inputs,
       jnp.ones_like(inputs),
       return_features=True,
+      feature_layers=layers,
       method=model.teacher_forced,
   )
   return encoded, logits, features
@@ -79,7 +85,8 @@ def _proposals_match_teacher_forcing(
   encoder_tokens = jnp.asarray(rng.integers(1, V, (batch, 5)), jnp.int32)
   sequences = jnp.zeros((batch, length + GAMMA + 1), jnp.int32)
   decoded = np.zeros(batch, np.int32)
-  encoded, _, _ = _target_outputs(target_params, encoder_tokens, sequences)
+  layers = drafter.target_feature_layers
+  encoded, _, _ = _target_outputs(target_params, encoder_tokens, sequences, layers)
   state = drafter.init_state(params, encoder_tokens, length + GAMMA + 2, target_encoded=encoded)
   standardize = sampling.Standardizer(1.0)
   worst = 0.0
@@ -93,7 +100,7 @@ def _proposals_match_teacher_forcing(
     for b in range(batch):
       block[b, decoded[b] : decoded[b] + GAMMA] = np.asarray(drafts[b])
     block = jnp.asarray(block)
-    _, _, features = _target_outputs(target_params, encoder_tokens, block)
+    _, _, features = _target_outputs(target_params, encoder_tokens, block, layers)
     inputs = jnp.pad(block[:, :-1], ((0, 0), (1, 0)))
     _, unrolled = drafter.unrolled(params, encoder_tokens, inputs, encoded, features, GAMMA)
     for b in range(batch):
@@ -118,35 +125,77 @@ def _proposals_match_teacher_forcing(
   return worst
 
 
-def test_proposals_equal_teacher_forcing_across_rollbacks():
-  drafter, params, target_params = _setup()
+@pytest.mark.parametrize("layers", [(), LAYERS])
+def test_proposals_equal_teacher_forcing_across_rollbacks(layers):
+  drafter, params, target_params = _setup(layers=layers)
   assert _proposals_match_teacher_forcing(drafter, params, target_params, seed=0) < 1e-5
 
 
-def test_keeping_predicted_features_after_a_rollback_fails_the_same_check():
-  drafter, params, target_params = _setup(width=1)
+@pytest.mark.parametrize("layers", [(), LAYERS])
+def test_keeping_predicted_features_after_a_rollback_fails_the_same_check(layers):
+  drafter, params, target_params = _setup(width=1, layers=layers)
   assert _proposals_match_teacher_forcing(drafter, params, target_params, seed=0) > 1e-3
 
 
 class _WrongFold(feature_drafter.FeatureDrafter):
-  """Folds W_out into the token half of W_fuse instead of the feature half."""
+  """Folds only the final feature's part of W_out into W_fuse: the lower layers' predicted
+  features (or, with none, the final one) never reach the next draft."""
 
   def decode_params(self, params):
     if isinstance(params, feature_drafter.DecodeParams):
       return params
     folded = feature_drafter.fold(params, self.feature_dim)
     out = params["feature_out"]["kernel"]
-    wrong = {**folded, "feature_fuse": out @ params["fuse"]["kernel"][self.feature_dim :]}
+    part = self.feature_dim if self.target_feature_layers else 0
+    wrong = {**folded, "feature_fuse": out[:, :part] @ params["fuse"]["kernel"][:part]}
     return feature_drafter.DecodeParams(params, wrong)
 
 
-def test_the_folded_form_proposes_what_the_parameters_do():
-  drafter, params, target_params = _setup()
+@pytest.mark.parametrize("layers", [(), LAYERS])
+def test_the_folded_form_proposes_what_the_parameters_do(layers):
+  drafter, params, target_params = _setup(layers=layers)
   folded = drafter.decode_params(params)
   assert _proposals_match_teacher_forcing(drafter, params, target_params, 1, folded) < 1e-5
-  wrong = _WrongFold(HEAD, TARGET.emb_dim, DRAFT_VOCAB)
+  wrong = _WrongFold(HEAD, TARGET.emb_dim, DRAFT_VOCAB, target_feature_layers=layers)
   wrong_folded = wrong.decode_params(params)
   assert _proposals_match_teacher_forcing(wrong, params, target_params, 1, wrong_folded) > 1e-3
+
+
+def test_lower_layer_features_are_that_layer_under_the_final_norm():
+  """Layer 0's feature equals the final feature of the same target cut to its first layer, in
+  teacher forcing and in the cached decode the loop runs."""
+  _, _, target_params = _setup()
+  cut = TARGET.replace(num_decoder_layers=1)
+  decoder = dict(target_params["decoder"])
+  del decoder["layers_1"]
+  cut_params = {**target_params, "decoder": decoder}
+  encoder_tokens = jnp.asarray([[3, 4, 5, 6]], jnp.int32)
+  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
+  _, logits, features = _target_outputs(target_params, encoder_tokens, sequences, LAYERS)
+  _, full_logits, final = _target_outputs(target_params, encoder_tokens, sequences)
+  encoded, _, layer0 = _target_outputs(cut_params, encoder_tokens, sequences, config=cut)
+  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  e = TARGET.emb_dim
+  assert features.shape == (1, 5, 2 * e)
+  np.testing.assert_array_equal(features[..., :e], final)
+  np.testing.assert_allclose(features[..., e:], layer0, atol=1e-6)
+  np.testing.assert_array_equal(logits, full_logits)
+  assert float(jnp.max(jnp.abs(layer0 - final))) > 1e-2
+  # The cached decode, all five positions in one call, yields the same features.
+  target = network.Transformer(TARGET)
+  cache = target.apply(
+      {"params": target_params}, encoded, encoder_tokens, 8, method=target.init_decode_cache
+  )
+  _, decoded, _ = target.apply(
+      {"params": target_params},
+      inputs,
+      cache,
+      jnp.zeros((1,), jnp.int32),
+      return_features=True,
+      feature_layers=LAYERS,
+      method=target.decode,
+  )
+  np.testing.assert_allclose(decoded, features, atol=1e-5)
 
 
 def test_position_t_reads_the_feature_of_t_minus_1_and_predicts_y_t():
@@ -197,12 +246,35 @@ def test_feature_settings_are_refused_for_a_drafter_without_features(tmp_path):
     )
 
 
-def test_save_and_read_back(tmp_path):
-  drafter, params, _ = _setup()
+def test_a_widened_head_computes_what_it_did_until_trained():
+  """`widen_features`: a head trained on the final feature, given lower layers' features too,
+  drafts exactly as before (zero weights on the new ones)."""
+  drafter, params, target_params = _setup()
+  wide, _, _ = _setup(layers=LAYERS)
+  widened = feature_drafter.widen_features(params, TARGET.emb_dim, 2)
+  wide.check_params(widened)
+  encoder_tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
+  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
+  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences, LAYERS)
+  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  e = TARGET.emb_dim
+  before = drafter.unrolled(params, encoder_tokens, inputs, encoded, features[..., :e], 3)
+  after = wide.unrolled(widened, encoder_tokens, inputs, encoded, features, 3)
+  np.testing.assert_allclose(after[1], before[1], atol=1e-5)
+  np.testing.assert_allclose(after[0][..., :e], before[0], atol=1e-5)
+  np.testing.assert_array_equal(after[0][..., e:], 0.0)
+  with pytest.raises(ValueError, match="reads 2 features already"):
+    feature_drafter.widen_features(widened, e, 1)
+
+
+@pytest.mark.parametrize("layers", [(), LAYERS])
+def test_save_and_read_back(tmp_path, layers):
+  drafter, params, _ = _setup(layers=layers)
   drafter.save_params(tmp_path / "drafter", params)
   read = drafters.read_drafter(tmp_path / "drafter")
   assert type(read) is feature_drafter.FeatureDrafter  # pylint: disable=unidiomatic-typecheck
   assert (read.config, read.feature_dim, read.draft_vocab) == (HEAD, 16, DRAFT_VOCAB)
+  assert read.target_feature_layers == layers
   restored = read.restore_params(tmp_path / "drafter")
   jax.tree.map(np.testing.assert_array_equal, restored, params)
 
@@ -228,6 +300,22 @@ def test_save_and_read_back(tmp_path):
                 {}, jnp.ones((1, 3), jnp.int32), 8
             ),
             "needs target_encoded",
+        ),
+        (
+            lambda: feature_drafter.FeatureDrafter(HEAD, 16, target_feature_layers=(0, 0)),
+            "target_feature_layers must be distinct target decoder layer indices",
+        ),
+        (
+            lambda: feature_drafter.FeatureDrafter(HEAD, 16, target_feature_layers=(-1,)),
+            "target_feature_layers must be distinct",
+        ),
+        (
+            # TARGET has 2 decoder layers: layer 1's output is the final feature already.
+            lambda: feature_drafter.FeatureDrafter(
+                HEAD, 16, target_feature_layers=(1,)
+            ).check_target(TARGET),
+            "target_feature_layers: feature_layers \\(1,\\) must be distinct decoder layer "
+            "indices in \\[0, 1\\)",
         ),
     ],
 )
