@@ -459,6 +459,8 @@ class Decoder(nn.Module):
     """What a feature-level drafter reads: the final-normed hidden states [..., E] the logits
     layer reads, then for each index i in feature_layers the output of decoder layer i under the
     same final norm (EAGLE-3's lower-layer features) -> [..., E (1 + len(feature_layers))]."""
+    if not feature_layers:  # the loop's usual case: no concatenation in the traced step.
+      return final
     return jnp.concatenate([final] + [self.decoder_norm(outputs[i]) for i in feature_layers], -1)
 
   def init_cache(self, encoded: Array, encoder_tokens: Array, cache_length: int) -> dict:
