@@ -31,7 +31,6 @@ import re
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
-from rouge_score import rouge_scorer
 import sacrebleu
 import seqio
 import tensorflow as tf
@@ -134,6 +133,9 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
   "rougeLsum": ...}.
   """
   _check_pairs(targets, predictions)
+  # Imported here: rouge-score imports nltk, which takes ~3 s, and only ROUGE tasks need it.
+  from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
+
   scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
   scores = [
       scorer.score(_sentences_on_lines(t), _sentences_on_lines(p))

@@ -6,16 +6,17 @@ from conftest import run_script
 
 
 def test_bench_batched_writes_a_row_per_batch_size(tmp_path):
-  # 32 steps per timed call over 5 rounds: a tiny network's extra steps must outweigh the
-  # machine's noise (8 steps over 3 rounds once gave a negative median step time under load).
+  # 64 steps per timed call (the cache of a 64-token decode holds them) over 7 rounds: a tiny
+  # network's extra steps must outweigh the machine's noise (8 steps over 3 rounds, then 32 over
+  # 5, each once gave a negative median step time under load).
   out = run_script(
       "bench_batched.py",
       f"--output_dir={tmp_path}",
       "--batch_sizes=2",
       "--temperatures=0",
       "--repeats=1",
-      "--cost_repeats=5",
-      "--steps_per_call=32",
+      "--cost_repeats=7",
+      "--steps_per_call=64",
       "--gamma=2",
       "--vocab_size=64",
       "--emb_dim=32",
@@ -24,7 +25,7 @@ def test_bench_batched_writes_a_row_per_batch_size(tmp_path):
       "--num_encoder_layers=1",
       "--num_decoder_layers=2",
       "--input_length=8",
-      "--decode_length=32",
+      "--decode_length=64",
   )
   results = json.loads((tmp_path / "results.json").read_text())
   (row,) = results["results"]

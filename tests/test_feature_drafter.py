@@ -53,6 +53,7 @@ class _NoRebuild(feature_drafter.FeatureDrafter):
     return super()._rebuild(params, folded, state, sequences, length, 1)
 
 
+@functools.partial(jax.jit, static_argnames=("layers", "config"))
 def _target_outputs(target_params, encoder_tokens, sequences, layers=(), config=TARGET):
   """-> (encoded, logits [B, L, V], features [B, L, E (1 + len(layers))]) of the target (of
   `config`) teacher-forced on `sequences`."""
@@ -89,20 +90,22 @@ def _proposals_match_teacher_forcing(
   encoded, _, _ = _target_outputs(target_params, encoder_tokens, sequences, layers)
   state = drafter.init_state(params, encoder_tokens, length + GAMMA + 2, target_encoded=encoded)
   standardize = sampling.Standardizer(1.0)
+  # Jitted as the loop runs them (op by op, the check spent 40 s dispatching small programs).
+  propose = jax.jit(drafter.propose, static_argnums=(4, 6))
+  observe = jax.jit(drafter.observe_features)
+  unrolled_fn = jax.jit(drafter.unrolled, static_argnums=5)
   worst = 0.0
   for _ in range(5):
     u = jnp.asarray(rng.random((batch, GAMMA)), jnp.float32)
     lengths = jnp.asarray(decoded)
-    drafts, q, state = drafter.propose(
-        proposal_params, state, sequences, lengths, GAMMA, u, standardize
-    )
+    drafts, q, state = propose(proposal_params, state, sequences, lengths, GAMMA, u, standardize)
     block = np.array(sequences)
     for b in range(batch):
       block[b, decoded[b] : decoded[b] + GAMMA] = np.asarray(drafts[b])
     block = jnp.asarray(block)
     _, _, features = _target_outputs(target_params, encoder_tokens, block, layers)
     inputs = jnp.pad(block[:, :-1], ((0, 0), (1, 0)))
-    _, unrolled = drafter.unrolled(params, encoder_tokens, inputs, encoded, features, GAMMA)
+    _, unrolled = unrolled_fn(params, encoder_tokens, inputs, encoded, features, GAMMA)
     for b in range(batch):
       for j in range(GAMMA):
         expected = feature_drafter.scatter_draft_logits(
@@ -120,7 +123,7 @@ def _proposals_match_teacher_forcing(
     window = jnp.take_along_axis(
         features, (start[:, None] + jnp.arange(GAMMA + 1)[None])[..., None], axis=1
     )
-    state = drafter.observe_features(state, window, start)
+    state = observe(state, window, start)
     decoded = np.minimum(decoded + accepted + 1, length - 1)
   return worst
 

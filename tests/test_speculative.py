@@ -20,6 +20,7 @@ search for the matching path, and on a chain against Algorithm 1.
 import collections
 import functools
 import itertools
+import types
 
 import gin
 import jax
@@ -36,6 +37,21 @@ from speculative_t5x import theory
 from speculative_t5x import trees
 
 SIGNIFICANCE = 1e-3  # goodness-of-fit tests reject at this level; seeds are fixed.
+
+# The functions under test, jitted as the decoding loop runs them. Called op by op, each of their
+# primitives compiles on its own, which cost this file more than its tests.
+jitted = types.SimpleNamespace(
+    accept=jax.jit(speculative.accept, static_argnums=4),
+    accept_greedy=jax.jit(speculative.accept_greedy),
+    accept_block=jax.jit(speculative.accept_block, static_argnums=4),
+    accept_tree=jax.jit(speculative.accept_tree, static_argnums=(4, 5, 6)),
+    accept_tree_greedy=jax.jit(speculative.accept_tree_greedy, static_argnums=2),
+    acceptance_probability=jax.jit(speculative.acceptance_probability),
+    adjusted_distribution=jax.jit(speculative.adjusted_distribution),
+    prefix_weights=jax.jit(speculative.prefix_weights),
+    block_thresholds=jax.jit(speculative.block_thresholds),
+    valid_drafts=jax.jit(speculative.valid_drafts),
+)
 
 
 def _random_dists(rng, shape):
@@ -69,16 +85,13 @@ def _exact_output_law(p, q):
   # a[i, x] = acceptance probability of draft x at position i.
   accept = np.stack(
       [
-          np.asarray(
-              speculative.acceptance_probability(pj, qj, jnp.full((1, gamma), x, jnp.int32))
-          )[0]
+          np.asarray(jitted.acceptance_probability(pj, qj, jnp.full((1, gamma), x, jnp.int32)))[0]
           for x in tokens
       ],
       axis=1,
   )
   adjusted = [
-      np.asarray(speculative.adjusted_distribution(pj, qj, jnp.array([n])))[0]
-      for n in range(gamma + 1)
+      np.asarray(jitted.adjusted_distribution(pj, qj, jnp.array([n])))[0] for n in range(gamma + 1)
   ]
   reject = 1 - np.sum(q * accept, axis=1)  # P(reject at i) = sum_x q_i(x) (1 - a_i(x))
   law = {}
@@ -111,22 +124,22 @@ def test_closed_form_pieces():
   p = np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
   q = np.array([[0.2, 0.6, 0.2]])
   pj, qj = jnp.asarray(p[None], jnp.float32), jnp.asarray(q[None], jnp.float32)
-  a = [float(speculative.acceptance_probability(pj, qj, jnp.array([[x]]))[0, 0]) for x in range(3)]
+  a = [float(jitted.acceptance_probability(pj, qj, jnp.array([[x]]))[0, 0]) for x in range(3)]
   np.testing.assert_allclose(a, [1.0, 0.5, 1.0], rtol=1e-6)
   np.testing.assert_allclose(
-      speculative.adjusted_distribution(pj, qj, jnp.array([0]))[0], [1.0, 0.0, 0.0], atol=1e-6
+      jitted.adjusted_distribution(pj, qj, jnp.array([0]))[0], [1.0, 0.0, 0.0], atol=1e-6
   )  # norm(max(0, p - q)) = [0.3, 0, 0] / 0.3
   np.testing.assert_allclose(
-      speculative.adjusted_distribution(pj, qj, jnp.array([1]))[0], p[1], rtol=1e-6
+      jitted.adjusted_distribution(pj, qj, jnp.array([1]))[0], p[1], rtol=1e-6
   )  # all accepted: the bonus token comes from p_2
-  _, _, beta = speculative.accept(pj, qj, jnp.array([[1]]), jnp.array([[0.3, 0.5]]))
+  _, _, beta = jitted.accept(pj, qj, jnp.array([[1]]), jnp.array([[0.3, 0.5]]))
   np.testing.assert_allclose(beta, [[0.2 + 0.3 + 0.2]], rtol=1e-6)
 
 
 def test_accept_needs_one_uniform_per_test_and_one_for_the_token():
   p, q = jnp.full((1, 3, 4), 0.25), jnp.full((1, 2, 4), 0.25)
   with pytest.raises(ValueError, match=r"uniforms of shape \(1, 3\)"):
-    speculative.accept(p, q, jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2)))
+    jitted.accept(p, q, jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2)))
 
 
 def _sample_blocks(p, q, rows, seed, verify=speculative.accept):
@@ -192,7 +205,7 @@ def test_greedy_accepts_matches_and_corrects_with_target_argmax():
       ([0, 4, 1], 0, 2),
   ):
     d = jnp.array([drafts])
-    n, token, beta = speculative.accept(p, jax.nn.one_hot(d, vocab), d, jnp.full((1, 4), 0.5))
+    n, token, beta = jitted.accept(p, jax.nn.one_hot(d, vocab), d, jnp.full((1, 4), 0.5))
     assert int(n[0]) == n_expected and int(token[0]) == token_expected
     np.testing.assert_array_equal(beta[0], (np.array(drafts) == np.array(target[0, :3])))
 
@@ -206,10 +219,10 @@ def test_accept_greedy_is_accept_on_one_hot_distributions():
       rng.random((rows, gamma)) < 0.7, target[:, :gamma], rng.integers(0, vocab, (rows, gamma))
   ).astype(np.int32)
   u = sampling.uniforms(jax.random.PRNGKey(2), (rows, gamma + 1))
-  general = speculative.accept(
+  general = jitted.accept(
       jax.nn.one_hot(target, vocab), jax.nn.one_hot(drafts, vocab), jnp.asarray(drafts), u
   )
-  greedy = speculative.accept_greedy(jnp.asarray(target), jnp.asarray(drafts))
+  greedy = jitted.accept_greedy(jnp.asarray(target), jnp.asarray(drafts))
   assert set(np.asarray(greedy[0])) == set(range(gamma + 1))
   for g, a in zip(greedy, general):
     np.testing.assert_array_equal(g, a)
@@ -223,7 +236,7 @@ def test_no_nan_when_p_equals_q_or_the_residual_underflows():
   q_close = np.nextafter(q, 1.0)  # q slightly above p everywhere: residual mass 0 or ~1e-8
   for q_case in (q, q_close):
     drafts = jnp.asarray(rng.integers(0, vocab, (64, 3)), jnp.int32)
-    n, token, beta = speculative.accept(
+    n, token, beta = jitted.accept(
         jnp.asarray(p),
         jnp.asarray(q_case),
         drafts,
@@ -232,7 +245,7 @@ def test_no_nan_when_p_equals_q_or_the_residual_underflows():
     assert np.all((np.asarray(token) >= 0) & (np.asarray(token) < vocab))
     assert np.all(np.isfinite(np.asarray(beta)))
     for k in range(4):
-      adjusted = speculative.adjusted_distribution(
+      adjusted = jitted.adjusted_distribution(
           jnp.asarray(p), jnp.asarray(q_case), jnp.full((64,), k, jnp.int32)
       )
       assert np.all(np.isfinite(np.asarray(adjusted)))
@@ -282,7 +295,7 @@ def test_token_verifier_greedy_is_accept_greedy():
       jnp.asarray(rng.integers(0, 4, (100, 3)), jnp.int32),
   )
   got = speculative.TokenVerifier().verify_greedy(target, drafts)
-  want = speculative.accept_greedy(target, drafts)
+  want = jitted.accept_greedy(target, drafts)
   assert set(np.asarray(want[0])) == {0, 1, 2, 3}
   for g, w in zip(got, want):
     np.testing.assert_array_equal(g, w)
@@ -292,7 +305,7 @@ def test_a_verifier_missing_a_method_cannot_be_made():
   class GreedyOnly(speculative.Verifier):
 
     def verify_greedy(self, target_tokens, drafts):
-      return speculative.accept_greedy(target_tokens, drafts)
+      return jitted.accept_greedy(target_tokens, drafts)
 
   with pytest.raises(TypeError, match="verify"):
     GreedyOnly()
@@ -374,8 +387,8 @@ def _accepted_length_law(p_rows, q_rows, drafts, rule):
   gamma = drafts.shape[1]
   if rule == "block":
     h = np.asarray(
-        speculative.block_thresholds(
-            p_rows, q_rows, speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))
+        jitted.block_thresholds(
+            p_rows, q_rows, jitted.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))
         ),
         np.float64,
     )
@@ -387,9 +400,7 @@ def _accepted_length_law(p_rows, q_rows, drafts, rule):
         ],
         axis=1,
     )
-  a = np.asarray(
-      speculative.acceptance_probability(p_rows, q_rows, jnp.asarray(drafts)), np.float64
-  )
+  a = np.asarray(jitted.acceptance_probability(p_rows, q_rows, jnp.asarray(drafts)), np.float64)
   return np.stack(
       [np.prod(a[:, :i], axis=1) * (1 - a[:, i] if i < gamma else 1.0) for i in range(gamma + 1)],
       axis=1,
@@ -406,7 +417,7 @@ def _block_output_law(p, q, gamma, vocab, rule="block", stop=None, drop=False):
       p_rows, q_rows, drafts, "token" if rule == "algorithm_1" else rule
   )
   weights = np.pad(
-      np.asarray(speculative.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))),
+      np.asarray(jitted.prefix_weights(p_rows, q_rows, jnp.asarray(drafts))),
       ((0, 0), (1, 0)),
       constant_values=1.0,
   )
@@ -418,7 +429,7 @@ def _block_output_law(p, q, gamma, vocab, rule="block", stop=None, drop=False):
       if q_drafts[d] * length_law[d, n] == 0:
         continue
       residual = np.asarray(
-          speculative.adjusted_distribution(
+          jitted.adjusted_distribution(
               p_rows[d : d + 1],
               q_rows[d : d + 1],
               jnp.array([n]),
@@ -507,8 +518,8 @@ def test_block_is_token_verification_on_one_hot_distributions():
   q = jnp.asarray(np.eye(vocab)[drafts], jnp.float32)
   u = jax.random.uniform(jax.random.PRNGKey(0), (rows, gamma + 1))
   for got, want in zip(
-      speculative.accept_block(p, q, jnp.asarray(drafts), u),
-      speculative.accept(p, q, jnp.asarray(drafts), u),
+      jitted.accept_block(p, q, jnp.asarray(drafts), u),
+      jitted.accept(p, q, jnp.asarray(drafts), u),
   ):
     np.testing.assert_array_equal(got, want)
 
@@ -545,11 +556,11 @@ def test_invalid_drafts_are_rejected_and_their_position_drawn_from_p():
   q[2, 1] = np.nan  # a NaN row at the second draft of row 2
   q[3, 1] = [1.0, 0.0, 0.0, 0.0]  # q(x_2) = 0 at row 3: a sampler never drew it
   q = jnp.asarray(q, jnp.float32)
-  q_valid, valid = speculative.valid_drafts(q, jnp.asarray(drafts))
+  q_valid, valid = jitted.valid_drafts(q, jnp.asarray(drafts))
   np.testing.assert_array_equal(valid, [[1, 1, 0], [1, 0, 1], [1, 0, 1], [1, 0, 1]])
   assert np.all(np.asarray(q_valid)[~np.asarray(valid)] == 0)
   np.testing.assert_allclose(
-      speculative.acceptance_probability(p, q, jnp.asarray(drafts)),
+      jitted.acceptance_probability(p, q, jnp.asarray(drafts)),
       np.where(np.asarray(valid), 1.0, 0.0),
   )
   u = jnp.zeros((4, gamma + 1))  # every valid draft passes its test
@@ -559,7 +570,7 @@ def test_invalid_drafts_are_rejected_and_their_position_drawn_from_p():
     assert np.all((np.asarray(token) >= 0) & (np.asarray(token) < vocab))
     assert np.all(np.isfinite(np.asarray(beta)))
   # The position of the first invalid draft draws from p itself: u = 0.9 picks token 3 of p.
-  _, token, _ = speculative.accept(p, q, jnp.asarray(drafts), jnp.full((4, gamma + 1), 0.9))
+  _, token, _ = jitted.accept(p, q, jnp.asarray(drafts), jnp.full((4, gamma + 1), 0.9))
   assert int(token[1]) == 3
 
 
@@ -1077,9 +1088,9 @@ def test_accept_tree_checks_its_shapes():
   p, q = jnp.full((1, 5, 4), 0.25), jnp.full((1, 4, 4), 0.25)
   drafts = jnp.zeros((1, 4), jnp.int32)
   with pytest.raises(ValueError, match=r"uniforms of shape \(1, 5\)"):
-    speculative.accept_tree(p, q, drafts, jnp.zeros((1, 4)), sampling.sample, tree)
+    jitted.accept_tree(p, q, drafts, jnp.zeros((1, 4)), sampling.sample, tree)
   with pytest.raises(ValueError, match="a draft tree of 4 nodes needs p"):
-    speculative.accept_tree(p[:, :4], q, drafts, jnp.zeros((1, 5)), sampling.sample, tree)
+    jitted.accept_tree(p[:, :4], q, drafts, jnp.zeros((1, 5)), sampling.sample, tree)
 
 
 # --- lenience (the paper's Appendix A.5: lossy, opt-in) -----------------------------------------
@@ -1175,7 +1186,7 @@ def test_lenience_raises_tokens_per_call_and_keeps_greedy_exact():
   target = jnp.asarray(rng.integers(0, 4, (100, 4)), jnp.int32)
   drafts = jnp.asarray(rng.integers(0, 4, (100, 3)), jnp.int32)
   got = speculative.LenientVerifier(0.1).verify_greedy(target, drafts)
-  for g, w in zip(got, speculative.accept_greedy(target, drafts)):
+  for g, w in zip(got, jitted.accept_greedy(target, drafts)):
     np.testing.assert_array_equal(g, w)
   tree = trees.as_tree((2, 1))
   with pytest.raises(ValueError, match="LenientVerifier verifies chains of drafts only"):
