@@ -47,6 +47,13 @@ TargetLogitsFn = Callable[..., tuple]
 # contents of slots sources[:, j] (`network.move_cache_slots`).
 MoveCache = Callable[[Any, jax.Array, jax.Array], Any]
 
+# The named scopes that label an iteration's stages in the compiled program's metadata (op_name),
+# so a profile can attribute XLA's thunks to them (scripts/profile_loop.py): the drafter's
+# proposal and the features it observes, the target's call, and the verification (the target's
+# distributions, acceptance, the token's draw). Whatever lies outside them is the loop's own work.
+STAGE_SCOPES = ("drafter", "target", "verifier")
+DRAFTER_SCOPE, TARGET_SCOPE, VERIFIER_SCOPE = STAGE_SCOPES
+
 
 class Parts(NamedTuple):
   """What every iteration of one decode calls.
@@ -117,17 +124,18 @@ def _score_block(
   """One target call on the block tokens [rows, k] -> (logits [rows, k, V], the decoder features
   [rows, k, E] when the drafter reads them, else None, cache). Features are asked for only then,
   so other drafters compile to the program they always did."""
-  if not parts.drafter.reads_target_features:
-    logits, cache = parts.target_logits_fn(tokens, cache, index, **tree)
-    return logits, None, cache
-  return parts.target_logits_fn(
-      tokens,
-      cache,
-      index,
-      return_features=True,
-      feature_layers=parts.drafter.target_feature_layers,
-      **tree,
-  )
+  with jax.named_scope(TARGET_SCOPE):
+    if not parts.drafter.reads_target_features:
+      logits, cache = parts.target_logits_fn(tokens, cache, index, **tree)
+      return logits, None, cache
+    return parts.target_logits_fn(
+        tokens,
+        cache,
+        index,
+        return_features=True,
+        feature_layers=parts.drafter.target_feature_layers,
+        **tree,
+    )
 
 
 def _block_tokens(parts: Parts, position: Position, drafts: jax.Array) -> jax.Array:
@@ -303,16 +311,17 @@ class Chain(DraftShape):
     stop = {}
     if self.draft_stop is not None:
       stop["stop"] = lambda logits, drafts: self.draft_stop(logits, drafts) | position.ended
-    drafts, q, drafter_state = drafter.propose(
-        parts.drafter_params,
-        position.drafter_state,
-        position.sequences,
-        position.length,
-        gamma,
-        u[:, :gamma],
-        standardize,
-        **stop,
-    )
+    with jax.named_scope(DRAFTER_SCOPE):
+      drafts, q, drafter_state = drafter.propose(
+          parts.drafter_params,
+          position.drafter_state,
+          position.sequences,
+          position.length,
+          gamma,
+          u[:, :gamma],
+          standardize,
+          **stop,
+      )
     # Drafts before the first EMPTY slot; the batch's drafter steps are the longest row's.
     drafted = jnp.sum(jnp.cumprod((drafts != drafters_lib.EMPTY).astype(jnp.int32), axis=1), axis=1)
     steps = gamma if self.draft_stop is None else jnp.max(drafted)
@@ -321,13 +330,15 @@ class Chain(DraftShape):
         parts, _block_tokens(parts, position, drafts), position.target_cache, position.length
     )
     if features is not None:  # positions length .. length + gamma; past the accepted, unused.
-      drafter_state = drafter.observe_features(drafter_state, features, position.length)
-    if standardize.greedy:
-      p = None
-      n, token, beta = parts.verifier.verify_greedy(sampling.argmax(logits), drafts)
-    else:
-      p = standardize(logits)
-      n, token, beta = parts.verifier.verify(p, q, drafts, u[:, gamma:], standardize.draw)
+      with jax.named_scope(DRAFTER_SCOPE):
+        drafter_state = drafter.observe_features(drafter_state, features, position.length)
+    with jax.named_scope(VERIFIER_SCOPE):
+      if standardize.greedy:
+        p = None
+        n, token, beta = parts.verifier.verify_greedy(sampling.argmax(logits), drafts)
+      else:
+        p = standardize(logits)
+        n, token, beta = parts.verifier.verify(p, q, drafts, u[:, gamma:], standardize.draw)
     path = jnp.broadcast_to(jnp.arange(1, gamma + 1, dtype=jnp.int32), drafts.shape)
     return Iteration(
         drafts, n, token, beta, logits, p, target_cache, drafter_state, steps, drafted, drafts, path
@@ -406,29 +417,31 @@ class Tree(DraftShape):
     the drafter the features at the root and along the path."""
     tree, drafter, standardize = self.tree, parts.drafter, parts.standardize
     m = tree.num_nodes
-    drafts, q, drafter_state = drafter.propose_tree(
-        parts.drafter_params,
-        position.drafter_state,
-        position.sequences,
-        position.length,
-        tree,
-        u[:, :m],
-        standardize,
-    )
+    with jax.named_scope(DRAFTER_SCOPE):
+      drafts, q, drafter_state = drafter.propose_tree(
+          parts.drafter_params,
+          position.drafter_state,
+          position.sequences,
+          position.length,
+          tree,
+          u[:, :m],
+          standardize,
+      )
     tokens = _block_tokens(parts, position, drafts)  # [rows, M+1]
     logits, features, target_cache = _score_block(
         parts, tokens, position.target_cache, position.length, tree=tree
     )
-    if standardize.greedy:
-      p = None
-      path, n, token, beta = parts.verifier.verify_tree_greedy(
-          sampling.argmax(logits), drafts, tree
-      )
-    else:
-      p = standardize(logits)
-      path, n, token, beta = parts.verifier.verify_tree(
-          p, q, drafts, u[:, m:], standardize.draw, tree
-      )
+    with jax.named_scope(VERIFIER_SCOPE):
+      if standardize.greedy:
+        p = None
+        path, n, token, beta = parts.verifier.verify_tree_greedy(
+            sampling.argmax(logits), drafts, tree
+        )
+      else:
+        p = standardize(logits)
+        path, n, token, beta = parts.verifier.verify_tree(
+            p, q, drafts, u[:, m:], standardize.draw, tree
+        )
     length = position.length
     target_cache = parts.move_target_cache(target_cache, length + 1, length[:, None] + path)
     # The distributions of the emitted tokens: at the root, then at the path's slots.
@@ -437,7 +450,8 @@ class Tree(DraftShape):
     p = None if p is None else jnp.take_along_axis(p, along, axis=1)
     if features is not None:  # the path's features, at positions length .. length + D.
       features = jnp.take_along_axis(features, along, axis=1)
-      drafter_state = drafter.observe_features(drafter_state, features, length)
+      with jax.named_scope(DRAFTER_SCOPE):
+        drafter_state = drafter.observe_features(drafter_state, features, length)
     path_drafts = jnp.take_along_axis(tokens, path, axis=1)
     return Iteration(
         path_drafts,
