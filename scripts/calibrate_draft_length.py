@@ -3,7 +3,8 @@ r"""Chooses adaptive draft length's settings (most drafts gamma, confidence thre
 For each temperature: the target generates outputs for the inputs of a task split; the target and
 the pair's drafter are teacher-forced on them, giving per position the drafter's confidence and
 beta (`speculative_t5x.calibration`); the drafter's and the target's decode steps are timed on this
-machine at batch 1 (`benchmark.measure_costs`: c and verify_cost(gamma)). The hardware-aware model
+machine at batch 1 (`benchmark.measure_costs`: verify_cost(gamma), and what a draft costs inside
+the loop at each gamma, the price the model uses, beside c timed alone). The hardware-aware model
 then predicts tokens per target call and speedup for every (gamma, threshold) of a grid, and the
 best is written as a gin file to include after the run file, beside the best static gamma:
 
@@ -136,10 +137,14 @@ def measure_positions(setup, pair, task, eos_id, temperature) -> calibration.Pos
   )
 
 
-def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float]]:
-  """(c, gamma -> verify_cost) at batch 1, from `benchmark.measure_costs` (the drafter's step, or
-  its proposal of one draft for a drafter without a network, and the target's steps, timed side
-  by side)."""
+def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float], dict[int, float]]:
+  """(c, gamma -> c in the loop, gamma -> verify_cost) at batch 1, from `benchmark.measure_costs`
+  (the drafter's step, or its proposal of one draft for a drafter without a network, the
+  target's steps, and gamma drafter steps with the verification in one loop step, timed side by
+  side). The calibration prices a draft at its cost in the loop: the iteration's time less the
+  verification's, over gamma (`DecodeCosts.c_in_loop`), several times c on this CPU. A draft
+  inside the loop costs at least its step alone, so an in-loop figure below c (timing noise on
+  a difference of two times) is read as c."""
   gammas = sorted(set(setup.gammas))
   lengths = setup.task_feature_lengths
   costs = benchmark.measure_costs(
@@ -151,7 +156,11 @@ def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float]]:
       temperature=float(temperature),
       repeats=setup.cost_repeats,
   )["drafter"]
-  return costs.c, {g: costs.verify_cost(g) for g in gammas}
+  return (
+      costs.c,
+      {g: max(costs.c, costs.c_in_loop(g)) for g in gammas},
+      {g: costs.verify_cost(g) for g in gammas},
+  )
 
 
 def calibrate(setup: CalibrationSetup) -> dict:
@@ -170,12 +179,13 @@ def calibrate(setup: CalibrationSetup) -> dict:
   results = {}
   for temperature in setup.temperatures:
     positions = measure_positions(setup, pair, task, eos_id, temperature)
-    c, verify_cost = measure_costs(setup, pair, temperature)
-    result = calibration.calibrate(positions, setup.gammas, c, verify_cost)
+    c, c_in_loop, verify_cost = measure_costs(setup, pair, temperature)
+    result = calibration.calibrate(positions, setup.gammas, c_in_loop, verify_cost)
     results[f"t={temperature:g}"] = {
         **result.as_dict(),
         "buckets": calibration.confidence_buckets(positions, BUCKET_EDGES),
         "c": c,
+        "c_in_loop": {str(g): v for g, v in c_in_loop.items()},
         "verify_cost": {str(g): v for g, v in verify_cost.items()},
         "positions": positions.count,
         "sources": pair.sources,
@@ -190,7 +200,8 @@ def gin_file(key: str, result: dict) -> str:
       f"# Adaptive draft length at {key}, from scripts/calibrate_draft_length.py: predicted "
       f"{best['tokens_per_call']:.2f} tokens per target call and {best['speedup']:.2f}x\n"
       f"# (best static gamma {static['gamma']}: {static['tokens_per_call']:.2f} tokens per call, "
-      f"{static['speedup']:.2f}x), c = {result['c']:.3f}.\n"
+      f"{static['speedup']:.2f}x), c = {result['c']:.3f} alone, "
+      f"{result['c_in_loop'][str(best['gamma'])]:.3f} in the loop at gamma {best['gamma']}.\n"
       f"# Most drafts: gamma = {best['gamma']} (infer: --gin.GAMMA={best['gamma']}; benchmark: "
       f"--gammas including {best['gamma']}).\n"
       "from speculative_t5x import draft_length\n"
@@ -203,7 +214,9 @@ def markdown(results: dict) -> str:
   for key, result in results.items():
     best, static = result["best"], result["best_static"]
     lines += [
-        f"## {key}: {result['positions']} positions, c = {result['c']:.3f}",
+        f"## {key}: {result['positions']} positions, c = {result['c']:.3f} alone; a draft in "
+        "the loop (the price the predictions use) "
+        + ", ".join(f"{v:.3f} at gamma {g}" for g, v in result["c_in_loop"].items()),
         "",
         "| setting | gamma | threshold | drafts/call | tokens/call | predicted speedup |",
         "|---|---|---|---|---|---|",

@@ -13,11 +13,15 @@ the drafter drafts at j, j+1, ... and stops after the first position whose confi
 
 treating acceptances as independent with the measured beta (Section 3.1's assumption, position by
 position) and the accepted drafts as the target's tokens. With the hardware-aware cost model
-(`theory.speedup_hardware_aware`: a drafter step costs c target steps, verifying gamma + 1 tokens
-costs verify_cost(gamma)) and iterations starting at every position alike:
+(`theory.speedup_hardware_aware`: a drafter step costs c(gamma) target steps, verifying gamma + 1
+tokens costs verify_cost(gamma)) and iterations starting at every position alike:
 
-  tokens per call = mean_j (E[n_j] + 1),  cost per call = c mean_j k_j + verify_cost(gamma),
+  tokens per call = mean_j (E[n_j] + 1),  cost per call = c(gamma) mean_j k_j + verify_cost(gamma),
   speedup = tokens per call / cost per call.
+
+c may depend on gamma: a draft inside the loop costs what the iteration's time less the
+verification's gives (`benchmark.DecodeCosts.c_in_loop`), several times a drafter step timed
+alone on this CPU (docs/results_cpu.md 16.6).
 
 tau = 0 is static gamma. `calibrate` searches the (gamma, tau) grid and reports the best static
 gamma beside it.
@@ -292,10 +296,25 @@ def _non_empty(values, name: str, wanted: str) -> list:
   return listed
 
 
+def _per_gamma(value, gammas: list[int], name: str, measured: str) -> dict:
+  """A mapping gamma -> value (with every gamma) or a function of gamma -> {gamma: value}."""
+  if isinstance(value, Mapping):
+    missing = [int(g) for g in gammas if g not in value]
+    if missing:
+      raise ValueError(
+          f"{name} has no entry for gamma {missing} (it has {list(value)}): measure {measured} "
+          "for every gamma searched, or search fewer gammas."
+      )
+    return {g: value[g] for g in gammas}
+  if callable(value):
+    return {g: value(g) for g in gammas}
+  raise ValueError(f"{name} must be a mapping or a function gamma -> cost, got {value!r}.")
+
+
 def calibrate(
     positions: Positions,
     gammas: Sequence[int],
-    c: float,
+    c: float | Callable[[int], float] | Mapping[int, float],
     verify_cost: Callable[[int], float] | Mapping[int, float],
     thresholds: Sequence[float] | None = None,
 ) -> Calibration:
@@ -305,13 +324,14 @@ def calibrate(
   Args:
     positions: the measured confidences and betas.
     gammas: candidate most-drafts settings (integers >= 1).
-    c: drafter step time over target step time.
+    c: what a draft costs in target steps: one number for every gamma, or gamma -> it (a mapping
+      needs an entry for every gamma), e.g. its price inside the loop at that gamma.
     verify_cost: gamma -> the target's time on gamma + 1 tokens over its time on 1 (a
       mapping needs an entry for every gamma).
     thresholds: candidate thresholds, each in [0, 1].
 
-  Every argument is checked before the search (a ValueError naming it): c finite and >= 0, each
-  threshold in [0, 1], each verify cost finite and > 0.
+  Every argument is checked before the search (a ValueError naming it): each c finite and >= 0,
+  each threshold in [0, 1], each verify cost finite and > 0.
   """
   if not isinstance(positions, Positions):
     raise ValueError(f"positions must be a calibration.Positions, got {type(positions).__name__}.")
@@ -319,30 +339,33 @@ def calibrate(
       validation.check_integer(g, "each of gammas", 1, meaning="the most drafts per target call")
       for g in _non_empty(gammas, "gammas", "integers >= 1, e.g. (1, 2, 4)")
   ]
-  c = validation.check_number(c, "c", 0, meaning="drafter step time over target step time")
-  if isinstance(verify_cost, Mapping):
-    missing = [int(g) for g in gammas if g not in verify_cost]
-    if missing:
-      raise ValueError(
-          f"verify_cost has no entry for gamma {missing} (it has {list(verify_cost)}): measure "
-          "the target's time on gamma + 1 tokens for every gamma searched, or search fewer gammas."
-      )
-    costs = {g: _check_verify_cost(verify_cost[g], g) for g in gammas}
-  elif callable(verify_cost):
-    costs = {g: _check_verify_cost(verify_cost(g), g) for g in gammas}
+  if isinstance(c, Mapping) or callable(c):
+    draft_costs = {
+        g: validation.check_number(
+            value, f"c({g})", 0, meaning="what a draft costs in target steps at that gamma"
+        )
+        for g, value in _per_gamma(c, gammas, "c", "a draft's cost").items()
+    }
   else:
-    raise ValueError(
-        f"verify_cost must be a mapping or a function gamma -> cost, got {verify_cost!r}."
-    )
+    c = validation.check_number(c, "c", 0, meaning="drafter step time over target step time")
+    draft_costs = {g: c for g in gammas}
+  costs = {
+      g: _check_verify_cost(value, g)
+      for g, value in _per_gamma(
+          verify_cost, gammas, "verify_cost", "the target's time on gamma + 1 tokens"
+      ).items()
+  }
   if thresholds is None:
     measured = np.concatenate(positions.confidence)
     thresholds = [0.0] + sorted({float(x) for x in np.percentile(measured, range(5, 100, 5))})
   thresholds = [
       _check_threshold(t) for t in _non_empty(thresholds, "thresholds", "numbers in [0, 1]")
   ]
-  predictions = [predict(positions, g, t, c, costs[g]) for g in gammas for t in thresholds]
+  predictions = [
+      predict(positions, g, t, draft_costs[g], costs[g]) for g in gammas for t in thresholds
+  ]
   static = [p for p in predictions if p.threshold == 0.0] or [
-      predict(positions, g, 0.0, c, costs[g]) for g in gammas
+      predict(positions, g, 0.0, draft_costs[g], costs[g]) for g in gammas
   ]
   return Calibration(
       predictions,

@@ -18,6 +18,8 @@ def test_calibrate_draft_length_writes_its_choice(tmp_path):
   )
   result = json.loads((tmp_path / "calibration.json").read_text())["t=1"]
   assert result["positions"] >= 50 and result["c"] > 0
+  assert set(result["c_in_loop"]) == {"1", "3"}
+  assert all(c >= result["c"] for c in result["c_in_loop"].values())
   assert set(result["verify_cost"]) == {"1", "3"}
   assert result["best"]["speedup"] == max(p["speedup"] for p in result["grid"])
   assert result["best_static"]["threshold"] == 0.0

@@ -55,6 +55,22 @@ def test_calibrate_searches_the_grid_and_reports_the_best_static_gamma():
   assert (cheap.best.gamma, cheap.best.threshold) == (2, 0.0)
 
 
+def test_a_draft_may_cost_a_different_price_at_each_gamma():
+  """c per gamma (a draft's price inside the loop): static gamma 1 gives 1.675 tokens per call,
+  static gamma 2 2.075 (the test above), each over c(gamma) * drafts + 1."""
+  by_gamma = calibration.calibrate(
+      POSITIONS, [1, 2], {1: 1.0, 2: 0.01}, {1: 1.0, 2: 1.0}, thresholds=[0.0]
+  )
+  assert by_gamma.best.gamma == 2
+  assert by_gamma.best.speedup == pytest.approx(2.075 / (0.01 * 2 + 1.0))
+  assert by_gamma.predictions[0].speedup == pytest.approx(1.675 / (1.0 + 1.0))
+  swapped = calibration.calibrate(
+      POSITIONS, [1, 2], lambda g: 0.01 if g == 1 else 1.0, lambda g: 1.0, thresholds=[0.0]
+  )
+  assert swapped.best.gamma == 1
+  assert swapped.best.speedup == pytest.approx(1.675 / 1.01)
+
+
 def test_default_thresholds_are_zero_and_the_measured_percentiles():
   result = calibration.calibrate(POSITIONS, [2], 0.1, {2: 1.2})
   thresholds = sorted({p.threshold for p in result.predictions})
@@ -110,6 +126,14 @@ def test_confidence_buckets():
         (
             lambda: calibration.calibrate(POSITIONS, [2, 4], 0.1, {2: 1.2}),
             r"verify_cost has no entry for gamma \[4\] \(it has \[2\]\): measure",
+        ),
+        (
+            lambda: calibration.calibrate(POSITIONS, [2, 4], {2: 0.1}, {2: 1.2, 4: 1.3}),
+            r"c has no entry for gamma \[4\] \(it has \[2\]\): measure a draft's cost",
+        ),
+        (
+            lambda: calibration.calibrate(POSITIONS, [2], {2: math.nan}, {2: 1.2}),
+            r"c\(2\) must be a finite number >= 0 \(what a draft costs in target steps",
         ),
     ],
 )
