@@ -133,26 +133,28 @@ def instruction_stages(hlo_text: str, scopes=draft_shapes.STAGE_SCOPES) -> dict[
     """The first scope on an op_name path of the line (or its callees'), LOOP where they name
     none, None where there is no op_name at all. A fusion holding a matmul is the matmul's (XLA
     fuses the target's logits layer with the softmax of the verification that reads it)."""
-    for callee in re.findall(r"calls=%?([\w.\-]+)", line):
-      for inner in computations.get(callee, ()):
-        if " dot(" in inner or " convolution(" in inner:
-          inner_stage = scope_of(inner, depth + 1)
-          if inner_stage not in (None, LOOP):
-            return inner_stage
+    callees = [
+        inner
+        for callee in (re.findall(r"calls=%?([\w.\-]+)", line) if depth < 3 else ())
+        for inner in computations.get(callee, ())
+    ]
+    matmuls = [inner for inner in callees if " dot(" in inner or " convolution(" in inner]
     stage = None
+    for inner in matmuls:
+      stage = scope_of(inner, depth + 1)
+      if stage not in (None, LOOP):
+        return stage
     for op_name in re.findall(r'op_name="([^"]*)"', line):
       parts = op_name.split("/")
       found = [scope for scope in scopes if scope in parts]
       if found:
         return min(found, key=parts.index)
       stage = LOOP
-    if depth < 3:
-      for callee in re.findall(r"calls=%?([\w.\-]+)", line):
-        for inner in computations.get(callee, ()):
-          inner_stage = scope_of(inner, depth + 1)
-          if inner_stage not in (None, LOOP):
-            return inner_stage
-          stage = stage or inner_stage
+    for inner in callees:
+      inner_stage = scope_of(inner, depth + 1)
+      if inner_stage not in (None, LOOP):
+        return inner_stage
+      stage = stage or inner_stage
     return stage
 
   # The computations loops run: while bodies and conditions, and conditionals' branches in them.
