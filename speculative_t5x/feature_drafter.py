@@ -326,6 +326,59 @@ def widen_features(params: Any, feature_dim: int, num_features: int) -> Any:
   }
 
 
+def _grown(matrix: np.ndarray, added: int, axis: int, rng: np.random.Generator, zero: bool):
+  """matrix with `added` more slices along axis: zeros, or normal draws at the matrix's own
+  standard deviation (its trained scale, so Adafactor's relative updates move them alike)."""
+  shape = list(matrix.shape)
+  shape[axis] = added
+  new = np.zeros(shape, matrix.dtype) if zero else rng.normal(0.0, matrix.std(), shape)
+  return jnp.asarray(np.concatenate([matrix, new.astype(matrix.dtype)], axis=axis))
+
+
+def widen_body(
+    params: Any, config: network.T5Config, num_heads: int, mlp_dim: int, seed: int = 0
+) -> Any:
+  """A trained head's parameters, given more attention heads and MLP units, computing the same
+  function until trained: the new heads' query, key and value columns and the new units' wi
+  columns are drawn at each matrix's scale, and the rows that read them (the attention's 'out',
+  the MLP's 'wo') are zero, so the residual stream is unchanged. `config` is the head's body as
+  trained; the widened one is `dataclasses.replace(config, num_heads=..., mlp_dim=...)`."""
+  added_heads = num_heads - config.num_heads
+  added_units = mlp_dim - config.mlp_dim
+  if added_heads < 0 or added_units < 0 or (added_heads, added_units) == (0, 0):
+    raise ValueError(
+        f"widen_body adds heads or MLP units: the body has {config.num_heads} heads and "
+        f"mlp_dim {config.mlp_dim}, asked for {num_heads} and {mlp_dim}."
+    )
+  if len(config.mlp_activations) != 2:
+    raise ValueError(
+        f"widen_body expects T5 1.1's gated MLP (two activations), got {config.mlp_activations}."
+    )
+  rng = np.random.default_rng(seed)
+  columns = added_heads * config.head_dim
+
+  def attention(p):
+    p = {k: {"kernel": np.asarray(v["kernel"])} for k, v in p.items()}
+    grown = {k: {"kernel": _grown(p[k]["kernel"], columns, 1, rng, False)} for k in p if k != "out"}
+    return {**grown, "out": {"kernel": _grown(p["out"]["kernel"], columns, 0, rng, True)}}
+
+  widened = dict(params)
+  for i in range(config.num_decoder_layers):
+    layer = dict(params[f"layers_{i}"])
+    for name in ("self_attention", "encoder_decoder_attention"):
+      layer[name] = attention(layer[name])
+    mlp = {k: np.asarray(v["kernel"]) for k, v in layer["mlp"].items()}
+    layer["mlp"] = {
+        "wi_0": {"kernel": _grown(mlp["wi_0"], added_units, 1, rng, False)},
+        "wi_1": {"kernel": _grown(mlp["wi_1"], added_units, 1, rng, False)},
+        "wo": {"kernel": _grown(mlp["wo"], added_units, 0, rng, True)},
+    }
+    widened[f"layers_{i}"] = layer
+  relpos = np.asarray(params["relpos_bias"]["rel_embedding"])
+  widened["relpos_bias"] = {"rel_embedding": _grown(relpos, added_heads, 0, rng, False)}
+  return widened
+
+
 @flax.struct.dataclass
 class DecodeParams:
   """A FeatureDrafter's parameters as its proposals read them (`FeatureDrafter.decode_params`):

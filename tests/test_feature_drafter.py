@@ -4,6 +4,7 @@ Its exactness in whole decodes (goodness of fit, greedy equality, NaN weights) i
 other drafters in tests/test_decoding.py.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -268,6 +269,40 @@ def test_a_widened_head_computes_what_it_did_until_trained():
   np.testing.assert_array_equal(after[0][..., e:], 0.0)
   with pytest.raises(ValueError, match="reads 2 features already"):
     feature_drafter.widen_features(widened, e, 1)
+
+
+def test_a_widened_body_computes_what_it_did_until_trained():
+  """`widen_body`: more heads and MLP units, drawn at random, whose outputs are read by zero rows:
+  the unrolled drafts and a proposal's q are as before; the new weights are not all zero."""
+  drafter, params, target_params = _setup()
+  wide = dataclasses.replace(drafter, config=dataclasses.replace(HEAD, num_heads=3, mlp_dim=40))
+  widened = feature_drafter.widen_body(params, HEAD, 3, 40)
+  wide.check_params(widened)
+  assert np.abs(widened["layers_0"]["mlp"]["wi_0"]["kernel"][:, 24:]).min() > 0
+  assert np.abs(widened["layers_0"]["self_attention"]["query"]["kernel"][:, 12:]).min() > 0
+  encoder_tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
+  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
+  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences)
+  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  before = drafter.unrolled(params, encoder_tokens, inputs, encoded, features, 3)
+  after = wide.unrolled(widened, encoder_tokens, inputs, encoded, features, 3)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-5), after, before)
+
+  def proposal(d, p):
+    state = d.init_state(p, encoder_tokens, 8, encoded)
+    state = d.observe_features(state, features[:, :4], jnp.zeros((1,), jnp.int32))
+    u = jnp.full((1, GAMMA), 0.5)
+    return d.propose(p, state, sequences, jnp.asarray([3]), GAMMA, u, sampling.Standardizer(1.0))[
+        :2
+    ]
+
+  jax.tree.map(
+      functools.partial(np.testing.assert_allclose, atol=1e-5),
+      proposal(wide, widened),
+      proposal(drafter, params),
+  )
+  with pytest.raises(ValueError, match="adds heads or MLP units"):
+    feature_drafter.widen_body(params, HEAD, 1, 40)
 
 
 @pytest.mark.parametrize("layers", [(), LAYERS])
