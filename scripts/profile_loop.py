@@ -9,6 +9,10 @@ reductions, conds...) and reports them per decode call and per loop iteration (=
   call, the verification), read from the compiled program's metadata; the rest is the loop's own
   work (writes, statistics, control flow). A while loop's own thunk spans the thunks of its body,
   which are counted instead.
+It prints the unprofiled wall time per call beside them. On XLA:CPU independent thunks run at once
+on the cores, so the thunk times can add up to more than the wall time, and a stage's share of
+thunk time is not its share of the wall time. What the drafter adds to the wall time is the
+benchmark's `c in loop` (`benchmark.DecodeCosts.c_in_loop`; docs/results_cpu.md 16.14).
 
   python scripts/profile_loop.py [--pair_dir=demo_models] [--drafter=feature_drafter_128]
     [--gamma=3] [--temperature=0]
@@ -24,6 +28,7 @@ import os
 import pathlib
 import re
 import tempfile
+import time
 
 from absl import flags
 from absl import logging
@@ -232,6 +237,12 @@ def main(argv):
   stages = instruction_stages(compiled.as_text())
   _, aux = jax.block_until_ready(compiled(params, batch, key))
   iterations = int(aux["speculative_stats"]["target_calls"][0])
+  walls = []
+  for _ in range(_REPEATS.value):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(params, batch, key))
+    walls.append(time.perf_counter() - start)
+  wall_ms = float(np.median(walls)) * 1e3
   with tempfile.TemporaryDirectory() as trace_dir:
     jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
     for _ in range(_REPEATS.value):
@@ -248,6 +259,11 @@ def main(argv):
       f"{all_ms:.2f} ms per call = {all_ms / iterations:.3f} ms per iteration, of which matmul "
       f"fusions and dots {network_ms / iterations:.3f} ms and the rest "
       f"{(all_ms - network_ms) / iterations:.3f} ms"
+  )
+  print(
+      f"wall time (unprofiled, median of {_REPEATS.value} calls): {wall_ms:.2f} ms per call = "
+      f"{wall_ms / iterations:.3f} ms per iteration. Thunks run concurrently on the cores, so their "
+      "sum can exceed the wall time: the shares below are of thunk time, not of wall time."
   )
   print("| thunk kind | ms per call | per iteration (ms) | count per call |")
   print("|---|---|---|---|")

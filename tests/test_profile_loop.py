@@ -143,6 +143,7 @@ def test_profile_loop_runs_on_the_demo_pair():
   )
   assert completed.returncode == 0, completed.stderr[-3000:]
   assert "loop iterations per call" in completed.stdout
+  assert "ms per iteration. Thunks run concurrently" in completed.stdout
   assert "| ynn_fusion |" in completed.stdout or "| dot |" in completed.stdout
   for stage in ("drafter", "target", "verifier", "loop", "outside the loop"):
     assert f"| {stage} | " in completed.stdout, stage
