@@ -4,8 +4,10 @@ For each temperature, the target generates outputs for the inputs of a task spli
 every drafter are then teacher-forced on those outputs (`speculative_t5x.alpha`). The target, the
 drafters (any `drafters.Drafter`, name -> drafter) and where their weights come from are gin's
 (configs/runs/measure_alpha.gin documents them; by default the demo pair's T5 drafter, unigram and
-bigram tables fitted on the task's training targets, and prompt lookup). Writes alpha.json,
-alpha.md and config.gin into ALPHA_OUTPUT_DIR.
+bigram tables fitted on the task's training targets, and prompt lookup). Beside Table 3 it
+splits each alpha by the target's top probability at the position (`alpha.CONFIDENCE_EDGES`):
+where the target is unsure, its argmax is fragile. Writes alpha.json, alpha.md and config.gin into
+ALPHA_OUTPUT_DIR.
 
   python scripts/measure_alpha.py                       # the demo pair on the demo task
   python scripts/measure_alpha.py --gin.NUM_TOKENS=1000 --gin.TEMPERATURES="(0.0,)" \
@@ -205,6 +207,23 @@ def markdown(setup: AlphaSetup, results: dict, target_source: str) -> str:
     cells = [f"{results[t][name]['alpha']:.3f}" for t in results]
     tokens = min(results[t][name]["tokens"] for t in results)
     lines.append(f"| {name} | " + " | ".join(cells) + f" | {tokens} |")
+  for t, rows in results.items():
+    bins = next(iter(rows.values()))["by_confidence"]
+    heads = [
+        f"[{b['top_p'][0]:g}, {b['top_p'][1]:g}{']' if b['top_p'][1] == 1 else ')'}" for b in bins
+    ]
+    lines += [
+        "",
+        f"{t}: alpha by the target's top probability max_x p(x) (at temperature 1) at the "
+        "position",
+        "",
+        "| drafter | " + " | ".join(heads) + " |",
+        "|---|" + "---|" * len(bins),
+        "| share of positions | " + " | ".join(f"{b['share']:.3f}" for b in bins) + " |",
+    ]
+    for name, row in rows.items():
+      cells = ["-" if b["alpha"] is None else f"{b['alpha']:.3f}" for b in row["by_confidence"]]
+      lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 

@@ -3,6 +3,10 @@
 The target generates sequences (any decoding loop); then the target and the drafter are both
 teacher-forced on them, and beta is taken at every generated position up to and including EOS,
 with p and q standardized by the same function (temperature, top-k or top-p) that sampling uses.
+
+`measure` also splits alpha by the target's confidence at each position, max_x p(x) at
+temperature 1 (bins at `CONFIDENCE_EDGES`): where the target is unsure, its argmax is fragile,
+and this shows where a drafter's acceptance is lost.
 """
 
 from __future__ import annotations
@@ -11,12 +15,16 @@ from typing import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import speculative
+
+# The upper edges of the bins of the target's top probability that `measure` splits alpha by.
+CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.9)
 
 
 def shift_right(sequences: jax.Array) -> jax.Array:
@@ -40,9 +48,11 @@ def teacher_forced_betas(
     temperature,
     topk: int = 0,
     topp: float = 0.0,
-) -> tuple[jax.Array, jax.Array]:
+    return_confidence: bool = False,
+) -> tuple[jax.Array, ...]:
   """Both models teacher-forced on target-generated `sequences` [B, L] -> (beta [B, L] at every
-  position, the drafter's logits [B, L, V]); the drafter scored through
+  position, the drafter's logits [B, L, V]), then with return_confidence the target's top
+  probability max_x p(x) at temperature 1 [B, L]; the drafter scored through
   `Drafter.teacher_forced_logits`, given the target's encoder output [B, Le, E_target] (computed
   once, for both)."""
   decoder_inputs = shift_right(sequences)
@@ -70,7 +80,10 @@ def teacher_forced_betas(
   )
   p = sampling.distribution(target_logits, temperature, topk, topp)
   q = sampling.distribution(drafter_logits, temperature, topk, topp)
-  return speculative.beta(p, q), drafter_logits
+  beta = speculative.beta(p, q)
+  if return_confidence:
+    return beta, drafter_logits, jnp.max(jax.nn.softmax(target_logits.astype(jnp.float32)), -1)
+  return beta, drafter_logits
 
 
 def beta_totals(
@@ -87,7 +100,39 @@ def beta_totals(
 ) -> tuple[jax.Array, jax.Array]:
   """-> (sum of beta [B], number of generated positions [B]) over target-generated `sequences`
   [B, L] (`teacher_forced_betas`)."""
-  beta, _ = teacher_forced_betas(
+  sums, counts = binned_beta_totals(
+      target_config,
+      target_params,
+      drafter,
+      drafter_params,
+      encoder_input_tokens,
+      sequences,
+      eos_id,
+      temperature,
+      topk,
+      topp,
+      edges=(),
+  )
+  return sums[:, 0], counts[:, 0]
+
+
+def binned_beta_totals(
+    target_config: network.T5Config,
+    target_params,
+    drafter: drafters_lib.Drafter,
+    drafter_params,
+    encoder_input_tokens: jax.Array,
+    sequences: jax.Array,
+    eos_id: int,
+    temperature,
+    topk: int = 0,
+    topp: float = 0.0,
+    edges: tuple[float, ...] = CONFIDENCE_EDGES,
+) -> tuple[jax.Array, jax.Array]:
+  """`beta_totals` split by the target's top probability at temperature 1: bin k holds the
+  positions with edges[k - 1] <= max_x p(x) < edges[k] (from 0, to 1 inclusive) -> (sums of beta
+  [B, K], numbers of generated positions [B, K]), K = len(edges) + 1."""
+  beta, _, confidence = teacher_forced_betas(
       target_config,
       target_params,
       drafter,
@@ -97,9 +142,12 @@ def beta_totals(
       temperature,
       topk,
       topp,
+      return_confidence=True,
   )
   valid = generated_positions(sequences, eos_id)
-  return jnp.sum(jnp.where(valid, beta, 0.0), axis=1), jnp.sum(valid, axis=1)
+  bins = jnp.searchsorted(jnp.asarray(edges, jnp.float32), confidence, side="right")
+  in_bin = (bins[..., None] == jnp.arange(len(edges) + 1)) & valid[..., None]  # [B, L, K]
+  return jnp.sum(jnp.where(in_bin, beta[..., None], 0.0), axis=1), jnp.sum(in_bin, axis=1)
 
 
 def target_sampler(
@@ -184,17 +232,19 @@ def measure(
     encoder_batches: an iterable of encoder input arrays [B, Le]; consumed until `num_tokens`
       generated positions are counted (or it runs out).
   Returns:
-    {name: {'alpha': ..., 'tokens': ...}}.
+    {name: {'alpha': ..., 'tokens': ..., 'by_confidence': [{'top_p': [low, high], 'share': ...,
+    'alpha': ... (None where no position fell)} per bin of `CONFIDENCE_EDGES`]}}.
   """
   scorers = {
       name: jax.jit(
-          lambda tp, dp, enc, seq, d=drafter: beta_totals(
+          lambda tp, dp, enc, seq, d=drafter: binned_beta_totals(
               target_config, tp, d, dp, enc, seq, eos_id, temperature, topk, topp
           )
       )
       for name, (drafter, _) in drafters.items()
   }
-  totals = {name: [0.0, 0] for name in drafters}
+  bins = len(CONFIDENCE_EDGES) + 1
+  totals = {name: [np.zeros(bins), np.zeros(bins, np.int64)] for name in drafters}
   samples = target_samples(
       target_config,
       target_params,
@@ -209,8 +259,23 @@ def measure(
   for encoder_tokens, sequences in samples:
     for name, (_, drafter_params) in drafters.items():
       beta_sum, count = scorers[name](target_params, drafter_params, encoder_tokens, sequences)
-      totals[name][0] += float(jnp.sum(beta_sum))
-      totals[name][1] += int(jnp.sum(count))
-    if max(n for _, n in totals.values()) >= num_tokens:
+      totals[name][0] += np.sum(np.asarray(beta_sum, np.float64), axis=0)
+      totals[name][1] += np.sum(np.asarray(count), axis=0)
+    if max(int(n.sum()) for _, n in totals.values()) >= num_tokens:
       break
-  return {name: {"alpha": s / max(n, 1), "tokens": n} for name, (s, n) in totals.items()}
+  edges = (0.0, *CONFIDENCE_EDGES, 1.0)
+  return {
+      name: {
+          "alpha": float(s.sum()) / max(int(n.sum()), 1),
+          "tokens": int(n.sum()),
+          "by_confidence": [
+              {
+                  "top_p": [edges[k], edges[k + 1]],
+                  "share": int(n[k]) / max(int(n.sum()), 1),
+                  "alpha": float(s[k]) / int(n[k]) if n[k] else None,
+              }
+              for k in range(bins)
+          ],
+      }
+      for name, (s, n) in totals.items()
+  }

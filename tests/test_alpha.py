@@ -129,3 +129,38 @@ def test_measure_counts_generated_tokens_and_scores_each_drafter():
   assert 0.0 < result["other"]["alpha"] < 1.0
   assert 0.0 <= result["lookup"]["alpha"] < 1.0
   assert 0.0 < result["shared"]["alpha"] < 1.0
+  for row in result.values():  # the bins of the target's top probability add up to the row
+    bins = row["by_confidence"]
+    assert [b["top_p"][0] for b in bins] == [0.0, *alpha.CONFIDENCE_EDGES]
+    np.testing.assert_allclose(sum(b["share"] for b in bins), 1.0)
+    weighted = sum(b["share"] * b["alpha"] for b in bins if b["alpha"] is not None)
+    np.testing.assert_allclose(weighted, row["alpha"], rtol=1e-6)
+
+
+def test_binned_totals_split_beta_by_the_targets_top_probability():
+  """At T = 0.7 with another T5 drafter: each position's beta lands in the bin of max_x p(x) at
+  temperature 1, computed here from the target's logits; the bins add up to `beta_totals`."""
+  params, enc, sequences = _setup()
+  other = network.init_params(CFG, jax.random.PRNGKey(7))
+  drafter = drafters.T5Drafter(CFG)
+  edges = (0.15, 0.18, 0.21)
+  sums, counts = alpha.binned_beta_totals(
+      CFG, params, drafter, other, enc, sequences, EOS, 0.7, edges=edges
+  )
+  inputs = alpha.shift_right(sequences)
+  p_logits = network.teacher_forced_logits(CFG, params, enc, inputs)
+  p, q = (
+      sampling.distribution(network.teacher_forced_logits(CFG, w, enc, inputs), 0.7)
+      for w in (params, other)
+  )
+  beta = np.asarray(jnp.sum(jnp.minimum(p, q), -1))
+  top = np.asarray(jax.nn.softmax(p_logits), np.float64).max(-1)
+  bins = np.digitize(top, edges)
+  valid = np.asarray(alpha.generated_positions(sequences, EOS))
+  expected = np.stack([np.where(valid & (bins == k), beta, 0.0).sum(1) for k in range(4)], 1)
+  np.testing.assert_allclose(sums, expected, rtol=1e-5, atol=1e-6)
+  assert (np.asarray(counts).sum(0) > 0).sum() >= 2  # the edges split these positions
+  np.testing.assert_array_equal(np.asarray(counts).sum(1), valid.sum(1))
+  total, count = alpha.beta_totals(CFG, params, drafter, other, enc, sequences, EOS, 0.7)
+  np.testing.assert_allclose(np.asarray(sums).sum(1), total, rtol=1e-5)
+  np.testing.assert_array_equal(count, valid.sum(1))

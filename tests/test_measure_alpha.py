@@ -20,4 +20,7 @@ def test_measure_alpha_writes_table_3(tmp_path):
   for name, value in results.items():
     assert value["tokens"] >= 100
     assert 0.0 <= value["alpha"] <= 1.0 if name == "prompt lookup" else 0.0 < value["alpha"] < 1.0
-  assert "| unigram |" in (tmp_path / "alpha.md").read_text()
+  table = (tmp_path / "alpha.md").read_text()
+  assert "| unigram |" in table
+  assert "t=0: alpha by the target's top probability" in table
+  assert "| share of positions |" in table and "| [0.9, 1] |" in table
