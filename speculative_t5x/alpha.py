@@ -86,33 +86,10 @@ def teacher_forced_betas(
   return beta, drafter_logits
 
 
-def beta_totals(
-    target_config: network.T5Config,
-    target_params,
-    drafter: drafters_lib.Drafter,
-    drafter_params,
-    encoder_input_tokens: jax.Array,
-    sequences: jax.Array,
-    eos_id: int,
-    temperature,
-    topk: int = 0,
-    topp: float = 0.0,
-) -> tuple[jax.Array, jax.Array]:
-  """-> (sum of beta [B], number of generated positions [B]) over target-generated `sequences`
-  [B, L] (`teacher_forced_betas`)."""
-  sums, counts = binned_beta_totals(
-      target_config,
-      target_params,
-      drafter,
-      drafter_params,
-      encoder_input_tokens,
-      sequences,
-      eos_id,
-      temperature,
-      topk,
-      topp,
-      edges=(),
-  )
+def beta_totals(*args, **kwargs) -> tuple[jax.Array, jax.Array]:
+  """`binned_beta_totals`' arguments but the edges -> (sum of beta [B], number of generated
+  positions [B]) over target-generated `sequences` [B, L], unsplit."""
+  sums, counts = binned_beta_totals(*args, **kwargs, edges=())
   return sums[:, 0], counts[:, 0]
 
 
