@@ -585,6 +585,24 @@ def init_params(
   return nn.meta.unbox(_boxed_params(config, rng, encoder_length, decoder_length))
 
 
+def without_decoder_layers(
+    config: T5Config, params: Any, dropped: tuple[int, ...]
+) -> tuple[T5Config, dict]:
+  """A model with the decoder layers `dropped` skipped and the rest renumbered in order: the
+  self-speculative drafter of layer skipping (Zhang et al. 2023, Draft & Verify), untrained for
+  it -> (config, params). Its other parameters are the model's own."""
+  layers = config.num_decoder_layers
+  if not dropped or len(set(dropped)) != len(dropped) or not set(dropped) < set(range(layers)):
+    raise ValueError(
+        f"dropped must name distinct decoder layers in 0..{layers - 1} and keep at least one, "
+        f"got {dropped}."
+    )
+  kept = [i for i in range(layers) if i not in dropped]
+  decoder = {k: v for k, v in params["decoder"].items() if not k.startswith("layers_")}
+  decoder.update({f"layers_{j}": params["decoder"][f"layers_{i}"] for j, i in enumerate(kept)})
+  return config.replace(num_decoder_layers=len(kept)), {**params, "decoder": decoder}
+
+
 def teacher_forced_logits(
     config: T5Config, params: Any, encoder_input_tokens: Array, decoder_input_tokens: Array
 ) -> Array:

@@ -572,3 +572,28 @@ def test_shared_encoder_decoder_refuses_an_encoder_output_of_other_tokens():
       model.apply({"params": params}, bad, enc, inputs, inputs)
   with pytest.raises(ValueError, match="encoder_emb_dim must be >= 1"):
     network.shared_encoder_param_shapes(SHARED, 0)
+
+
+def test_a_skipped_layer_that_adds_nothing_leaves_the_logits():
+  """`without_decoder_layers`: with decoder layer 1's writes to the residual stream zeroed (its
+  attentions' and MLP's output kernels), the model without layer 1 computes the same logits; with
+  them as trained, it does not."""
+  config = TINY.replace(num_decoder_layers=3)
+  params = network.init_params(config, jax.random.PRNGKey(3))
+  enc = jnp.asarray([[5, 6, 7, 8]], jnp.int32)
+  dec = jnp.asarray([[0, 9, 10, 11, 12]], jnp.int32)
+  short_config, short = network.without_decoder_layers(config, params, (1,))
+  assert short_config.num_decoder_layers == 2
+  skipped = network.teacher_forced_logits(short_config, short, enc, dec)
+  full = network.teacher_forced_logits(config, params, enc, dec)
+  assert np.abs(np.asarray(full - skipped)).max() > 1e-3
+  silent = jax.tree.map(lambda x: x, params)
+  layer = silent["decoder"]["layers_1"]
+  for path in (("self_attention", "out"), ("encoder_decoder_attention", "out"), ("mlp", "wo")):
+    layer[path[0]][path[1]]["kernel"] = jnp.zeros_like(layer[path[0]][path[1]]["kernel"])
+  np.testing.assert_allclose(
+      network.teacher_forced_logits(config, silent, enc, dec), skipped, atol=1e-5
+  )
+  for bad in ((), (3,), (0, 1, 2), (1, 1)):
+    with pytest.raises(ValueError, match="distinct decoder layers"):
+      network.without_decoder_layers(config, params, bad)
