@@ -12,8 +12,8 @@ A --pair_dir that is missing or incomplete is an error (exit status 1), never re
 pair of random weights, for the mechanics only (its alpha says nothing about real drafters), is
 the explicit --random_pair. Every flag is checked before anything loads.
 
-  python scripts/demo.py [--pair_dir=demo_models] [--drafter=drafter] [--num_examples=16]
-    [--gamma=3 | --draft_tree=2,2,1] [--verbose]
+  python scripts/demo.py [--pair_dir=demo_models] [--drafter=feature_drafter_128x1]
+    [--num_examples=16] [--gamma=3 [--verifier=token,block] | --draft_tree=2,2,1] [--verbose]
   python scripts/demo.py --random_pair
 """
 
@@ -37,6 +37,7 @@ from speculative_t5x import network
 from speculative_t5x import pairs
 from speculative_t5x import report
 from speculative_t5x import sampling
+from speculative_t5x import speculative
 from speculative_t5x import sweep
 from speculative_t5x import tasks
 from speculative_t5x import trees
@@ -46,6 +47,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 RANDOM_DRAFTER = "random drafter"
 EOS_ID = 1
 RANDOM_INPUT_LENGTH = 16
+VERIFIERS = {"token": speculative.TokenVerifier(), "block": speculative.BlockVerifier()}
 
 _PAIR_DIR = flags.DEFINE_string(
     "pair_dir",
@@ -54,11 +56,11 @@ _PAIR_DIR = flags.DEFINE_string(
 )
 _DRAFTERS = flags.DEFINE_list(
     "drafter",
-    ["feature_drafter_128"],
+    ["feature_drafter_128x1"],
     "The drafter's subdirectory of --pair_dir, or several separated by commas, all timed side by "
-    "side in one run: demo_models/ holds feature_drafter_128/ (the fastest here), "
-    "feature_drafter/ (feature-level drafters) and drafter/ (the shared-encoder drafter); see "
-    "demo_models/MODEL_CARD.md.",
+    "side in one run: demo_models/ holds feature_drafter_128x1/ (the fastest here), "
+    "feature_drafter_128/ and feature_drafter/ (feature-level drafters) and drafter/ (the "
+    "shared-encoder drafter); see demo_models/MODEL_CARD.md.",
 )
 _RANDOM_PAIR = flags.DEFINE_bool(
     "random_pair",
@@ -76,10 +78,9 @@ _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
 _GAMMA = flags.DEFINE_integer(
     "gamma",
     3,
-    "Drafted tokens per target call. With the shipped feature_drafter_128 (alpha 0.61-0.66 here), "
-    "gamma 3 was the fastest chain side by side with gamma 1 and 2 on this CPU: 1.13x / 1.11x "
-    "(T = 0 / 1) against 1.07x / 1.02x at gamma 1 (docs/results_cpu.md 16.10); a draft costs "
-    "0.13-0.20 target steps in the loop and verifying 2-4 tokens 1.29-1.36 steps.",
+    "Drafted tokens per target call. With the shipped feature_drafter_128x1, gamma 3 and 4 tie "
+    "and chains beat trees on this CPU (docs/results_cpu.md 16.15): a draft costs 0.07-0.09 "
+    "target steps in the loop and verifying 4-5 tokens 1.1-1.3 steps.",
     lower_bound=1,
 )
 _DRAFT_TREE = flags.DEFINE_list(
@@ -87,6 +88,13 @@ _DRAFT_TREE = flags.DEFINE_list(
     [],
     "A static draft tree instead of the chain of --gamma: children per depth, e.g. 2,2,1 "
     "(trees.DraftTree.from_branching).",
+)
+_VERIFIER = flags.DEFINE_list(
+    "verifier",
+    ["token"],
+    "How the chain of --gamma is verified: 'token' (Algorithm 1) or 'block' (block verification, "
+    "Sun et al. 2025: as exact, never fewer tokens per call in expectation, and Algorithm 1 "
+    "itself at T = 0), or both, e.g. --verifier=token,block, timed side by side.",
 )
 _VERBOSE = flags.DEFINE_bool(
     "verbose", False, "Print every figure of the rows (report.markdown_table) too."
@@ -231,11 +239,29 @@ def _draft_trees() -> dict[str, trees.DraftTree] | None:
   return {",".join(_DRAFT_TREE.value): tree}
 
 
+def _verifiers() -> dict[str, speculative.Verifier]:
+  """--verifier -> {label: verifier} for the chain (a tree has its own verifier)."""
+  given = f"--verifier={','.join(_VERIFIER.value)}"
+  unknown = [name for name in _VERIFIER.value if name not in VERIFIERS]
+  if not _VERIFIER.value or unknown or len(set(_VERIFIER.value)) != len(_VERIFIER.value):
+    raise gin_utils.ConfigError(
+        f"{given}: give one or both of {', '.join(VERIFIERS)}, each once, e.g. "
+        "--verifier=token,block"
+    )
+  if _DRAFT_TREE.value and flags.FLAGS["verifier"].present:
+    raise gin_utils.ConfigError(
+        f"{given} with --draft_tree={','.join(_DRAFT_TREE.value)}: a tree is verified by "
+        "recursive rejection sampling (speculative.TreeVerifier); give one of the two flags"
+    )
+  return {name: VERIFIERS[name] for name in _VERIFIER.value}
+
+
 def main(argv):
   if len(argv) > 1:
     raise gin_utils.ConfigError(f"unexpected arguments {argv[1:]}: all options are --flags")
   temperatures = check_flags()
   draft_trees = _draft_trees()
+  verifiers = _verifiers()
   test_pairs = None if _RANDOM_PAIR.value else read_test_pairs()
   load = benchmark.machine_load()
   logging.set_verbosity(logging.WARNING)
@@ -252,7 +278,11 @@ def main(argv):
     encoder_tokens = benchmark.encode_texts(
         [tasks.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
     )
-  shape = f"gamma {_GAMMA.value}" if draft_trees is None else f"draft tree {_DRAFT_TREE.value}"
+  shape = (
+      f"gamma {_GAMMA.value}, {' and '.join(verifiers)} verification"
+      if draft_trees is None
+      else f"draft tree {_DRAFT_TREE.value}"
+  )
   print(
       f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} decoder layers, "
       f"drafters {', '.join(f'{name} ({type(p.drafter).__name__})' for name, p in loaded.items())}"
@@ -265,7 +295,7 @@ def main(argv):
       pair.target_params,
       {name: (p.drafter, p.drafter_params) for name, p in loaded.items()},
       sweep.grid_settings(
-          loaded, [_GAMMA.value] if draft_trees is None else [], None, None, draft_trees
+          loaded, [_GAMMA.value] if draft_trees is None else [], verifiers, None, draft_trees
       ),
       list(temperatures),
       encoder_tokens[:, None],

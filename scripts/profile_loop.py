@@ -14,7 +14,7 @@ on the cores, so the thunk times can add up to more than the wall time, and a st
 thunk time is not its share of the wall time. What the drafter adds to the wall time is the
 benchmark's `c in loop` (`benchmark.DecodeCosts.c_in_loop`; docs/results_cpu.md 16.14).
 
-  python scripts/profile_loop.py [--pair_dir=demo_models] [--drafter=feature_drafter_128]
+  python scripts/profile_loop.py [--pair_dir=demo_models] [--drafter=feature_drafter_128x1]
     [--gamma=3] [--temperature=0]
 """
 
@@ -51,8 +51,8 @@ INPUT_LENGTH = 24
 _PAIR_DIR = flags.DEFINE_string("pair_dir", str(REPO / "demo_models"), "A save_pair directory.")
 _DRAFTER = flags.DEFINE_string(
     "drafter",
-    "feature_drafter_128",
-    "The drafter's subdirectory of --pair_dir (scripts/demo.py's default: feature_drafter_128).",
+    "feature_drafter_128x1",
+    "The drafter's subdirectory of --pair_dir (scripts/demo.py's default: feature_drafter_128x1).",
 )
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Drafts per target call.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")

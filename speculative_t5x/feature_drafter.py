@@ -379,6 +379,18 @@ def widen_body(
   return widened
 
 
+def without_layers(
+    params: Any, config: network.T5Config, dropped: tuple[int, ...]
+) -> tuple[network.T5Config, Any]:
+  """A trained head with its layers `dropped` removed and the rest renumbered in order
+  (`network.without_decoder_layers` on its body), to go on training a cheaper head from it: one
+  layer of width 128 costs about half a two-layer head's price in the loop (docs/results_cpu.md
+  16.14) -> (the cut body's config, its parameters). `config` is the body as trained."""
+  body = {k: v for k, v in params.items() if k.startswith("layers_")}
+  cut_config, cut = network.without_decoder_layers(config, {"decoder": body}, dropped)
+  return cut_config, {**{k: v for k, v in params.items() if k not in body}, **cut["decoder"]}
+
+
 @flax.struct.dataclass
 class DecodeParams:
   """A FeatureDrafter's parameters as its proposals read them (`FeatureDrafter.decode_params`):

@@ -888,14 +888,19 @@ def _block_model(drafter, gamma, verifier=BLOCK, draft_stop=None):
 
 @pytest.mark.parametrize(
     "kind, gamma, temperature, topk",
-    [("t5", 3, 1.0, 0), ("t5", 3, 0.7, 3), ("bigram", 2, 1.0, 0), ("bigram", 3, 0.7, 3)],
+    [
+        ("t5", 3, 1.0, 0),
+        ("t5", 3, 0.7, 3),
+        ("bigram", 2, 1.0, 0),
+        ("bigram", 3, 0.7, 3),
+        ("feature", 3, 1.0, 0),
+    ],
 )
 def test_block_verifier_samples_the_exact_target_distribution(kind, gamma, temperature, topk):
-  _, t5_params = _small_params()
-  drafter, params = {
-      "t5": (network.Transformer(SMALL_DRAFTER), t5_params),
-      "bigram": (table_drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]),
-  }[kind]
+  if kind == "bigram":
+    drafter, params = table_drafters.BigramDrafter(vocab_size=SMALL_V), _fitted_tables()["bigram"]
+  else:
+    drafter, params = _small_model_drafter(kind)
   decodes, aux = _sample_small(_block_model(drafter, gamma), params, temperature, topk, seed=5)
   _assert_matches_target(decodes, _exact_law(temperature, topk))
   stats = aux["speculative_stats"]

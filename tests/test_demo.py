@@ -23,7 +23,7 @@ def test_demo_translates_and_checks_greedy_equality():
   assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2
   assert "before the run: 1-minute load average" in out
   for temperature in (0, 1):
-    assert f"  feature_drafter_128, gamma {GAMMA}, temperature {temperature}: " in out
+    assert f"  feature_drafter_128x1, gamma {GAMMA}, temperature {temperature}: " in out
   assert out.count("tokens per target call\n    in target steps: a verification of") == 2
   assert "speedup" in out and "x per token" in out
   assert "--verbose" in out and "| task |" not in out  # the full table only when asked
@@ -41,7 +41,7 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       "shipped demo_models/ is the default) and --drafter one of its drafter subdirectories, or "
       "--random_pair for a tiny random pair",
       f"--pair_dir={tmp_path / 'incomplete'}": f"--pair_dir={tmp_path / 'incomplete'} has no "
-      "feature_drafter_128, sentencepiece.model: give a directory",
+      "feature_drafter_128x1, sentencepiece.model: give a directory",
       "--temperatures=0,-1": "--temperatures=0,-1 (0.0, -1.0): temperature must be >= 0 and finite",
       f"--test_file={tmp_path / 'no_tab.tsv'}": f"--test_file={tmp_path / 'no_tab.tsv'}: "
       "non-empty line 2 is not English<TAB>German ('only English'): give one pair per line",
@@ -49,6 +49,9 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       "--draft_tree=2,0": "--draft_tree=2,0: ",
       "--drafter=drafter,drafter": "--drafter=drafter,drafter: give one or more distinct drafter "
       "subdirectories of --pair_dir",
+      "--verifier=token,tree": "--verifier=token,tree: give one or both of token, block, each once",
+      "--draft_tree=2,1 --verifier=block": "--verifier=block with --draft_tree=2,1: a tree is "
+      "verified by recursive rejection sampling",
   }
   runs = {
       flags: subprocess.Popen(

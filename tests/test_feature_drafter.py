@@ -305,6 +305,48 @@ def test_a_widened_body_computes_what_it_did_until_trained():
     feature_drafter.widen_body(params, HEAD, 1, 40)
 
 
+def test_a_head_without_a_layer_that_writes_nothing_drafts_as_before():
+  """`without_layers`: a two-layer head whose second layer writes zeros to the residual stream
+  (its attention 'out' and MLP 'wo' rows zero) drafts as the cut one-layer head; with that layer
+  as initialized it does not, so the check can fail."""
+  _, _, target_params = _setup()
+  deep = feature_drafter.FeatureDrafter(
+      dataclasses.replace(HEAD, num_decoder_layers=2), TARGET.emb_dim, DRAFT_VOCAB
+  )
+  params = deep.init_from_target(deep.init_params(jax.random.PRNGKey(2), {}), target_params)
+  layer = dict(params["layers_1"])
+  for name in ("self_attention", "encoder_decoder_attention"):
+    layer[name] = {**layer[name], "out": {"kernel": jnp.zeros_like(layer[name]["out"]["kernel"])}}
+  layer["mlp"] = {**layer["mlp"], "wo": {"kernel": jnp.zeros_like(layer["mlp"]["wo"]["kernel"])}}
+  silent = {**params, "layers_1": layer}
+  config, cut = feature_drafter.without_layers(silent, deep.config, (1,))
+  shallow = dataclasses.replace(deep, config=config)
+  assert config.num_decoder_layers == 1
+  shallow.check_params(cut)
+  encoder_tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
+  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
+  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences)
+  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+
+  def drafts(drafter, p):
+    return drafter.unrolled(p, encoder_tokens, inputs, encoded, features, 3)
+
+  jax.tree.map(
+      functools.partial(np.testing.assert_allclose, atol=1e-5),
+      drafts(shallow, cut),
+      drafts(deep, silent),
+  )
+  _, cut_trained = feature_drafter.without_layers(params, deep.config, (1,))
+  with pytest.raises(AssertionError):
+    jax.tree.map(
+        functools.partial(np.testing.assert_allclose, atol=1e-5),
+        drafts(shallow, cut_trained),
+        drafts(deep, params),
+    )
+  with pytest.raises(ValueError, match="keep at least one"):
+    feature_drafter.without_layers(params, deep.config, (0, 1))
+
+
 @pytest.mark.parametrize("layers", [(), LAYERS])
 def test_save_and_read_back(tmp_path, layers):
   drafter, params, _ = _setup(layers=layers)
