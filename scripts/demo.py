@@ -79,7 +79,7 @@ _GAMMA = flags.DEFINE_integer(
     "gamma",
     3,
     "Drafted tokens per target call. With the shipped feature_drafter_128x1, gamma 3 and 4 tie "
-    "and chains beat trees on this CPU (docs/results_cpu.md 16.15): a draft costs 0.07-0.09 "
+    "and chains beat trees on this CPU (docs/results_cpu.md 16.15): a draft costs 0.07-0.11 "
     "target steps in the loop and verifying 4-5 tokens 1.1-1.3 steps.",
     lower_bound=1,
 )
