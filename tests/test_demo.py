@@ -18,13 +18,17 @@ def test_demo_translates_and_checks_greedy_equality():
       "--repeats=1",
       "--cost_repeats=2",
       "--decode_length=24",
+      "--verifier=token,block",  # both exact: the greedy check covers both
   )
   assert "trained demo pair" in out
+  assert f"gamma {GAMMA}, token and block verification, 2 examples" in out
   assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2
   assert "before the run: 1-minute load average" in out
   for temperature in (0, 1):
-    assert f"  feature_drafter_128x1, gamma {GAMMA}, temperature {temperature}: " in out
-  assert out.count("tokens per target call\n    in target steps: a verification of") == 2
+    for verifier in ("token", "block"):
+      row = f"  feature_drafter_128x1, {verifier} verification, gamma {GAMMA}, temperature"
+      assert f"{row} {temperature}: " in out
+  assert out.count("tokens per target call\n    in target steps: a verification of") == 4
   assert "speedup" in out and "x per token" in out
   assert "--verbose" in out and "| task |" not in out  # the full table only when asked
   assert "identical to the baseline on all 2 examples: True" in out

@@ -74,6 +74,16 @@ def _target_outputs(target_params, encoder_tokens, sequences, layers=(), config=
   return encoded, logits, features
 
 
+def _example(target_params, layers=()):
+  """One fixed example -> (encoder tokens [1, 3], sequences [1, 5], the target's encoder output and
+  features on them (`_target_outputs`), the decoder inputs [1, 5]: the sequences shifted right)."""
+  encoder_tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
+  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
+  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences, layers)
+  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  return encoder_tokens, sequences, encoded, features, inputs
+
+
 def _proposals_match_teacher_forcing(
     drafter, params, target_params, seed, proposal_params=None
 ) -> float:
@@ -206,10 +216,7 @@ def test_position_t_reads_the_feature_of_t_minus_1_and_predicts_y_t():
   """The one-position shift (EAGLE #317, SpecForge #885): the output at t depends on f_{t-1},
   not on f_t, and its logits are the first draft after x_t (position 0 reads no feature)."""
   drafter, params, target_params = _setup()
-  encoder_tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
-  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
-  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences)
-  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  encoder_tokens, sequences, encoded, features, inputs = _example(target_params)
   logits = lambda f: drafter.teacher_forced_logits(  # noqa: E731
       params, encoder_tokens, inputs, target_encoded=encoded, target_features=f
   )
@@ -257,10 +264,7 @@ def test_a_widened_head_computes_what_it_did_until_trained():
   wide, _, _ = _setup(layers=LAYERS)
   widened = feature_drafter.widen_features(params, TARGET.emb_dim, 2)
   wide.check_params(widened)
-  encoder_tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
-  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
-  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences, LAYERS)
-  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  encoder_tokens, sequences, encoded, features, inputs = _example(target_params, LAYERS)
   e = TARGET.emb_dim
   before = drafter.unrolled(params, encoder_tokens, inputs, encoded, features[..., :e], 3)
   after = wide.unrolled(widened, encoder_tokens, inputs, encoded, features, 3)
@@ -280,10 +284,7 @@ def test_a_widened_body_computes_what_it_did_until_trained():
   wide.check_params(widened)
   assert np.abs(widened["layers_0"]["mlp"]["wi_0"]["kernel"][:, 24:]).min() > 0
   assert np.abs(widened["layers_0"]["self_attention"]["query"]["kernel"][:, 12:]).min() > 0
-  encoder_tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
-  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
-  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences)
-  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  encoder_tokens, sequences, encoded, features, inputs = _example(target_params)
   before = drafter.unrolled(params, encoder_tokens, inputs, encoded, features, 3)
   after = wide.unrolled(widened, encoder_tokens, inputs, encoded, features, 3)
   jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-5), after, before)
@@ -323,10 +324,7 @@ def test_a_head_without_a_layer_that_writes_nothing_drafts_as_before():
   shallow = dataclasses.replace(deep, config=config)
   assert config.num_decoder_layers == 1
   shallow.check_params(cut)
-  encoder_tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
-  sequences = jnp.asarray([[7, 8, 9, 10, 11]], jnp.int32)
-  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences)
-  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  encoder_tokens, sequences, encoded, features, inputs = _example(target_params)
 
   def drafts(drafter, p):
     return drafter.unrolled(p, encoder_tokens, inputs, encoded, features, 3)
