@@ -569,7 +569,22 @@ def decode_step_call(
   [Stage(drafter, 1, gamma), Stage(target, gamma + 1)] is the network work of one speculative
   iteration, and [ProposalStage(drafter, gamma), Stage(target, gamma + 1)] that of a drafter
   whose proposal is more than single network steps (it draws greedily when `temperature` is None).
+
+  `passes` is the call's last argument, traced: calls of the same stages that differ only in it
+  (`decode_step_calls`) share one compiled program and its caches.
   """
+  fn, args = _stage_loop(stages, geometry, temperature, batch, seed)
+  return fn, (*args, jnp.int32(passes))
+
+
+def _stage_loop(
+    stages: Sequence[Stage | ProposalStage | StreamStage],
+    geometry: DecodeGeometry,
+    temperature: float | None,
+    batch: int,
+    seed: int,
+) -> tuple[Callable[..., Any], tuple]:
+  """`decode_step_call` less its last argument, the number of passes."""
   width = max(stage.k for stage in stages)
   for stage in stages:
     geometry.check(stage.span)
@@ -593,12 +608,13 @@ def decode_step_call(
     ]
 
   steps = geometry.steps_per_call
-  u = sampling.uniforms(jax.random.PRNGKey(seed), (passes * steps, batch, width))
+  # One pass's uniforms [steps, batch, width], drawn again by every later pass.
+  u = sampling.uniforms(jax.random.PRNGKey(seed), (steps, batch, width))
   # As in the loops: a greedy temperature is static (argmax only), any other one is traced.
   greedy = temperature is None or sampling.is_greedy(temperature)
 
   @jax.jit
-  def run(params, caches, tokens, u, temp):
+  def run(params, caches, tokens, u, temp, passes):
     standardize = sampling.Standardizer(0.0 if greedy else temp)
 
     def step(i, carry):
@@ -606,7 +622,7 @@ def decode_step_call(
       position = jnp.full((batch,), geometry.position, jnp.int32) + i % steps
       for s, stage in enumerate(stages):
         tokens, caches[s] = stage.run(
-            params[s], caches[s], tokens, position, u[i], standardize, temperature
+            params[s], caches[s], tokens, position, u[i % steps], standardize, temperature
         )
       return caches, tokens
 
@@ -625,14 +641,14 @@ def decode_step_calls(
     seed: int = 0,
 ) -> dict[Hashable, tuple[Callable[..., Any], tuple]]:
   """The calls that time `name -> stages` (see `decode_step_call`): (name, passes) -> (fn, args)
-  for 1 and 1 + EXTRA_PASSES passes; `marginal_step_timings` turns their times into step times."""
-  return {
-      (name, passes): decode_step_call(
-          stages, geometry, temperature=temperature, batch=batch, passes=passes, seed=seed
-      )
-      for name, stages in steps.items()
-      for passes in (1, 1 + EXTRA_PASSES)
-  }
+  for 1 and 1 + EXTRA_PASSES passes, the two of a name one compiled program on the same caches;
+  `marginal_step_timings` turns their times into step times."""
+  calls = {}
+  for name, stages in steps.items():
+    fn, args = _stage_loop(stages, geometry, temperature, batch, seed)
+    for passes in (1, 1 + EXTRA_PASSES):
+      calls[name, passes] = fn, (*args, jnp.int32(passes))
+  return calls
 
 
 def marginal_step_timings(
