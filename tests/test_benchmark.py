@@ -332,3 +332,25 @@ def test_busy_warning_rests_on_the_processes_running_now():
   load = benchmark.machine_load()
   assert set(load) == {"load_1m", "load_5m", "load_15m", "cpus", "runnable_others"}
   assert load["runnable_others"] is None or load["runnable_others"] >= 0
+
+
+class _CountingStage(benchmark.StreamStage):
+  """Adds 1 to every token per step: a call's output counts the steps it ran."""
+
+  def run(self, params, cache, tokens, position, u, standardize, temperature):
+    del params, position, u, standardize, temperature
+    return tokens + 1, cache
+
+
+def test_the_two_calls_of_a_stage_list_share_one_program_and_run_their_passes():
+  """decode_step_calls' 1-pass and (1 + EXTRA_PASSES)-pass calls: one compiled program (the pass
+  count is traced), each running passes x steps_per_call steps."""
+  geometry = benchmark.DecodeGeometry(3, 12, 2, 2)
+  stage = _CountingStage(jnp.zeros((1, benchmark.STREAM_WIDTH)), vocab_size=16)
+  calls = benchmark.decode_step_calls({"count": [stage]}, geometry)
+  (fn, args), (more_fn, more_args) = calls["count", 1], calls["count", 1 + benchmark.EXTRA_PASSES]
+  assert fn is more_fn
+  start = np.asarray(args[2])
+  for passes, call_args in ((1, args), (1 + benchmark.EXTRA_PASSES, more_args)):
+    np.testing.assert_array_equal(fn(*call_args), start + passes * geometry.steps_per_call)
+  assert fn._cache_size() == 1
