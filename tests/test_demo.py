@@ -16,7 +16,7 @@ def test_demo_translates_and_checks_greedy_equality():
       "--num_examples=2",
       "--show=2",
       "--repeats=1",
-      "--cost_repeats=2",
+      "--cost_repeats=8",  # 4 rounds per example: 32 drafter steps take about 2 ms, one round can hide them
       "--decode_length=24",
       "--verifier=token,block",  # both exact: the greedy check covers both
   )
