@@ -81,7 +81,8 @@ flags.DEFINE_integer(
     "cost_repeats",
     benchmark.DEFAULT_REPEATS,
     "Timed rounds per decode-step measurement (c and the verification cost), "
-    "spread over the examples (at least one round after each).",
+    "spread evenly over the examples (sweep.cost_rounds_after: the first gets one, more "
+    "examples than rounds leave some without).",
 )
 flags.DEFINE_integer(
     "steps_per_call",

@@ -143,10 +143,12 @@ def time_calls(
     *,
     repeats: int = DEFAULT_REPEATS,
     warmup: int = DEFAULT_WARMUP,
+    compiled: bool = False,
 ) -> dict[Hashable, Timing]:
   """Wall times of several jitted calls measured side by side, compilation excluded.
 
-  Each call runs once (compilation) and `warmup` more times untimed; then come `repeats` rounds,
+  Each call runs once (compilation; not with `compiled`, when every call ran before) and `warmup`
+  more times untimed; then come `repeats` rounds,
   each timing every call once, in an order rotated from round to round. Calls compared with each
   other (a baseline and its speculative decode, a target step and a drafter step) so share the
   same minutes of the machine: a slow spell (another process, frequency scaling) lands on all of
@@ -159,7 +161,9 @@ def time_calls(
   """
   return {
       name: Timing.from_seconds(seconds)
-      for name, seconds in time_rounds(calls, repeats=repeats, warmup=warmup).items()
+      for name, seconds in time_rounds(
+          calls, repeats=repeats, warmup=warmup, compiled=compiled
+      ).items()
   }
 
 

@@ -5,8 +5,9 @@ What is measured (`sweep`), for a target, its drafters and every (temperature, g
 identical inputs with the same rng, per example, every setting of one example timed side by side
 in the same rounds (`benchmark.time_calls`):
   - the wall time of the baseline (`models.EncoderDecoderModel`, `decoding.temperature_sample`)
-    and of speculative decoding (`models.SpeculativeEncoderDecoderModel`): compilation excluded,
-    `warmup` untimed calls, the median (and IQR) of `repeats` calls, each ended by
+    and of speculative decoding (`models.SpeculativeEncoderDecoderModel`): compilation excluded
+    (the first example's calls, then `warmup` untimed calls; later examples reuse the compiled,
+    warm functions and are timed at once), the median (and IQR) of `repeats` calls, each ended by
     `block_until_ready`;
   - the wall time of each one's prefill (`model.prefill`: encoders and caches, the work before the
     decoding loop);
@@ -14,8 +15,9 @@ in the same rounds (`benchmark.time_calls`):
   - the speculative decode's own statistics (`decoding.SpeculativeStats`): alpha (mean beta),
     tokens per target call, acceptance rate;
 and per drafter and temperature, on compiled decode steps at the run's encoder and cache lengths
-(`benchmark.DecodeCosts`), timed between the examples (ceil(cost_repeats / examples) rounds after
-each example's decodes, so the costs and the decodes sample the same minutes of the machine):
+(`benchmark.DecodeCosts`), timed between the examples (`cost_rounds_after`: cost_repeats rounds in
+all, spread evenly after the examples' decodes, so the costs and the decodes sample the same
+minutes of the machine):
   - c, the drafter's single-token step time over the target's (Definition 3.7);
   - the verification cost, the target on gamma + 1 tokens over the target on 1 token;
   - the iteration cost, gamma drafter steps and the verification timed together in one loop, over
@@ -31,7 +33,6 @@ from a seqio task, a file of lines or random token ids.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import pathlib
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
@@ -189,19 +190,22 @@ def time_example(
     *,
     repeats: int,
     warmup: int = benchmark.DEFAULT_WARMUP,
+    compiled: bool = False,
 ) -> dict[Hashable, report.ExampleResult]:
   """Every setting's decode of one example, and its prefill, timed side by side
   (`benchmark.time_calls`) -> key -> report.ExampleResult.
 
   Args:
     batch: {'encoder_input_tokens': [B, Le], 'decoder_input_tokens': [B, L]}.
+    warmup, compiled: as in `benchmark.time_calls` (compiled: every call ran before, at this
+      batch's shapes).
   """
   temperature = jnp.float32(temperature)
   calls = {}
   for key, setting in decoders.items():
     calls["decode", key] = (setting.predict, (setting.params, batch, rng, temperature))
     calls["prefill", key] = (setting.prefill, (setting.params, batch))
-  timings = benchmark.time_calls(calls, repeats=repeats, warmup=warmup)
+  timings = benchmark.time_calls(calls, repeats=repeats, warmup=warmup, compiled=compiled)
   results = {}
   for key in decoders:
     fn, args = calls["decode", key]
@@ -369,6 +373,19 @@ def _check_sweep(
     )
 
 
+def cost_rounds_after(cost_repeats: int, examples: int) -> list[int]:
+  """Rounds of the decode-step costs to time after each example's decodes: cost_repeats in all,
+  spread evenly, at least one after the first example (which compiles the steps), so more
+  examples add decodes, not cost rounds. Round r of the cost_repeats runs after example
+  floor(r * examples / cost_repeats): entry i is ceil((i + 1) R / N) - ceil(i R / N)."""
+  if cost_repeats < 1 or examples < 1:
+    raise ValueError(f"need cost_repeats >= 1 and examples >= 1, got {cost_repeats}, {examples}.")
+  return [
+      -(-(i + 1) * cost_repeats // examples) - -(-i * cost_repeats // examples)
+      for i in range(examples)
+  ]
+
+
 def sweep(
     target_config: network.T5Config,
     target_params: Any,
@@ -391,9 +408,9 @@ def sweep(
 
   For each temperature, each example's decodes (the baseline and every speculative setting, with
   the rng fold_in(PRNGKey(seed), example)) are timed side by side (`time_example`); after them,
-  ceil(cost_repeats / examples) rounds of the decode steps behind the costs
-  (`benchmark.cost_steps`, at the examples' batch size, encoder length and cache length, with the
-  temperature's standardization and draw).
+  the example's share of the cost_repeats rounds of the decode steps behind the costs
+  (`cost_rounds_after`; `benchmark.cost_steps`, at the examples' batch size, encoder length and
+  cache length, with the temperature's standardization and draw).
 
   Args:
     drafters: name -> (a `drafters.Drafter`, params).
@@ -434,7 +451,7 @@ def sweep(
       for x in encoder_inputs
   ]
   rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(examples)]
-  cost_rounds = max(1, math.ceil(cost_repeats / examples))
+  cost_rounds = cost_rounds_after(cost_repeats, examples)
   results = {t: {key: [] for key in decoders} for t in temperatures}
   costs = {}
   bar = tqdm.tqdm(
@@ -445,13 +462,21 @@ def sweep(
     seconds = {key: [] for key in calls}
     for i, (batch, rng) in enumerate(zip(batches, rngs)):
       for key, result in time_example(
-          decoders, batch, rng, temperature, vocabulary.eos_id, repeats=repeats, warmup=warmup
+          decoders,
+          batch,
+          rng,
+          temperature,
+          vocabulary.eos_id,
+          repeats=repeats,
+          warmup=warmup if i == 0 else 0,
+          compiled=i > 0,
       ).items():
         results[temperature][key].append(result)
-      for key, times in benchmark.time_rounds(
-          calls, repeats=cost_rounds, warmup=warmup if i == 0 else 0, compiled=i > 0
-      ).items():
-        seconds[key].append(times)
+      if cost_rounds[i]:
+        for key, times in benchmark.time_rounds(
+            calls, repeats=cost_rounds[i], warmup=warmup if i == 0 else 0, compiled=i > 0
+        ).items():
+          seconds[key].append(times)
       bar.update()
     timings = benchmark.marginal_step_timings(
         {key: np.concatenate(times) for key, times in seconds.items()}, geometry
@@ -471,4 +496,4 @@ def sweep(
       for setting in settings
       for t in temperatures
   ]
-  return Sweep(rows, costs, results, cost_rounds * examples)
+  return Sweep(rows, costs, results, sum(cost_rounds))

@@ -59,6 +59,8 @@ def test_time_calls_times_every_call_in_every_round():
   assert {name: t.repeats for name, t in timings.items()} == {"a": 4, "b": 4}
   benchmark.time_rounds({"a": (counting("a"), (jnp.ones(2),))}, repeats=2, warmup=0, compiled=True)
   assert runs["a"] == 8  # already compiled, no warm-up: the 2 rounds only
+  benchmark.time_calls({"b": (counting("b"), (jnp.ones(2),))}, repeats=3, warmup=0, compiled=True)
+  assert runs["b"] == 9  # time_calls passes `compiled` on: the 3 rounds only
 
 
 def test_costs_from_the_seconds_of_the_step_calls():

@@ -43,9 +43,10 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   known times: baseline decodes 10 ms, speculative 4 ms, prefills 1 ms; decode steps (per
   marginal step) target 2 ms, target on 3 tokens 3 ms, iteration 5 ms."""
   step_ms = {("target", 1): 2.0, ("target", 3): 3.0, ("iteration", "copy", 2): 5.0}
-  rounds = []
+  rounds, example_calls = [], []
 
-  def time_calls(calls, repeats, warmup):
+  def time_calls(calls, repeats, warmup, compiled):
+    example_calls.append((repeats, warmup, compiled))
     return {
         key: ms(1.0 if key[0] == "prefill" else 10.0 if key[1] == sweep.BASELINE else 4.0)
         for key in calls
@@ -82,8 +83,10 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
       cost_repeats=3,
       steps_per_call=1,
   )
-  assert rounds == [(2, 1, False), (2, 0, True)]  # ceil(3 / 2) rounds after each example
-  assert measured.cost_rounds == 4
+  assert rounds == [(2, 1, False), (1, 0, True)]  # the 3 rounds spread over the 2 examples
+  # The first example compiles and warms the decodes; the second reuses them, timed at once.
+  assert example_calls == [(3, 1, False), (3, 0, True)]
+  assert measured.cost_rounds == 3
   (row,) = measured.rows
   assert (row.task, row.drafter, row.temperature, row.gamma) == ("random", "copy", 0.0, 2)
   assert (row.c, row.verify_cost, row.iteration_cost) == (1.0, 1.5, 2.5)
@@ -91,6 +94,21 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   assert row.speedup == pytest.approx(2.5) and row.loop_speedup == pytest.approx(3.0)
   assert [len(measured.results[0.0][key]) for key in (sweep.BASELINE, ("copy", 2))] == [2, 2]
   assert measured.costs[0.0]["copy"].verify_cost(2) == 1.5
+
+
+def test_cost_rounds_after_spreads_exactly_cost_repeats_rounds():
+  """cost_repeats rounds in all, whatever the number of examples; the first example always gets
+  one (it compiles the steps); more examples than rounds leave some without."""
+  assert sweep.cost_rounds_after(3, 2) == [2, 1]
+  assert sweep.cost_rounds_after(8, 2) == [4, 4]
+  assert sweep.cost_rounds_after(10, 3) == [4, 3, 3]
+  assert sweep.cost_rounds_after(1, 5) == [1, 0, 0, 0, 0]
+  assert sweep.cost_rounds_after(4, 8) == [1, 0, 1, 0, 1, 0, 1, 0]
+  for repeats, examples in [(10, 16), (10, 64), (7, 7), (5, 100)]:
+    rounds = sweep.cost_rounds_after(repeats, examples)
+    assert sum(rounds) == repeats and rounds[0] == 1 and max(rounds) == 1
+  with pytest.raises(ValueError, match="cost_repeats >= 1"):
+    sweep.cost_rounds_after(0, 4)
 
 
 def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
@@ -104,7 +122,9 @@ def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
     return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
 
   monkeypatch.setattr(
-      benchmark, "time_calls", lambda calls, repeats, warmup: {key: ms(1.0) for key in calls}
+      benchmark,
+      "time_calls",
+      lambda calls, repeats, warmup, compiled: {key: ms(1.0) for key in calls},
   )
   monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
   monkeypatch.setattr(
