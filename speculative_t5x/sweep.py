@@ -462,13 +462,15 @@ def sweep(
     seconds = {key: [] for key in calls}
     for i, (batch, rng) in enumerate(zip(batches, rngs)):
       # Only the first example compiles and warms up; the later ones reuse its executables.
-      first = {"warmup": warmup if i == 0 else 0, "compiled": i > 0}
+      timing_mode = {"warmup": warmup if i == 0 else 0, "compiled": i > 0}
       for key, result in time_example(
-          decoders, batch, rng, temperature, vocabulary.eos_id, repeats=repeats, **first
+          decoders, batch, rng, temperature, vocabulary.eos_id, repeats=repeats, **timing_mode
       ).items():
         results[temperature][key].append(result)
       if cost_rounds[i]:
-        for key, times in benchmark.time_rounds(calls, repeats=cost_rounds[i], **first).items():
+        for key, times in benchmark.time_rounds(
+            calls, repeats=cost_rounds[i], **timing_mode
+        ).items():
           seconds[key].append(times)
       bar.update()
     timings = benchmark.marginal_step_timings(
