@@ -15,7 +15,8 @@ p and makes two choices explicit:
   (mean-seeking), 'reverse_kl' KL(q || p) (mode-seeking), 'jsd' (the generalized JSD at beta 0.5,
   between the two), 'tvd' (1 - beta, what alpha rewards) or 'cross_entropy' (hard labels:
   -log q(y_t) of the sequence's own next token; on the target's greedy decodes this is sequence-
-  level distillation, `training.train`'s `distill_from`). DistillSpec found no single best
+  level distillation, `training.train`'s `distill_from`; for a head on a draft vocabulary, over
+  the positions whose y_t it holds, `draft_vocab_targets`). DistillSpec found no single best
   divergence: which wins depends on the task and on the decoding (greedy or sampling), so it is a
   setting to compare (configs/demo/distill_drafter.gin).
 
@@ -386,6 +387,24 @@ def target_logits(
   )
 
 
+def draft_vocab_targets(
+    targets: jax.Array, draft_vocab: tuple[int, ...], vocab_size: int
+) -> tuple[jax.Array, jax.Array]:
+  """The targets y_t [B, L] as indices into a draft vocabulary of N ids -> (indices [B, L], int32,
+  0 where y_t lies outside it; in_vocab [B, L], float32, 1 where y_t lies inside). With no draft
+  vocabulary (`draft_vocab` ()), the targets themselves and all ones.
+
+  The head puts q = 0 on tokens outside its vocabulary, so -log q_t(y_t) is infinite there and no
+  training moves it: the 'cross_entropy' loss of such a head is the mean over the positions whose
+  y_t it can draft, and the share of them is reported (`targets_in_draft_vocab`)."""
+  if not draft_vocab:
+    return targets, jnp.ones(targets.shape, jnp.float32)
+  index = np.full(vocab_size, -1, np.int32)
+  index[np.asarray(draft_vocab)] = np.arange(len(draft_vocab), dtype=np.int32)
+  mapped = jnp.asarray(index)[targets]
+  return jnp.maximum(mapped, 0), (mapped >= 0).astype(jnp.float32)
+
+
 def smooth_l1(predicted: jax.Array, target: jax.Array) -> jax.Array:
   """EAGLE's feature loss: SmoothL1 (Huber, delta 1) averaged over the feature axis
   [..., E] -> [...]."""
@@ -624,14 +643,23 @@ class Distiller:
     # below use the whole p.
     draft_vocab = self.drafter.draft_vocab
     p_draft = p_logits[..., np.asarray(draft_vocab)] if draft_vocab else p_logits
-    draft_targets = None
+    draft_targets, scored = draft_vocab_targets(targets, draft_vocab, p_logits.shape[-1])
+    metrics = {}
+    if settings.divergence == "cross_entropy" and draft_vocab:
+      metrics["targets_in_draft_vocab"] = jnp.sum(scored * weights) / jnp.maximum(
+          jnp.sum(weights), 1.0
+      )
+    else:
+      scored = jnp.ones_like(weights)
     positions = jnp.arange(inputs.shape[1])[None]
-    total, norm, metrics = 0.0, 0.0, {}
+    total, norm = 0.0, 0.0
     for j in range(settings.unroll_steps):
       supervised = weights * (positions >= j)
       count = jnp.maximum(jnp.sum(supervised), 1.0)
       divergence = self._divergence(p_draft, q_steps[j], draft_targets)
-      divergence = jnp.sum(divergence * supervised) / count
+      divergence = jnp.sum(divergence * supervised * scored) / jnp.maximum(
+          jnp.sum(supervised * scored), 1.0
+      )
       regression = jnp.sum(smooth_l1(predicted[j], features) * supervised) / count
       weight = settings.step_decay**j
       total = total + weight * (divergence + settings.feature_loss_weight * regression)

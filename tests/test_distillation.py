@@ -164,6 +164,15 @@ def test_divergence_names_and_hard_labels_are_checked():
 # ----------------------------------------------------------------------------------------------
 # Generated data
 # ----------------------------------------------------------------------------------------------
+def test_targets_become_draft_vocabulary_indices_and_the_rest_is_marked():
+  indices, in_vocab = distillation.draft_vocab_targets(jnp.asarray([[3, 0, 5]]), (0, 3), 6)
+  np.testing.assert_array_equal(indices, [[1, 0, 0]])
+  np.testing.assert_array_equal(in_vocab, [[1.0, 1.0, 0.0]])
+  same, everywhere = distillation.draft_vocab_targets(jnp.asarray([[3, 0, 5]]), (), 6)
+  np.testing.assert_array_equal(same, [[3, 0, 5]])
+  np.testing.assert_array_equal(everywhere, [[1.0, 1.0, 1.0]])
+
+
 V = 6
 SMALL = tiny_config(V, num_decoder_layers=1)
 

@@ -245,6 +245,25 @@ def test_loss_supervises_the_first_position_and_only_reachable_steps():
   assert np.isfinite(float(loss))
 
 
+def test_cross_entropy_is_the_mean_minus_log_q_over_targets_the_draft_vocabulary_holds():
+  """A head on a draft vocabulary (the even ids) puts q = 0 on the odd ones: the hard-label loss
+  averages -log q_t(y_t) over the positions whose y_t it holds (here 8 and 10 of 7, 8, 9, 10, 11)
+  and reports their share."""
+  drafter, params, target_params = _setup()
+  encoder_tokens, sequences, encoded, features, inputs = _example(target_params)
+  settings = distillation.Distillation("unused", divergence="cross_entropy", data="references")
+  distiller = distillation.Distiller(settings, drafter, TARGET, eos_id=1)
+  batch = {"encoder_input_tokens": encoder_tokens, "decoder_target_tokens": sequences}
+  _, metrics = distiller.loss_fn(params, target_params, batch, jax.random.PRNGKey(0))
+  logits = drafter.teacher_forced_logits(
+      params, encoder_tokens, inputs, target_encoded=encoded, target_features=features
+  )
+  log_q = np.asarray(jax.nn.log_softmax(logits[0]))
+  expected = -(log_q[1, 8] + log_q[3, 10]) / 2
+  np.testing.assert_allclose(float(metrics["step1_divergence"]), expected, rtol=1e-5)
+  assert float(metrics["targets_in_draft_vocab"]) == pytest.approx(2 / 5)
+
+
 def test_feature_settings_are_refused_for_a_drafter_without_features(tmp_path):
   _, _, target_params = _setup()
   checkpoints.save_model(tmp_path, target_params, TARGET)
