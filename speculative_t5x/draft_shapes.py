@@ -188,7 +188,8 @@ class DraftShape(abc.ABC):
   @property
   @abc.abstractmethod
   def label(self) -> str:
-    """How reports name the shape, e.g. 'gamma 3' or 'tree (0, 0, 1)'."""
+    """How reports name the shape, e.g. 'gamma 3' or '4 drafts in a tree of depth 2' (a results
+    file records a tree's parents, `describe`)."""
 
   @abc.abstractmethod
   def describe(self) -> dict[str, Any]:
@@ -378,7 +379,7 @@ class Tree(DraftShape):
 
   @property
   def label(self) -> str:
-    return f"tree {self.tree.parents}"
+    return f"{self.tree.num_nodes} drafts in a tree of depth {self.tree.depth}"
 
   def describe(self) -> dict[str, Any]:
     """Its depth as 'gamma' and its parents; a tree's tokens per call have no closed form in

@@ -153,7 +153,7 @@ def test_the_shapes_sizes():
 
 def test_what_the_reports_ask_a_shape():
   chain, tree = draft_shapes.Chain(3), draft_shapes.Tree((2, 1))
-  assert (chain.label, tree.label) == ("gamma 3", "tree (0, 0, 1, 2)")
+  assert (chain.label, tree.label) == ("gamma 3", "4 drafts in a tree of depth 2")
   assert chain.describe() == {"gamma": 3, "draft_tree": None}
   assert tree.describe() == {"gamma": 2, "draft_tree": (0, 0, 1, 2)}
   # Eq. (1) at alpha 0.5, gamma 3: 1 + 0.5 + 0.25 + 0.125; Theorem 3.8 divides by 3 c + verify.

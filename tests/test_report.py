@@ -126,7 +126,7 @@ def test_a_tree_row_asks_its_shape_and_predicts_from_its_realized_tokens_only():
   assert (record["gamma"], record["draft_tree"]) == (2, [0, 0, 1, 2])
   assert json.loads(json.dumps(make_row().as_dict()))["draft_tree"] is None
   assert report.plain_summary([row]) == (
-      "  d, tree (0, 0, 1, 2), temperature 1: speedup 2.46x per token\n"
+      "  d, 4 drafts in a tree of depth 2, temperature 1: speedup 2.46x per token\n"
       "    per example: baseline 20.0 ms, speculative 9.5 ms; alpha 0.75, 2.50 tokens per "
       "target call\n"
       "    in target steps: a verification of 5 tokens 2.00\n"
