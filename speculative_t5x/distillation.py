@@ -643,14 +643,14 @@ class Distiller:
     # below use the whole p.
     draft_vocab = self.drafter.draft_vocab
     p_draft = p_logits[..., np.asarray(draft_vocab)] if draft_vocab else p_logits
-    draft_targets, scored = draft_vocab_targets(targets, draft_vocab, p_logits.shape[-1])
-    metrics = {}
-    if settings.divergence == "cross_entropy" and draft_vocab:
-      metrics["targets_in_draft_vocab"] = jnp.sum(scored * weights) / jnp.maximum(
-          jnp.sum(weights), 1.0
-      )
-    else:
-      scored = jnp.ones_like(weights)
+    # Only the hard-label loss reads y_t; it scores the positions whose y_t the head can draft.
+    draft_targets, scored, metrics = None, 1.0, {}
+    if settings.divergence == "cross_entropy":
+      draft_targets, scored = draft_vocab_targets(targets, draft_vocab, p_logits.shape[-1])
+      if draft_vocab:
+        metrics["targets_in_draft_vocab"] = jnp.sum(scored * weights) / jnp.maximum(
+            jnp.sum(weights), 1.0
+        )
     positions = jnp.arange(inputs.shape[1])[None]
     total, norm = 0.0, 0.0
     for j in range(settings.unroll_steps):
