@@ -35,6 +35,7 @@ Usage:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import pathlib
@@ -98,6 +99,14 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("split", "test", "The --task split.")
 flags.DEFINE_string("sentencepiece_model", None, "Sentencepiece model that tokenizes --input_file.")
+flags.DEFINE_integer(
+    "input_bucket",
+    0,
+    "0 pads every input to the 'inputs' feature length, as T5X's inference does; N > 0 pads each "
+    "to its own multiple of N tokens (sweep.pad_to_buckets; one compilation per length), as a "
+    "server bucketing requests would, so a short input does not pay a long one's encoder.",
+    lower_bound=0,
+)
 flags.DEFINE_bool(
     "costs_only",
     False,
@@ -222,13 +231,17 @@ def main(argv):
       seed=setup.seed,
       eos_id=EOS_ID,
   )
+  examples = inputs[:, None]
+  if FLAGS.input_bucket:
+    examples = sweep.pad_to_buckets(examples, FLAGS.input_bucket)
+  encoder_lengths = collections.Counter(x.shape[-1] for x in examples)
   result = sweep.sweep(
       pair.target_config,
       pair.target_params,
       drafters,
       sweep.grid_settings(drafters, gammas, setup.verifiers, setup.draft_stops, setup.draft_trees),
       temperatures,
-      inputs[:, None],
+      examples,
       int(setup.task_feature_lengths["targets"]),
       vocabulary=vocabulary,
       task=task,
@@ -242,7 +255,8 @@ def main(argv):
 
   header = (
       f"Batch 1, {len(inputs)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "
-      f"each (median per example); feature lengths {dict(setup.task_feature_lengths)}; "
+      f"each (median per example); feature lengths {dict(setup.task_feature_lengths)}, "
+      f"examples by encoder length {dict(sorted(encoder_lengths.items()))}; "
       f"{jax.default_backend()} backend; decode-step costs from {result.cost_rounds} rounds "
       f"timed between the examples; before the run: 1-minute load average {load['load_1m']:.2f}, "
       f"other processes running {load['runnable_others']}."
@@ -268,6 +282,8 @@ def main(argv):
       "drafter_checkpoint_path": setup.pair.drafter_checkpoint_path,
       "weights": pair.sources,
       "task_feature_lengths": dict(setup.task_feature_lengths),
+      "input_bucket": FLAGS.input_bucket,
+      "encoder_lengths": {str(n): encoder_lengths[n] for n in sorted(encoder_lengths)},
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],
       "jax": jax.__version__,

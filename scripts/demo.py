@@ -13,12 +13,14 @@ pair of random weights, for the mechanics only (its alpha says nothing about rea
 the explicit --random_pair. Every flag is checked before anything loads.
 
   python scripts/demo.py [--pair_dir=demo_models] [--drafter=feature_drafter_128x1]
-    [--num_examples=48] [--gamma=3 [--verifier=token,block] | --draft_tree=2,2,1] [--verbose]
+    [--num_examples=48] [--gamma=3 [--verifier=token,block] | --draft_tree=2,2,1]
+    [--input_bucket=16] [--verbose]
   python scripts/demo.py --random_pair
 """
 
 from __future__ import annotations
 
+import collections
 import pathlib
 import sys
 
@@ -114,6 +116,15 @@ _COST_REPEATS = flags.DEFINE_integer(
     "Timed rounds of the decode steps behind "
     "c and the verification cost, spread over the examples.",
     lower_bound=1,
+)
+_INPUT_BUCKET = flags.DEFINE_integer(
+    "input_bucket",
+    16,
+    "Pad each sentence's input to its own multiple of this many tokens (sweep.pad_to_buckets: "
+    "one compilation per length; the demo's 48 sentences fall in 3 buckets), so a short "
+    "sentence does not pay the longest one's encoder; 0 pads every sentence to the longest, one "
+    "compilation.",
+    lower_bound=0,
 )
 _DECODE_LENGTH = flags.DEFINE_integer(
     "decode_length", 64, "Decoder length (max output tokens).", lower_bound=1
@@ -283,6 +294,10 @@ def main(argv):
     encoder_tokens = benchmark.encode_texts(
         [tasks.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
     )
+  examples = encoder_tokens[:, None]
+  if _INPUT_BUCKET.value:
+    examples = sweep.pad_to_buckets(examples, _INPUT_BUCKET.value)
+  lengths = collections.Counter(x.shape[-1] for x in examples)
   shape = (
       f"gamma {_GAMMA.value}, {' and '.join(verifiers)} verification"
       if draft_trees is None
@@ -291,8 +306,9 @@ def main(argv):
   print(
       f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} decoder layers, "
       f"drafters {', '.join(f'{name} ({type(p.drafter).__name__})' for name, p in loaded.items())}"
-      f", {shape}, {len(encoder_tokens)} examples at "
-      f"batch 1, backend {jax.default_backend()}"
+      f", {shape}, {len(encoder_tokens)} examples at batch 1 (input tokens padded to "
+      f"{', '.join(f'{n}: {lengths[n]}' for n in sorted(lengths))}), backend "
+      f"{jax.default_backend()}"
   )
 
   result = sweep.sweep(
@@ -303,7 +319,7 @@ def main(argv):
           loaded, [_GAMMA.value] if draft_trees is None else [], verifiers, None, draft_trees
       ),
       list(temperatures),
-      encoder_tokens[:, None],
+      examples,
       _DECODE_LENGTH.value,
       vocabulary=vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID),
       task="demo_ende" if vocabulary else sweep.RANDOM_TASK,

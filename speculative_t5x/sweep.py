@@ -6,18 +6,20 @@ identical inputs with the same rng, per example, every setting of one example ti
 in the same rounds (`benchmark.time_calls`):
   - the wall time of the baseline (`models.EncoderDecoderModel`, `decoding.temperature_sample`)
     and of speculative decoding (`models.SpeculativeEncoderDecoderModel`): compilation excluded
-    (the first example's calls, then `warmup` untimed calls; later examples reuse the compiled,
-    warm functions and are timed at once), the median (and IQR) of `repeats` calls, each ended by
-    `block_until_ready`;
+    (the first call at each input shape, then `warmup` untimed calls; later examples of a shape
+    already seen reuse the compiled, warm functions and are timed at once), the median (and IQR)
+    of `repeats` calls, each ended by `block_until_ready`. Examples may differ in encoder length
+    (`pad_to_buckets`: each padded to its own multiple of a bucket size, as a server buckets
+    requests, so a short input does not pay a long one's encoder and cross-attention);
   - the wall time of each one's prefill (`model.prefill`: encoders and caches, the work before the
     decoding loop);
   - the decoded tokens, each row's up to and including its first EOS (`decoding.decoded_lengths`);
   - the speculative decode's own statistics (`decoding.SpeculativeStats`): alpha (mean beta),
     tokens per target call, acceptance rate;
 and per drafter and temperature, on compiled decode steps at the run's encoder and cache lengths
-(`benchmark.DecodeCosts`), timed between the examples (`cost_rounds_after`: cost_repeats rounds in
-all, spread evenly after the examples' decodes, so the costs and the decodes sample the same
-minutes of the machine):
+(`benchmark.DecodeCosts`, at the encoder length most examples have), timed between the examples
+(`cost_rounds_after`: cost_repeats rounds in all, spread evenly after the examples' decodes, so
+the costs and the decodes sample the same minutes of the machine):
   - c, the drafter's single-token step time over the target's (Definition 3.7);
   - the verification cost, the target on gamma + 1 tokens over the target on 1 token;
   - the iteration cost, gamma drafter steps and the verification timed together in one loop, over
@@ -32,6 +34,7 @@ from a seqio task, a file of lines or random token ids.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import pathlib
@@ -360,17 +363,30 @@ def _check_sweep(
     raise ValueError(f"two settings share a (label, gamma): {sorted(keys)}; give distinct labels.")
   if not temperatures:
     raise ValueError("no temperatures to sweep: give at least one (0 is greedy).")
-  if np.ndim(encoder_inputs) != 3 or min(np.shape(encoder_inputs)) < 1:
+  shapes = [np.shape(x) for x in encoder_inputs]
+  if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
     raise ValueError(
-        f"encoder_inputs must be [examples, batch, length] with every size >= 1, got "
-        f"shape {np.shape(encoder_inputs)} (one batch-1 example per row of x [N, Le]: "
-        "pass x[:, None])."
+        "encoder_inputs must be one or more examples, each [batch, length] with both sizes "
+        f">= 1 (an array [examples, batch, length] is such a sequence), got shapes "
+        f"{sorted(set(shapes))[:4]} (one batch-1 example per row of x [N, Le]: pass x[:, None])."
+    )
+  if len({batch for batch, _ in shapes}) > 1:
+    raise ValueError(
+        f"the examples' batch sizes differ ({sorted({batch for batch, _ in shapes})}): a sweep "
+        "times one batch size; sweep each separately."
     )
   if min(decode_length, repeats, cost_repeats) < 1:
     raise ValueError(
         f"decode_length, repeats and cost_repeats must be >= 1, got {decode_length}, "
         f"{repeats} and {cost_repeats}."
     )
+
+
+def most_common_length(encoder_inputs: Sequence[np.ndarray]) -> int:
+  """The encoder length Le that most examples [B, Le] have (the longest of those tied): where
+  the decode steps behind the costs are timed."""
+  counts = collections.Counter(np.shape(x)[-1] for x in encoder_inputs)
+  return max(counts, key=lambda length: (counts[length], length))
 
 
 def cost_rounds_after(cost_repeats: int, examples: int) -> list[int]:
@@ -384,6 +400,27 @@ def cost_rounds_after(cost_repeats: int, examples: int) -> list[int]:
       -(-(i + 1) * cost_repeats // examples) - -(-i * cost_repeats // examples)
       for i in range(examples)
   ]
+
+
+def pad_to_buckets(encoder_inputs: np.ndarray, multiple: int) -> list[np.ndarray]:
+  """Each example's encoder inputs cut to its own length bucket: [examples, B, Le] -> a list of
+  [B, Le_i], Le_i the example's longest row (up to its last non-padding token) rounded up to a
+  `multiple`, and at most Le. Only trailing padding (token 0) is removed, so every example keeps
+  every token; decoding a bucket gives what decoding it at Le gives, since the padding is masked.
+  A sweep compiles once per bucket."""
+  encoder_inputs = np.asarray(encoder_inputs)
+  if encoder_inputs.ndim != 3 or isinstance(multiple, bool) or int(multiple) < 1:
+    raise ValueError(
+        f"need encoder inputs [examples, batch, length] and a multiple >= 1, got shape "
+        f"{encoder_inputs.shape} and multiple {multiple!r}."
+    )
+  length = encoder_inputs.shape[-1]
+  buckets = []
+  for example in encoder_inputs:
+    used = np.nonzero(example.any(axis=0))[0]
+    end = int(used[-1]) + 1 if used.size else 1
+    buckets.append(example[:, : min(length, -(-end // multiple) * multiple)])
+  return buckets
 
 
 def sweep(
@@ -416,7 +453,8 @@ def sweep(
     drafters: name -> (a `drafters.Drafter`, params).
     settings: the speculative settings (`SweepSetting`; `grid_settings` crosses drafters,
       gammas, verifiers, draft-length rules and trees), all timed side by side per example.
-    encoder_inputs: [examples, B, Le] int32: each example a batch of B rows (1 for Table 2).
+    encoder_inputs: the examples, each [B, Le_i] int32, a batch of B rows (1 for Table 2); an
+      array [examples, B, Le], or examples of several lengths (`pad_to_buckets`).
     decode_length: tokens decoded per row (the decoder input length).
     vocabulary: the models' output vocabulary (its eos_id ends the decodes).
     task: the rows' task label.
@@ -435,10 +473,11 @@ def sweep(
       repeats,
       cost_repeats,
   )
-  examples, batch_size, encoder_length = np.shape(encoder_inputs)
+  examples = len(encoder_inputs)
+  batch_size = np.shape(encoder_inputs[0])[0]
   timed = cost_gammas(settings)
   geometry = benchmark.DecodeGeometry.for_decoding(
-      encoder_length, decode_length, max(timed) + 1, steps_per_call
+      most_common_length(encoder_inputs), decode_length, max(timed) + 1, steps_per_call
   )
   decoders = build_settings(target_config, target_params, drafters, settings, vocabulary)
   used = {setting.drafter: drafters[setting.drafter] for setting in settings}
@@ -460,16 +499,28 @@ def sweep(
   for temperature in temperatures:
     calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature, batch=batch_size)
     seconds = {key: [] for key in calls}
+    seen = set()
     for i, (batch, rng) in enumerate(zip(batches, rngs)):
-      # Only the first example compiles and warms up; the later ones reuse its executables.
-      timing_mode = {"warmup": warmup if i == 0 else 0, "compiled": i > 0}
+      # Only the first example of each shape compiles and warms up; the later ones reuse its
+      # executables.
+      shape = batch["encoder_input_tokens"].shape
+      first = shape not in seen
+      seen.add(shape)
       for key, result in time_example(
-          decoders, batch, rng, temperature, vocabulary.eos_id, repeats=repeats, **timing_mode
+          decoders,
+          batch,
+          rng,
+          temperature,
+          vocabulary.eos_id,
+          repeats=repeats,
+          warmup=warmup if first else 0,
+          compiled=not first,
       ).items():
         results[temperature][key].append(result)
       if cost_rounds[i]:
+        # The decode steps compile in the first example's rounds.
         for key, times in benchmark.time_rounds(
-            calls, repeats=cost_rounds[i], **timing_mode
+            calls, repeats=cost_rounds[i], warmup=warmup if i == 0 else 0, compiled=i > 0
         ).items():
           seconds[key].append(times)
       bar.update()

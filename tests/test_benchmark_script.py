@@ -58,6 +58,7 @@ def test_benchmark_script_end_to_end(tmp_path):
   assert set(results) == {"run", "costs", "rows"}
   assert results["run"]["task_feature_lengths"] == {"inputs": 8, "targets": 16}
   run = results["run"]
+  assert run["input_bucket"] == 0 and run["encoder_lengths"] == {"8": 1}  # the feature length
   assert run["load_before"]["load_1m"] >= 0 and run["load_after"]["cpus"] >= 1
   assert run["busy"] == (benchmark.busy_warning(run["load_before"]) is not None)
   rows = results["rows"]
@@ -133,7 +134,7 @@ def test_benchmark_rejects_over_long_input_lines(tmp_path):
 
 def test_benchmark_inputs_from_a_task_split(tmp_path):
   """The demo pair (its shared-encoder drafter, restored as float32) on two sentences of the demo
-  task's test split."""
+  task's test split, each padded to its own multiple of 8 tokens."""
   require_demo_pair()
   run_script(
       "benchmark.py",
@@ -148,10 +149,14 @@ def test_benchmark_inputs_from_a_task_split(tmp_path):
       "--steps_per_call=16",
       "--gammas=2",
       "--temperatures=0",
+      "--input_bucket=8",
       cwd=REPO_ROOT,
   )
   results = json.loads((tmp_path / "results.json").read_text())
   assert results["run"]["task"] == "demo_ende:test" and results["run"]["num_examples"] == 2
+  lengths = results["run"]["encoder_lengths"]
+  assert sum(lengths.values()) == 2 and all(int(n) % 8 == 0 for n in lengths)
+  assert max(map(int, lengths)) < results["run"]["task_feature_lengths"]["inputs"]
   (row,) = results["rows"]
   assert row["outputs_match_baseline"] == 1.0 and 0.0 < row["alpha"] < 1.0
 

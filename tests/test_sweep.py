@@ -96,6 +96,97 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   assert measured.costs[0.0]["copy"].verify_cost(2) == 1.5
 
 
+def test_examples_of_several_lengths_compile_once_per_length_and_decode_as_if_padded(monkeypatch):
+  """Examples cut to their own length buckets: the first example of each encoder length compiles
+  and warms up, the costs are timed at the length most examples have, and every decode (real
+  ones, of a random tiny pair at T = 0 and a drafter that is not the target) is the one the same
+  example gives padded to the longest length."""
+  example_calls, geometries = [], []
+
+  def decode_step_calls(steps, geometry, temperature, batch):
+    geometries.append(geometry)
+    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
+
+  def time_calls(calls, repeats, warmup, compiled):
+    example_calls.append((warmup, compiled))
+    return {key: ms(1.0) for key in calls}
+
+  monkeypatch.setattr(benchmark, "time_calls", time_calls)
+  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(
+      benchmark,
+      "time_rounds",
+      lambda calls, repeats, warmup, compiled: {
+          (name, passes): np.full(repeats, passes * 1e-3) for name, passes in calls
+      },
+  )
+  config, params = _tiny_pair()
+  drafter_config = config.replace(emb_dim=6, num_heads=1, mlp_dim=8)
+  drafter_params = network.init_params(drafter_config, jax.random.PRNGKey(5))
+  lengths = [3, 9, 2, 5, 12]  # tokens before the padding, EOS included
+  padded = np.zeros((len(lengths), 1, 12), np.int32)
+  rng = np.random.default_rng(0)
+  for row, length in zip(padded, lengths):
+    row[0, : length - 1] = rng.integers(2, config.vocab_size, length - 1)
+    row[0, length - 1] = 1
+  buckets = sweep.pad_to_buckets(padded, 4)
+  assert [x.shape for x in buckets] == [(1, 4), (1, 12), (1, 4), (1, 8), (1, 12)]
+
+  def run(inputs):
+    return sweep.sweep(
+        config,
+        params,
+        {"small": (drafters.T5Drafter(drafter_config), drafter_params)},
+        sweep.grid_settings(["small"], [2]),
+        [0.0],
+        inputs,
+        8,
+        vocabulary=seqio.PassThroughVocabulary(config.vocab_size, eos_id=1),
+        task="random",
+        repeats=1,
+        warmup=2,
+        cost_repeats=1,
+        steps_per_call=1,
+    )
+
+  bucketed = run(buckets)
+  # Lengths 4, 12, 4, 8, 12: each new length compiles and warms up, a length seen before does not.
+  assert example_calls == [(2, False), (2, False), (0, True), (2, False), (0, True)]
+  assert geometries[-1].encoder_length == 12  # 4 and 12 tie at two examples: the longer
+  whole = run(padded)
+  for key in (sweep.BASELINE, ("small", 2)):
+    for a, b in zip(bucketed.results[0.0][key], whole.results[0.0][key], strict=True):
+      np.testing.assert_array_equal(a.decodes, b.decodes)
+  assert bucketed.rows[0].outputs_match_baseline == 1.0
+  assert 0.0 <= bucketed.rows[0].alpha < 1.0  # a drafter that is not the target
+
+
+def test_pad_to_buckets_cuts_trailing_padding_only():
+  x = np.array(
+      [
+          [[5, 0, 7, 1, 0, 0, 0, 0, 0], [3, 1, 0, 0, 0, 0, 0, 0, 0]],  # row 0 ends at 4 tokens
+          [[4, 4, 4, 4, 4, 4, 4, 4, 1], [1, 0, 0, 0, 0, 0, 0, 0, 0]],  # 9: capped at 9, not 12
+          [[0] * 9, [0] * 9],  # all padding: one position
+      ],
+      np.int32,
+  )
+  buckets = sweep.pad_to_buckets(x, 3)
+  assert [b.shape for b in buckets] == [(2, 6), (2, 9), (2, 3)]
+  for bucket, example in zip(buckets, x):
+    np.testing.assert_array_equal(bucket, example[:, : bucket.shape[1]])
+    assert not example[:, bucket.shape[1] :].any()
+  assert [b.shape for b in sweep.pad_to_buckets(x, 1)] == [(2, 4), (2, 9), (2, 1)]
+  for bad, multiple in [(x[0], 3), (x, 0), (x, True)]:
+    with pytest.raises(ValueError, match=r"need encoder inputs \[examples, batch, length\]"):
+      sweep.pad_to_buckets(bad, multiple)
+
+
+def test_most_common_length_breaks_ties_toward_the_longer():
+  shapes = [(1, 8), (1, 16), (1, 8), (1, 16), (1, 32)]
+  assert sweep.most_common_length([np.zeros(s) for s in shapes]) == 16
+  assert sweep.most_common_length([np.zeros(s) for s in shapes[:3]]) == 8
+
+
 def test_cost_rounds_after_spreads_exactly_cost_repeats_rounds():
   """cost_repeats rounds in all, whatever the number of examples; the first example always gets
   one (it compiles the steps); more examples than rounds leave some without."""
@@ -178,13 +269,26 @@ def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
         (None, [], r"no settings to sweep"),
         (None, sweep.grid_settings(["d"], [2]) * 2, r"two settings share a \(label, gamma\)"),
         (33, sweep.grid_settings(["d"], [2]), r"drafter 'd' has vocab_size 33"),
+        (None, sweep.grid_settings(["d"], [2]), r"the examples' batch sizes differ \(\[1, 2\]\)"),
     ],
-    ids=["one_example_dim", "not_a_shape", "unknown_drafter", "a_tuple", "none", "twice", "vocab"],
+    ids=[
+        "one_example_dim",
+        "not_a_shape",
+        "unknown_drafter",
+        "a_tuple",
+        "none",
+        "twice",
+        "vocab",
+        "two_batch_sizes",
+    ],
 )
 def test_sweep_rejects_bad_arguments_before_compiling(drafters_of, settings, message):
   config, params = _tiny_pair()
   vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
-  inputs = np.ones((2, 1, 6), np.int32) if message != r"pass x\[:, None\]" else np.ones((2, 6))
+  inputs = {
+      r"pass x\[:, None\]": np.ones((2, 6)),
+      r"the examples' batch sizes differ \(\[1, 2\]\)": [np.ones((1, 6)), np.ones((2, 8))],
+  }.get(message, np.ones((2, 1, 6), np.int32))
   drafter_config = config if drafters_of is None else config.replace(vocab_size=drafters_of)
   with pytest.raises(ValueError, match=message):
     sweep.sweep(
