@@ -144,6 +144,7 @@ def time_calls(
     repeats: int = DEFAULT_REPEATS,
     warmup: int = DEFAULT_WARMUP,
     compiled: bool = False,
+    outputs: dict[Hashable, Any] | None = None,
 ) -> dict[Hashable, Timing]:
   """Wall times of several jitted calls measured side by side, compilation excluded.
 
@@ -156,13 +157,15 @@ def time_calls(
 
   Args:
     calls: name -> (jitted fn, args); each timed as `jax.block_until_ready(fn(*args))`.
+    outputs: where given, filled with name -> the result of that call's last timed run (what a
+      caller would otherwise compute by one more call).
   Returns:
     name -> Timing.
   """
   return {
       name: Timing.from_seconds(seconds)
       for name, seconds in time_rounds(
-          calls, repeats=repeats, warmup=warmup, compiled=compiled
+          calls, repeats=repeats, warmup=warmup, compiled=compiled, outputs=outputs
       ).items()
   }
 
@@ -173,9 +176,11 @@ def time_rounds(
     repeats: int = DEFAULT_REPEATS,
     warmup: int = DEFAULT_WARMUP,
     compiled: bool = False,
+    outputs: dict[Hashable, Any] | None = None,
 ) -> dict[Hashable, np.ndarray]:
   """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r.
-  With `compiled` (every call ran before), only the `warmup` calls precede the rounds."""
+  With `compiled` (every call ran before), only the `warmup` calls precede the rounds; `outputs`
+  as in `time_calls`."""
   if int(repeats) < 1 or int(warmup) < 0:
     raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
   if not calls:
@@ -190,8 +195,10 @@ def time_rounds(
     for name in names[r % len(names) :] + names[: r % len(names)]:
       fn, args = calls[name]
       start = time.perf_counter()
-      jax.block_until_ready(fn(*args))
+      result = jax.block_until_ready(fn(*args))
       seconds[name][r] = time.perf_counter() - start
+      if outputs is not None:
+        outputs[name] = result
   return seconds
 
 

@@ -208,11 +208,13 @@ def time_example(
   for key, setting in decoders.items():
     calls["decode", key] = (setting.predict, (setting.params, batch, rng, temperature))
     calls["prefill", key] = (setting.prefill, (setting.params, batch))
-  timings = benchmark.time_calls(calls, repeats=repeats, warmup=warmup, compiled=compiled)
+  outputs = {}
+  timings = benchmark.time_calls(
+      calls, repeats=repeats, warmup=warmup, compiled=compiled, outputs=outputs
+  )
   results = {}
   for key in decoders:
-    fn, args = calls["decode", key]
-    decodes, aux = fn(*args)
+    decodes, aux = outputs["decode", key]
     results[key] = report.ExampleResult.from_decode(
         timings["decode", key], timings["prefill", key], decodes, aux, eos_id
     )

@@ -63,6 +63,19 @@ def test_time_calls_times_every_call_in_every_round():
   assert runs["b"] == 9  # time_calls passes `compiled` on: the 3 rounds only
 
 
+def test_time_calls_keeps_each_calls_last_timed_result():
+  """The results a caller reads come from the last timed round: no call runs once more."""
+  runs = []
+
+  def fn(x):
+    runs.append(x)
+    return jnp.asarray(len(runs))
+
+  outputs = {}
+  benchmark.time_calls({"f": (fn, (0,))}, repeats=3, warmup=1, outputs=outputs)
+  assert len(runs) == 5 and int(outputs["f"]) == 5  # compile, warm-up, 3 rounds: the 5th kept
+
+
 def test_costs_from_the_seconds_of_the_step_calls():
   """Marginal step times (long call minus short call, per extra step) and the ratios of
   Theorem 3.8 from known call times: the arithmetic the benchmark script applies to the rounds
