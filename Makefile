@@ -1,16 +1,24 @@
-# Two entry points; each creates (or reuses) .venv and installs what it needs: `make demo` the
-# package alone, `make lint` and `make test` the package with its test extras (torch, transformers,
-# jupyter, the linters), which take about as long again to install and the demo never imports.
+# Two entry points; each creates (or reuses) .venv and installs what it needs. `make demo`: what
+# decoding needs (requirements-decoding.txt) and the package without its other dependencies; the
+# demo reads no seqio task, so it runs without TensorFlow (scripts/run_without_tensorflow.py),
+# whose install takes longer than the demo's own. `make lint` and `make test`: the package with
+# all its dependencies and its test extras (torch, transformers, jupyter, the linters).
 PY ?= python3
 VENV := .venv
+DECODING := $(VENV)/.installed-decoding
 PACKAGE := $(VENV)/.installed-package
 TEST_EXTRAS := $(VENV)/.installed-test
 
 .PHONY: demo lint test
 
-$(PACKAGE): setup.py
+$(DECODING): setup.py requirements-decoding.txt
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements-decoding.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $(DECODING)
+
+$(PACKAGE): $(DECODING)
 	$(VENV)/bin/pip install -q -e .
 	touch $(PACKAGE)
 
@@ -18,8 +26,8 @@ $(TEST_EXTRAS): $(PACKAGE)
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(TEST_EXTRAS)
 
-demo: $(PACKAGE)
-	$(VENV)/bin/python scripts/demo.py
+demo: $(DECODING)
+	$(VENV)/bin/python scripts/run_without_tensorflow.py scripts/demo.py
 
 # Google-style formatting (pyink, 2-space indents) and lint (ruff); configured in pyproject.toml.
 lint: $(TEST_EXTRAS)

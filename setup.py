@@ -1,6 +1,26 @@
 """speculative_t5x: exact speculative decoding for T5 1.1 in JAX/Flax, the T5X way."""
 
+import pathlib
+
 import setuptools
+
+# What decoding, its timing and `make demo` need (no TensorFlow): requirements-decoding.txt, which
+# `make demo` installs alone.
+DECODING = [
+    line.strip()
+    for line in (pathlib.Path(__file__).parent / "requirements-decoding.txt")
+    .read_text()
+    .splitlines()
+    if line.strip() and not line.startswith("#")
+]
+# seqio's tasks (read through tf.data), training and evaluation.
+TASKS = [
+    "seqio>=0.0.19",
+    "tensorflow-datasets>=4.9",
+    "tensorflow>=2.16",
+    "sacrebleu>=2.4",
+    "rouge-score>=0.1.2",
+]
 
 setuptools.setup(
     name="speculative_t5x",
@@ -13,27 +33,7 @@ setuptools.setup(
     package_dir={"speculative_t5x.configs": "configs", "speculative_t5x.data": "data"},
     package_data={"speculative_t5x.configs": ["*/*.gin"], "speculative_t5x.data": ["demo_ende/*"]},
     python_requires=">=3.11",
-    install_requires=[
-        "jax>=0.4.30",
-        "flax>=0.10",
-        "optax>=0.2",
-        "orbax-checkpoint>=0.11",
-        "gin-config>=0.5",
-        "seqio>=0.0.19",
-        "tensorflow-datasets>=4.9",
-        "tensorflow>=2.16",
-        "tensorstore>=0.1.60",
-        "sentencepiece>=0.2",
-        "numpy>=1.26",
-        "absl-py>=2.0",
-        "tqdm>=4.66",
-        "msgpack>=1.0",
-        "ml_dtypes>=0.4",
-        "safetensors>=0.4",
-        "etils[epath]>=1.5",
-        "sacrebleu>=2.4",
-        "rouge-score>=0.1.2",
-    ],
+    install_requires=DECODING + TASKS,
     extras_require={
         "test": [
             "pytest>=8",

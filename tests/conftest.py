@@ -96,6 +96,44 @@ def script_process(script: str, *flags: str, cwd=None, timeout: int = 600):
   )
 
 
+# The modules of the dependencies setup.py adds to requirements-decoding.txt's (its TASKS): `make
+# demo` installs none of them.
+NOT_FOR_DECODING = ("seqio", "tensorflow", "tensorflow_datasets", "sacrebleu", "rouge_score")
+
+_WITHOUT_TASKS_DEPENDENCIES = f"""
+import importlib.util, sys
+class Block:
+  def find_spec(self, name, path=None, target=None):
+    if name.split('.')[0] in {NOT_FOR_DECODING!r}:
+      raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+find = importlib.util.find_spec
+importlib.util.find_spec = lambda n, *a: None if n == 'tensorflow' else find(n, *a)
+sys.argv = ['run_without_tensorflow.py'] + sys.argv[1:]
+sys.path.insert(0, {str(REPO_ROOT / "scripts")!r})
+import run_without_tensorflow
+run_without_tensorflow.main(sys.argv)
+"""
+
+
+def make_demo_process(script: str, *flags: str, cwd=None, timeout: int = 600):
+  """`script_process` as `make demo` runs a script: through scripts/run_without_tensorflow.py,
+  with the modules of NOT_FOR_DECODING unimportable, as where requirements-decoding.txt alone is
+  installed (an import of one fails with 'blocked: <module>')."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  return subprocess.run(
+      [sys.executable, "-c", _WITHOUT_TASKS_DEPENDENCIES, str(REPO_ROOT / "scripts" / script)]
+      + list(flags),
+      cwd=cwd or REPO_ROOT,
+      env=SCRIPT_ENV,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+  )
+
+
 def run_script(script: str, *flags: str, cwd=None, timeout: int = 600) -> str:
   """`script_process`, asserting that the script exits with status 0 (showing the end of its
   stderr if not) -> its stdout."""

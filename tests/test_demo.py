@@ -4,14 +4,16 @@ flag refused before anything loads."""
 import subprocess
 import sys
 
-from conftest import REPO_ROOT, SCRIPT_ENV, require_demo_pair, run_script
+from conftest import REPO_ROOT, SCRIPT_ENV, make_demo_process, require_demo_pair
 
 GAMMA = 3  # scripts/demo.py's default
 
 
 def test_demo_translates_and_checks_greedy_equality():
+  """As `make demo` runs it: through scripts/run_without_tensorflow.py, where seqio, TensorFlow
+  and the other dependencies requirements-decoding.txt leaves out cannot be imported."""
   require_demo_pair()
-  out = run_script(
+  completed = make_demo_process(
       "demo.py",
       "--num_examples=2",
       "--show=2",
@@ -20,6 +22,8 @@ def test_demo_translates_and_checks_greedy_equality():
       "--decode_length=24",
       "--verifier=token,block",  # both exact: the greedy check covers both
   )
+  assert completed.returncode == 0, completed.stderr[-4000:]
+  out = completed.stdout
   assert "trained demo pair" in out
   assert f"gamma {GAMMA}, token and block verification, 2 examples" in out
   assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2

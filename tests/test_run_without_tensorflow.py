@@ -1,14 +1,14 @@
 """scripts/run_without_tensorflow.py: its stand-in vocabularies encode and decode as seqio's own,
 its task constants are speculative_t5x.tasks's, and a script runs under it without seqio."""
 
-import subprocess
+import re
 import sys
 
 import numpy as np
 import pytest
 import seqio
 
-from conftest import REPO_ROOT
+from conftest import NOT_FOR_DECODING, REPO_ROOT, make_demo_process
 from speculative_t5x import tasks
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
@@ -53,34 +53,22 @@ def test_task_constants_are_the_task_modules():
   assert runner._demo_data_dir() == tasks.DEFAULT_DEMO_DATA_DIR
 
 
+def test_the_decoding_requirements_hold_none_of_the_tasks_dependencies():
+  lines = (REPO_ROOT / "requirements-decoding.txt").read_text().splitlines()
+  names = {re.split(r"[<>=\[ ]", line)[0] for line in lines if line and not line.startswith("#")}
+  assert {"jax", "flax", "orbax-checkpoint", "sentencepiece"} <= names
+  assert not {name.replace("-", "_") for name in names} & set(NOT_FOR_DECODING)
+
+
 def test_a_script_runs_without_seqio_and_a_task_is_refused(tmp_path):
-  # The demo's flag check runs under the runner with seqio and TensorFlow made unimportable;
-  # the benchmark's --task needs a seqio task, which the stand-in refuses by name.
-  block = (
-      "import sys\n"
-      "class Block:\n"
-      "  def find_spec(self, name, path=None, target=None):\n"
-      "    if name.split('.')[0] in ('seqio', 'tensorflow'):\n"
-      "      raise ImportError('blocked: ' + name)\n"
-      "sys.meta_path.insert(0, Block())\n"
-      "import importlib.util\n"
-      "find = importlib.util.find_spec\n"
-      "importlib.util.find_spec = lambda n, *a: None if n == 'tensorflow' else find(n, *a)\n"
-      "sys.argv = ['run_without_tensorflow.py'] + sys.argv[1:]\n"
-      f"sys.path.insert(0, {str(REPO_ROOT / 'scripts')!r})\n"
-      "import run_without_tensorflow\n"
-      "run_without_tensorflow.main(sys.argv)\n"
-  )
-  script = tmp_path / "blocked.py"
-  script.write_text(block)
-  run = lambda *args: subprocess.run(  # noqa: E731
-      [sys.executable, str(script), *args], cwd=REPO_ROOT, capture_output=True, text=True
-  )
-  demo = run("scripts/demo.py", "--temperatures=-1")
+  # The demo's flag check runs under the runner with seqio, TensorFlow and the rest of what `make
+  # demo` does not install made unimportable (tests/test_demo.py runs the whole demo so); the
+  # benchmark's --task needs a seqio task, which the stand-in refuses by name.
+  demo = make_demo_process("demo.py", "--temperatures=-1")
   assert demo.returncode == 1
   assert "--temperatures=-1" in demo.stderr + demo.stdout
   assert "blocked" not in demo.stderr + demo.stdout
-  bench = run("scripts/benchmark.py", "--task=demo_ende", f"--output_dir={tmp_path / 'b'}")
+  bench = make_demo_process("benchmark.py", "--task=demo_ende", f"--output_dir={tmp_path / 'b'}")
   assert bench.returncode != 0
   assert "not available under scripts/run_without_tensorflow.py" in bench.stderr + bench.stdout
 
