@@ -1,5 +1,6 @@
-"""Runs one of this repository's scripts where TensorFlow is not installed (e.g. a GPU image with
-JAX but no TensorFlow, whose 260 MB wheel cannot be carried there).
+"""Runs one of this repository's scripts where TensorFlow is not installed: `make demo`, which
+installs requirements-decoding.txt alone (TensorFlow's install takes longer than the demo), or a
+GPU image with JAX but no TensorFlow, whose 260 MB wheel cannot be carried there.
 
 Decoding, its timing and the demo need JAX alone; TensorFlow is seqio's dependency (seqio's tasks
 read their data through tf.data). This runner puts in `seqio`'s place a module with the two
