@@ -35,7 +35,6 @@ Usage:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import pathlib
@@ -234,7 +233,7 @@ def main(argv):
   examples = inputs[:, None]
   if FLAGS.input_bucket:
     examples = sweep.pad_to_buckets(examples, FLAGS.input_bucket)
-  encoder_lengths = collections.Counter(x.shape[-1] for x in examples)
+  encoder_lengths = sweep.encoder_lengths(examples)
   result = sweep.sweep(
       pair.target_config,
       pair.target_params,
@@ -256,7 +255,7 @@ def main(argv):
   header = (
       f"Batch 1, {len(inputs)} example(s) of task '{task}', {FLAGS.repeats} timed decodes "
       f"each (median per example); feature lengths {dict(setup.task_feature_lengths)}, "
-      f"examples by encoder length {dict(sorted(encoder_lengths.items()))}; "
+      f"examples by encoder length {encoder_lengths}; "
       f"{jax.default_backend()} backend; decode-step costs from {result.cost_rounds} rounds "
       f"timed between the examples; before the run: 1-minute load average {load['load_1m']:.2f}, "
       f"other processes running {load['runnable_others']}."
@@ -283,7 +282,7 @@ def main(argv):
       "weights": pair.sources,
       "task_feature_lengths": dict(setup.task_feature_lengths),
       "input_bucket": FLAGS.input_bucket,
-      "encoder_lengths": {str(n): encoder_lengths[n] for n in sorted(encoder_lengths)},
+      "encoder_lengths": {str(n): count for n, count in encoder_lengths.items()},
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],
       "jax": jax.__version__,

@@ -20,7 +20,6 @@ the explicit --random_pair. Every flag is checked before anything loads.
 
 from __future__ import annotations
 
-import collections
 import pathlib
 import sys
 
@@ -298,7 +297,7 @@ def main(argv):
   examples = encoder_tokens[:, None]
   if _INPUT_BUCKET.value:
     examples = sweep.pad_to_buckets(examples, _INPUT_BUCKET.value)
-  lengths = collections.Counter(x.shape[-1] for x in examples)
+  lengths = sweep.encoder_lengths(examples)
   shape = (
       f"gamma {_GAMMA.value}, {' and '.join(verifiers)} verification"
       if draft_trees is None
@@ -308,7 +307,7 @@ def main(argv):
       f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} decoder layers, "
       f"drafters {', '.join(f'{name} ({type(p.drafter).__name__})' for name, p in loaded.items())}"
       f", {shape}, {len(encoder_tokens)} examples at batch 1 (input tokens padded to "
-      f"{', '.join(f'{n}: {lengths[n]}' for n in sorted(lengths))}), backend "
+      f"{', '.join(f'{n}: {count}' for n, count in lengths.items())}), backend "
       f"{jax.default_backend()}"
   )
 

@@ -384,10 +384,16 @@ def _check_sweep(
     )
 
 
+def encoder_lengths(encoder_inputs: Sequence[np.ndarray]) -> dict[int, int]:
+  """Examples [B, Le] -> {Le: how many examples have it}, by increasing Le."""
+  counts = collections.Counter(np.shape(x)[-1] for x in encoder_inputs)
+  return dict(sorted(counts.items()))
+
+
 def most_common_length(encoder_inputs: Sequence[np.ndarray]) -> int:
   """The encoder length Le that most examples [B, Le] have (the longest of those tied): where
   the decode steps behind the costs are timed."""
-  counts = collections.Counter(np.shape(x)[-1] for x in encoder_inputs)
+  counts = encoder_lengths(encoder_inputs)
   return max(counts, key=lambda length: (counts[length], length))
 
 

@@ -31,6 +31,33 @@ def run_once(calls, outputs):
     outputs[key] = fn(*args)
 
 
+def _replace_timers(
+    monkeypatch, on_steps=lambda steps, geometry: None, on_example=lambda warmup, compiled: None
+):
+  """Real decodes, timers replaced: every example call 1 ms, a decode step 1 ms per pass;
+  on_steps(steps, geometry) sees each `benchmark.decode_step_calls`, on_example(warmup, compiled)
+  each example's `benchmark.time_calls`."""
+
+  def decode_step_calls(steps, geometry, temperature, batch):
+    on_steps(steps, geometry)
+    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
+
+  def time_calls(calls, repeats, warmup, compiled, outputs):
+    on_example(warmup, compiled)
+    run_once(calls, outputs)
+    return {key: ms(1.0) for key in calls}
+
+  monkeypatch.setattr(benchmark, "time_calls", time_calls)
+  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(
+      benchmark,
+      "time_rounds",
+      lambda calls, repeats, warmup, compiled: {
+          (name, passes): np.full(repeats, passes * 1e-3) for name, passes in calls
+      },
+  )
+
+
 def _tiny_pair():
   config = network.T5Config(
       vocab_size=32,
@@ -110,24 +137,10 @@ def test_examples_of_several_lengths_compile_once_per_length_and_decode_as_if_pa
   ones, of a random tiny pair at T = 0 and a drafter that is not the target) is the one the same
   example gives padded to the longest length."""
   example_calls, geometries = [], []
-
-  def decode_step_calls(steps, geometry, temperature, batch):
-    geometries.append(geometry)
-    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
-
-  def time_calls(calls, repeats, warmup, compiled, outputs):
-    example_calls.append((warmup, compiled))
-    run_once(calls, outputs)
-    return {key: ms(1.0) for key in calls}
-
-  monkeypatch.setattr(benchmark, "time_calls", time_calls)
-  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
-  monkeypatch.setattr(
-      benchmark,
-      "time_rounds",
-      lambda calls, repeats, warmup, compiled: {
-          (name, passes): np.full(repeats, passes * 1e-3) for name, passes in calls
-      },
+  _replace_timers(
+      monkeypatch,
+      on_steps=lambda steps, geometry: geometries.append(geometry),
+      on_example=lambda warmup, compiled: example_calls.append((warmup, compiled)),
   )
   config, params = _tiny_pair()
   drafter_config = config.replace(emb_dim=6, num_heads=1, mlp_dim=8)
@@ -194,6 +207,7 @@ def test_most_common_length_breaks_ties_toward_the_longer():
   shapes = [(1, 8), (1, 16), (1, 8), (1, 16), (1, 32)]
   assert sweep.most_common_length([np.zeros(s) for s in shapes]) == 16
   assert sweep.most_common_length([np.zeros(s) for s in shapes[:3]]) == 8
+  assert sweep.encoder_lengths([np.zeros(s) for s in shapes]) == {8: 2, 16: 2, 32: 1}
 
 
 def test_cost_rounds_after_spreads_exactly_cost_repeats_rounds():
@@ -216,24 +230,7 @@ def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
   timed as its own decoder on a cache made from an encoder output of the target's width, and its
   greedy decodes (real ones; only the timers are replaced) equal the baseline's."""
   stages = {}
-
-  def decode_step_calls(steps, geometry, temperature, batch):
-    stages.update(steps)
-    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
-
-  def time_calls(calls, repeats, warmup, compiled, outputs):
-    run_once(calls, outputs)
-    return {key: ms(1.0) for key in calls}
-
-  monkeypatch.setattr(benchmark, "time_calls", time_calls)
-  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
-  monkeypatch.setattr(
-      benchmark,
-      "time_rounds",
-      lambda calls, repeats, warmup, compiled: {
-          (name, passes): np.full(repeats, passes * 1e-3) for name, passes in calls
-      },
-  )
+  _replace_timers(monkeypatch, on_steps=lambda steps, geometry: stages.update(steps))
   config, params = _tiny_pair()
   drafter_config = config.replace(emb_dim=6, num_heads=1, mlp_dim=8)
   drafter = drafters.SharedEncoderDrafter(drafter_config, encoder_emb_dim=config.emb_dim)
