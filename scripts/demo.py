@@ -12,7 +12,7 @@ A --pair_dir that is missing or incomplete is an error (exit status 1), never re
 pair of random weights, for the mechanics only (its alpha says nothing about real drafters), is
 the explicit --random_pair. Every flag is checked before anything loads.
 
-  python scripts/demo.py [--pair_dir=demo_models] [--drafter=feature_drafter_128x1]
+  python scripts/demo.py [--pair_dir=demo_models] [--drafter=feature_drafter_128x1+source]
     [--num_examples=48] [--gamma=3 [--verifier=token,block] | --draft_tree=2,2,1]
     [--input_bucket=24] [--verbose]
   python scripts/demo.py --random_pair
@@ -20,6 +20,7 @@ the explicit --random_pair. Every flag is checked before anything loads.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -33,6 +34,7 @@ import seqio
 from speculative_t5x import benchmark
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters
+from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import pairs
@@ -46,6 +48,8 @@ from speculative_t5x import validation
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RANDOM_DRAFTER = "random drafter"
+# A --drafter entry ending in it: that feature drafter with `FeatureDrafter.copy_source`.
+COPY_SOURCE = "+source"
 EOS_ID = 1
 RANDOM_INPUT_LENGTH = 16
 VERIFIERS = {"token": speculative.TokenVerifier(), "block": speculative.BlockVerifier()}
@@ -57,11 +61,13 @@ _PAIR_DIR = flags.DEFINE_string(
 )
 _DRAFTERS = flags.DEFINE_list(
     "drafter",
-    ["feature_drafter_128x1"],
+    ["feature_drafter_128x1+source"],
     "The drafter's subdirectory of --pair_dir, or several separated by commas, all timed side by "
     "side in one run: demo_models/ holds feature_drafter_128x1/ (the fastest here), "
     "feature_drafter_128/ and feature_drafter/ (feature-level drafters) and drafter/ (the "
-    "shared-encoder drafter); see demo_models/MODEL_CARD.md.",
+    f"shared-encoder drafter); see demo_models/MODEL_CARD.md. A feature drafter's name with "
+    f"{COPY_SOURCE} appended (feature_drafter_128x1{COPY_SOURCE}) also drafts each sentence's "
+    "own source ids (feature_drafter.copying_source).",
 )
 _RANDOM_PAIR = flags.DEFINE_bool(
     "random_pair",
@@ -157,7 +163,8 @@ def check_flags() -> tuple[float, ...]:
         f"--drafter={','.join(_DRAFTERS.value)}: give one or more distinct drafter "
         "subdirectories of --pair_dir, e.g. --drafter=drafter,feature_drafter"
     )
-  needed = ("target", *_DRAFTERS.value, tasks.DEMO_VOCABULARY_FILE)
+  members = [_member(entry)[0] for entry in _DRAFTERS.value]
+  needed = ("target", *members, tasks.DEMO_VOCABULARY_FILE)
   missing = [name for name in needed if not (pair_dir / name).exists()]
   if missing:
     problem = "does not exist" if not pair_dir.is_dir() else f"has no {', '.join(missing)}"
@@ -167,7 +174,26 @@ def check_flags() -> tuple[float, ...]:
         "is the default) and --drafter one of its drafter subdirectories, or --random_pair for "
         "a tiny random pair (mechanics only)"
     )
+  for entry in _DRAFTERS.value:
+    member, copy_source = _member(entry)
+    drafter = drafters.read_drafter(pair_dir / member) if copy_source else None
+    if copy_source and not (
+        isinstance(drafter, feature_drafter.FeatureDrafter) and drafter.draft_vocab
+    ):
+      raise gin_utils.ConfigError(
+          f"--drafter={entry}: {COPY_SOURCE} adds each sentence's source ids to a feature "
+          f"drafter's draft vocabulary, and {member} is a {type(drafter).__name__}"
+          f"{' without one' if isinstance(drafter, feature_drafter.FeatureDrafter) else ''}: "
+          f"drop {COPY_SOURCE}"
+      )
   return temperatures
+
+
+def _member(entry: str) -> tuple[str, bool]:
+  """A --drafter entry -> (its subdirectory of --pair_dir, whether it copies the source)."""
+  if entry.endswith(COPY_SOURCE):
+    return entry[: -len(COPY_SOURCE)], True
+  return entry, False
 
 
 def _demo_pairs() -> tuple[dict[str, pairs.Pair], seqio.Vocabulary | None, str]:
@@ -180,11 +206,19 @@ def _demo_pairs() -> tuple[dict[str, pairs.Pair], seqio.Vocabulary | None, str]:
   # Parameters may be stored in bfloat16 (demo_models/ is, to halve its size); from_pair_dir
   # restores them in the compute dtype the target's config.json records (float32 for the demo).
   loaded = {}
-  for member in _DRAFTERS.value:
+  for entry in _DRAFTERS.value:
+    member, copy_source = _member(entry)
     config = pairs.PairConfig.from_pair_dir(pair_dir, drafter_member=member)
-    loaded[member] = pairs.load_pair(config, vocabulary.eos_id)
+    pair = pairs.load_pair(config, vocabulary.eos_id)
+    if copy_source:
+      drafter, params = feature_drafter.copying_source(
+          pair.drafter, pair.drafter_params, pair.target_params
+      )
+      pair = dataclasses.replace(pair, drafter=drafter, drafter_params=params)
+    loaded[entry] = pair
+  members = {_member(entry)[0] for entry in _DRAFTERS.value}
   stored = sorted(
-      set().union(*(checkpoints.stored_dtypes(pair_dir / m) for m in ("target", *_DRAFTERS.value)))
+      set().union(*(checkpoints.stored_dtypes(pair_dir / m) for m in ("target", *members)))
   )
   restored = loaded[_DRAFTERS.value[0]].config.restore_dtype
   return (

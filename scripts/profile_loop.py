@@ -52,7 +52,8 @@ _PAIR_DIR = flags.DEFINE_string("pair_dir", str(REPO / "demo_models"), "A save_p
 _DRAFTER = flags.DEFINE_string(
     "drafter",
     "feature_drafter_128x1",
-    "The drafter's subdirectory of --pair_dir (scripts/demo.py's default: feature_drafter_128x1).",
+    "The drafter's subdirectory of --pair_dir (scripts/demo.py's default drafts with "
+    "feature_drafter_128x1 and its sources' ids, feature_drafter_128x1+source there).",
 )
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Drafts per target call.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")

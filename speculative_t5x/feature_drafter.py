@@ -13,7 +13,10 @@ cross-attention to the target's encoder output [B, Le, E]) and predicts the feat
 
 with W_head the target's logits kernel [E, V], frozen, restricted to a draft vocabulary of N
 tokens where one is given: the other tokens get MASK_VALUE logits, so q = 0 there and a verifier
-stays exact (they are never drafted).
+stays exact (they are never drafted). With `copy_source`, each row also scores the ids of its own
+encoder input (names, numbers, identifiers a translation copies) through the same frozen kernel's
+columns: row b's vocabulary is the draft vocabulary plus the Le ids of its source, its
+W_head[:, ids_b] folded once per decode into [d, Le] (`FeatureDrafterState.source_kernel`).
 
 A draft reads f^ only through W_head and, for the next draft, through W_fuse's feature half, so
 decoding folds them (`fold`, once per decode call: `FeatureDrafter.decode_params`):
@@ -96,21 +99,45 @@ def scatter_draft_logits(logits: jax.Array, draft_vocab: tuple[int, ...], vocab_
   return full.at[..., np.asarray(draft_vocab)].set(logits)
 
 
+def source_ids(
+    encoder_input_tokens: jax.Array, draft_vocab: tuple[int, ...], vocab_size: int
+) -> jax.Array:
+  """The ids each row's source adds to the draft vocabulary: encoder_input_tokens [B, Le] ->
+  [B, Le] int32, vocab_size (out of range: `scatter_source_logits` drops it) where the token is
+  padding (0) or in the draft vocabulary already."""
+  kept = np.ones(vocab_size, bool)
+  kept[0] = False
+  kept[np.asarray(draft_vocab, np.int64)] = False
+  tokens = jnp.asarray(encoder_input_tokens, jnp.int32)
+  return jnp.where(jnp.asarray(kept)[tokens], tokens, vocab_size)
+
+
+def scatter_source_logits(logits: jax.Array, ids: jax.Array, source: jax.Array) -> jax.Array:
+  """Row b's logits [B, ..., V] with source[b, ..., j] [B, ..., Le] written at id ids[b, j]
+  [B, Le] (`source_ids`; an id of V is dropped). A row's repeated id has one column, so
+  every copy writes the same value."""
+  return jax.vmap(lambda full, i, x: full.at[..., i].set(x, mode="drop"))(logits, ids, source)
+
+
 class FeatureHead(nn.Module):
   """The drafter's network. Parameters: 'embedding' [V, E] and 'head' [E, N] (copies of the
-  target's, frozen: gradients stop at them), 'fuse' {'kernel' [F + E, d]}, 'fuse_bias' [d],
+  target's, frozen: gradients stop at them; with copy_source also 'source_head', the whole
+  logits kernel [E, V]), 'fuse' {'kernel' [F + E, d]}, 'fuse_bias' [d],
   'relpos_bias', 'layers_i' (T5 1.1 `DecoderLayer`s of width d whose cross-attention reads
   [B, Le, E]), 'feature_norm', 'feature_out' {'kernel' [d, F]}.
 
   config: the body (emb_dim d, heads, mlp, num_decoder_layers; vocab_size V, the target's).
   feature_dim: E. draft_vocab: the N token ids the head scores, or () for all V.
   num_features: F / E, how many E-wide features f_t holds (1 + len(target_feature_layers)).
+  copy_source: whether it holds 'source_head' (`FeatureDrafter.copy_source`). Its own outputs
+  are over the draft vocabulary: the source's columns are added by the FeatureDrafter.
   """
 
   config: network.T5Config
   feature_dim: int
   draft_vocab: tuple[int, ...] = ()
   num_features: int = 1
+  copy_source: bool = False
 
   def setup(self):
     cfg = self.config
@@ -130,6 +157,16 @@ class FeatureHead(nn.Module):
         (self.feature_dim, width),
         jnp.float32,
     )
+    if self.copy_source:
+      self.source_head = self.param(
+          "source_head",
+          nn.with_logical_partitioning(
+              nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal"),
+              ("embed", "vocab"),
+          ),
+          (self.feature_dim, cfg.vocab_size),
+          jnp.float32,
+      )
     self.fuse = layers.Dense(cfg.emb_dim, dtype, _FUSE_AXES)
     self.fuse_bias = self.param(
         "fuse_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)), (cfg.emb_dim,)
@@ -391,6 +428,20 @@ def without_layers(
   return cut_config, {**{k: v for k, v in params.items() if k not in body}, **cut["decoder"]}
 
 
+def copying_source(
+    drafter: "FeatureDrafter", params: Any, target_params: Any
+) -> tuple["FeatureDrafter", Any]:
+  """A trained drafter that drafts from its draft vocabulary -> the same drafter with
+  `FeatureDrafter.copy_source`, and its parameters with 'source_head' added: the target's logits
+  kernel, from target_params. Nothing else changes and nothing is trained: the draft
+  vocabulary's logits stay those of the head it was trained with (a drafter trained on from an
+  earlier version of its target holds that version's copies), and each source id outside it is
+  scored by the target's own column."""
+  copying = dataclasses.replace(drafter, copy_source=True)
+  source_head = copying.init_from_target(_trained(params), target_params)["source_head"]
+  return copying, {**_trained(params), "source_head": source_head}
+
+
 @flax.struct.dataclass
 class DecodeParams:
   """A FeatureDrafter's parameters as its proposals read them (`FeatureDrafter.decode_params`):
@@ -408,10 +459,14 @@ def _trained(params: Any) -> Any:
 @flax.struct.dataclass
 class FeatureDrafterState:
   """cache: the head's decoder cache [B, S, ...]; features [B, S, F]: the target's features by
-  position, true up to the decode's length - 1 (`FeatureDrafter.observe_features`)."""
+  position, true up to the decode's length - 1 (`FeatureDrafter.observe_features`). With
+  copy_source, source_ids [B, Le] (`source_ids`) and source_kernel [B, d, Le], the folded
+  W_out[:, :E] W_head[:, source_ids] (None without)."""
 
   cache: Any
   features: jax.Array
+  source_ids: jax.Array | None = None
+  source_kernel: jax.Array | None = None
 
 
 @gin.configurable
@@ -460,6 +515,10 @@ class FeatureDrafter(drafters.Drafter):
   draft_vocab: the token ids it may draft (`frequent_tokens`), or () for the whole vocabulary.
   target_feature_layers: the target's decoder layers whose outputs it reads beside the final
     feature (EAGLE-3's lower-layer features; `network.check_feature_layers`), or ().
+  copy_source: each row may also draft the ids of its own encoder input, scored by the
+    target's logits kernel (its parameter 'source_head' [E, V], a frozen copy: `init_from_target`).
+    Needs a draft_vocab. Training scores the draft vocabulary alone (`FeatureHead.unrolled`);
+    decoding and `teacher_forced_logits` add the source's columns.
   """
 
   config: network.T5Config = gin.REQUIRED
@@ -467,6 +526,7 @@ class FeatureDrafter(drafters.Drafter):
   draft_vocab: tuple[int, ...] = ()
   eos_id: int | None = None
   target_feature_layers: tuple[int, ...] = ()
+  copy_source: bool = False
 
   reads_target_features = True
 
@@ -498,6 +558,17 @@ class FeatureDrafter(drafters.Drafter):
           "final feature alone."
       )
     object.__setattr__(self, "target_feature_layers", tuple(int(i) for i in layers_))
+    if not isinstance(self.copy_source, (bool, np.bool_)):
+      raise ValueError(
+          f"FeatureDrafter.copy_source must be True or False, got {self.copy_source!r}."
+      )
+    if self.copy_source and not vocab:
+      raise ValueError(
+          "FeatureDrafter.copy_source adds each source's ids to a draft vocabulary, but "
+          "draft_vocab is () (the whole vocabulary, every id scored already): give a draft_vocab "
+          "(feature_drafter.frequent_tokens), or copy_source=False."
+      )
+    object.__setattr__(self, "copy_source", bool(self.copy_source))
 
   @property
   def vocab_size(self) -> int:
@@ -506,7 +577,11 @@ class FeatureDrafter(drafters.Drafter):
   @property
   def module(self) -> FeatureHead:
     return FeatureHead(
-        self.config, self.feature_dim, self.draft_vocab, 1 + len(self.target_feature_layers)
+        self.config,
+        self.feature_dim,
+        self.draft_vocab,
+        1 + len(self.target_feature_layers),
+        self.copy_source,
     )
 
   @property
@@ -528,7 +603,8 @@ class FeatureDrafter(drafters.Drafter):
 
   def init_from_target(self, params: Any, target_params: Any) -> Any:
     """`params` with the target's token embedding and logits kernel (its draft-vocabulary
-    columns) copied in: the parts the head shares with the target."""
+    columns, and all of it as 'source_head' with copy_source) copied in: the parts the head
+    shares with the target."""
     # Copies, not views: the target's arrays stay the target's (a training step donates the
     # drafter's buffers while it reads the target's).
     embedding = jnp.array(target_params["token_embedder"]["embedding"], jnp.float32, copy=True)
@@ -537,9 +613,12 @@ class FeatureDrafter(drafters.Drafter):
       kernel = jnp.array(decoder["logits_dense"]["kernel"], jnp.float32, copy=True)
     else:  # tied: logits = x @ embedding^T / sqrt(E) (`layers.Decoder._logits_of_features`).
       kernel = embedding.T / np.sqrt(self.feature_dim)
+    shared = {"embedding": embedding, "head": kernel}
     if self.draft_vocab:
-      kernel = kernel[:, np.asarray(self.draft_vocab)]
-    return {**params, "embedding": embedding, "head": kernel}
+      shared["head"] = kernel[:, np.asarray(self.draft_vocab)]
+    if self.copy_source:
+      shared["source_head"] = kernel
+    return {**params, **shared}
 
   @property
   def needs_checkpoint(self) -> bool:
@@ -551,6 +630,7 @@ class FeatureDrafter(drafters.Drafter):
         "feature_dim": self.feature_dim,
         "draft_vocab": list(self.draft_vocab),
         "target_feature_layers": list(self.target_feature_layers),
+        "copy_source": self.copy_source,
     }
 
   def save_params(self, directory, params, overwrite=False):
@@ -566,9 +646,12 @@ class FeatureDrafter(drafters.Drafter):
   @classmethod
   def from_entry(cls, config: network.T5Config, entry: Mapping[str, Any]) -> "FeatureDrafter":
     """The drafter a `save_params` directory's config.json describes (its 'drafter' entry)."""
-    # Checkpoints written before target_feature_layers existed read the final feature alone.
+    # Checkpoints written before target_feature_layers (copy_source) existed read the final
+    # feature alone (draft from the draft vocabulary alone).
     layers_ = tuple(entry.get("target_feature_layers", ()))
-    return cls(config, int(entry["feature_dim"]), tuple(entry["draft_vocab"]), None, layers_)
+    copy_source = entry.get("copy_source", False)
+    vocab = tuple(entry["draft_vocab"])
+    return cls(config, int(entry["feature_dim"]), vocab, None, layers_, copy_source)
 
   def check_target(self, target_config):
     drafters.check_reads_target(
@@ -606,7 +689,17 @@ class FeatureDrafter(drafters.Drafter):
     )
     batch = encoder_input_tokens.shape[0]
     features = jnp.zeros((batch, cache_length, self.feature_width), jnp.float32)
-    return FeatureDrafterState(cache, features)
+    if not self.copy_source:
+      return FeatureDrafterState(cache, features)
+    ids, columns = self._source_columns(params, encoder_input_tokens)
+    out = jnp.asarray(params["feature_out"]["kernel"], jnp.float32)[:, : self.feature_dim]
+    return FeatureDrafterState(cache, features, ids, jnp.einsum("de,ebl->bdl", out, columns))
+
+  def _source_columns(self, params, encoder_input_tokens) -> tuple[jax.Array, jax.Array]:
+    """-> (`source_ids` [B, Le], W_head's columns at them [E, B, Le] float32)."""
+    ids = source_ids(encoder_input_tokens, self.draft_vocab, self.vocab_size)
+    head = jnp.asarray(params["source_head"], jnp.float32)
+    return ids, jnp.take(head, ids, axis=1, mode="clip")
 
   def observe_features(self, state, features, start):
     """Writes the target's features [B, W, F] of positions start[b] .. start[b] + W - 1."""
@@ -626,11 +719,16 @@ class FeatureDrafter(drafters.Drafter):
     params = self.decode_params(params)
     return params.params, params.folded
 
-  def _logits(self, folded: dict, hidden: jax.Array) -> jax.Array:
-    """n [B, k, d] -> logits [B, k, V] (MASK_VALUE off the draft vocabulary)."""
-    logits = jnp.dot(hidden.astype(jnp.float32), folded["logits"])
+  def _logits(self, folded: dict, hidden: jax.Array, state: FeatureDrafterState) -> jax.Array:
+    """n [B, k, d] -> logits [B, k, V] (MASK_VALUE off the draft vocabulary and, with
+    copy_source, the row's source ids)."""
+    hidden = hidden.astype(jnp.float32)
+    logits = jnp.dot(hidden, folded["logits"])
     if self.draft_vocab:
       logits = scatter_draft_logits(logits, self.draft_vocab, self.vocab_size)
+    if self.copy_source:
+      source = jnp.einsum("bkd,bdl->bkl", hidden, state.source_kernel)
+      logits = scatter_source_logits(logits, state.source_ids, source)
     return logits
 
   def _next_inputs(self, params, folded: dict, hidden: jax.Array, tokens: jax.Array):
@@ -656,7 +754,7 @@ class FeatureDrafter(drafters.Drafter):
     inputs = module.apply(variables, previous, tokens, method=module.fused_inputs)
     hidden, cache = module.apply(variables, inputs, state.cache, start, method=module.decode)
     hidden = jnp.take_along_axis(hidden, (length - start)[:, None, None], axis=1)
-    return hidden[:, 0], self._logits(folded, hidden), cache
+    return hidden[:, 0], self._logits(folded, hidden, state), cache
 
   def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
     module = self.module
@@ -669,7 +767,7 @@ class FeatureDrafter(drafters.Drafter):
       hidden, cache = module.apply(
           {"params": params}, inputs, cache, length + i, method=module.decode
       )
-      return self._logits(folded, hidden), (cache, hidden[:, 0])
+      return self._logits(folded, hidden, state), (cache, hidden[:, 0])
 
     drafts, q, (cache, _), _ = drafters.draft_chain(
         first, step, (cache, hidden), gamma, u, standardize, stop
@@ -699,7 +797,10 @@ class FeatureDrafter(drafters.Drafter):
           slots=slots,
           method=module.decode,
       )
-      return self._logits(folded, hidden), (cache, slot_hidden.at[:, start:stop].set(hidden))
+      return self._logits(folded, hidden, state), (
+          cache,
+          slot_hidden.at[:, start:stop].set(hidden),
+      )
 
     drafts, q, (cache, _) = drafters.draft_tree(
         first, level_logits, (cache, slot_hidden), tree, u, standardize
@@ -717,11 +818,22 @@ class FeatureDrafter(drafters.Drafter):
   ):
     """The first draft's logits at every position, from the target's true features
     target_features [B, L, F] (required) -> [B, L, V]."""
-    logits = self.unrolled(
+    predicted, logits = self.unrolled(
         params, encoder_input_tokens, decoder_input_tokens, target_encoded, target_features, 1
-    )[1][0]
+    )
+    return self.vocabulary_logits(params, encoder_input_tokens, predicted[0], logits[0])
+
+  def vocabulary_logits(self, params, encoder_input_tokens, predicted, logits) -> jax.Array:
+    """`unrolled`'s outputs at one step, f^ [B, L, F] and logits [B, L, N], -> logits [B, L, V]
+    (MASK_VALUE off the draft vocabulary and, with copy_source, the row's source ids, scored
+    f^[:E] W_head[:, ids])."""
     if self.draft_vocab:
       logits = scatter_draft_logits(logits, self.draft_vocab, self.vocab_size)
+    if self.copy_source:
+      ids, columns = self._source_columns(_trained(params), encoder_input_tokens)
+      final = predicted[..., : self.feature_dim].astype(jnp.float32)
+      source = jnp.einsum("ble,ebk->blk", final, columns)
+      logits = scatter_source_logits(logits, ids, source)
     return logits
 
   def unrolled(

@@ -54,15 +54,18 @@ def _small_params():
 def _small_model_drafter(kind):
   """-> (drafter, params): SMALL_DRAFTER as a T5 drafter, or as a shared-encoder decoder reading
   the target's encoder output (of width 16, its own 8), or a feature drafter ('feature_layers':
-  reading the target's layer 0 too)."""
+  reading the target's layer 0 too; 'feature_source': drafting from (0, 1) and each row's
+  source ids, 2-4 in SMALL_INPUTS' first row and 3-4 in its second)."""
   if kind == "t5":
     return network.Transformer(SMALL_DRAFTER), _small_params()[1]
-  if kind in ("feature", "feature_layers"):  # a draft vocabulary without token 3: q = 0 there.
+  if kind in ("feature", "feature_layers", "feature_source"):
+    # A draft vocabulary without token 3 (q = 0 there), or one its sources extend.
     drafter = feature_drafter.FeatureDrafter(
         SMALL_DRAFTER,
         SMALL_TARGET.emb_dim,
-        draft_vocab=(0, 1, 2),
+        draft_vocab=(0, 1) if kind == "feature_source" else (0, 1, 2),
         target_feature_layers=(0,) if kind == "feature_layers" else (),
+        copy_source=kind == "feature_source",
     )
     params = drafter.init_params(jax.random.PRNGKey(3), {})
     return drafter, drafter.init_from_target(params, _small_params()[0])
@@ -139,6 +142,7 @@ def _sample_small(model, drafter_params, temperature, topk=0, topp=0.0, seed=0):
         ("shared_encoder", 3, 0.7, 3, 0.0),
         ("feature", 3, 1.0, 0, 0.0),
         ("feature_layers", 3, 0.7, 3, 0.0),
+        ("feature_source", 3, 1.0, 0, 0.0),
     ],
 )
 def test_model_drafters_sample_the_exact_target_distribution(kind, gamma, temperature, topk, topp):
@@ -183,6 +187,33 @@ class _MismatchedQ(table_drafters.UnigramDrafter):
     return drafts, q, state
 
 
+class _FirstRowsSourceInQ(feature_drafter.FeatureDrafter):
+  """A batch-indexing bug: drafts from each row's own source ids, but reports every row's q as if
+  its source were the first row's (in SMALL_INPUTS, the second row's q gives token 2 mass it
+  cannot draft)."""
+
+  def propose(self, params, state, sequences, length, gamma, u, standardize, stop=None):
+    drafts, _, new_state = super().propose(
+        params, state, sequences, length, gamma, u, standardize, stop
+    )
+    first = state.replace(
+        source_ids=jnp.broadcast_to(state.source_ids[:1], state.source_ids.shape),
+        source_kernel=jnp.broadcast_to(state.source_kernel[:1], state.source_kernel.shape),
+    )
+    _, q, _ = super().propose(params, first, sequences, length, gamma, u, standardize, stop)
+    return drafts, q, new_state
+
+
+def test_goodness_of_fit_detects_a_q_from_another_rows_source():
+  drafter, params = _small_model_drafter("feature_source")
+  wrong = _FirstRowsSourceInQ(
+      drafter.config, drafter.feature_dim, drafter.draft_vocab, copy_source=True
+  )
+  decodes, _ = _sample_small(_small_model(wrong, 3), params, 1.0)
+  with pytest.raises(AssertionError):
+    _assert_matches_target(decodes, _exact_law(1.0))
+
+
 def test_goodness_of_fit_detects_a_q_mismatch():
   """The distribution test has power: the bug HF shipped fails it."""
   drafter = _MismatchedQ(vocab_size=SMALL_V)
@@ -212,16 +243,22 @@ def _tiny_params():
 def _tiny_drafter(kind):
   """-> (drafter, params) of a drafter kind of _speculative: 'self' (the target), 't5'
   (TINY_DRAFTER), 'shared_encoder' (TINY_DRAFTER's decoder reading the target's encoder),
-  'feature' or 'feature_layers' (a feature drafter, reading the target's layer 0 too)."""
+  'feature' or 'feature_layers' (a feature drafter, reading the target's layer 0 too),
+  'feature_source' (a feature drafter of the even ids and each row's source ids)."""
   target, t5_params = _tiny_params()
   if kind == "self":
     return network.Transformer(TINY), target
   if kind == "t5":
     return network.Transformer(TINY_DRAFTER), t5_params
-  if kind in ("feature", "feature_layers"):
+  if kind in ("feature", "feature_layers", "feature_source"):
     layers = (0,) if kind == "feature_layers" else ()
+    copy_source = kind == "feature_source"
     drafter = feature_drafter.FeatureDrafter(
-        TINY_DRAFTER, TINY.emb_dim, target_feature_layers=layers
+        TINY_DRAFTER,
+        TINY.emb_dim,
+        tuple(range(0, TINY.vocab_size, 2)) if copy_source else (),
+        target_feature_layers=layers,
+        copy_source=copy_source,
     )
     params = drafter.init_params(jax.random.PRNGKey(12), {})
     return drafter, drafter.init_from_target(params, target)
@@ -279,7 +316,15 @@ def test_greedy_equals_baseline_batch_1(gamma):
 
 @pytest.mark.parametrize(
     "kind, gamma",
-    [("t5", 1), ("t5", 4), ("t5", 8), ("shared_encoder", 4), ("feature", 3), ("feature_layers", 3)],
+    [
+        ("t5", 1),
+        ("t5", 4),
+        ("t5", 8),
+        ("shared_encoder", 4),
+        ("feature", 3),
+        ("feature_layers", 3),
+        ("feature_source", 3),
+    ],
 )
 def test_greedy_equals_baseline_batch_3(kind, gamma):
   """Ragged rows (random input lengths) that accept different numbers of drafts."""
@@ -930,6 +975,8 @@ def _broken_drafters():
   nan_params = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), t5_params)
   # Every feature it predicts is NaN: its q rows are NaN, which the verifier rejects.
   feature, feature_params = _small_model_drafter("feature")
+  # NaN scores for the source ids it adds to its draft vocabulary alone.
+  copying, copying_params = _small_model_drafter("feature_source")
   return {
       "nan_weights": (network.Transformer(SMALL_DRAFTER), nan_params),
       "out_of_vocabulary": (
@@ -940,6 +987,10 @@ def _broken_drafters():
       "nan_feature_head": (
           feature,
           dict(feature_params, fuse_bias=feature_params["fuse_bias"] * jnp.nan),
+      ),
+      "nan_source_head": (
+          copying,
+          dict(copying_params, source_head=copying_params["source_head"] * jnp.nan),
       ),
   }
 
@@ -952,6 +1003,7 @@ def _broken_drafters():
         ("out_of_vocabulary", speculative.TokenVerifier()),
         ("lookup_fallback_out_of_vocabulary", speculative.TokenVerifier()),
         ("nan_feature_head", speculative.TokenVerifier()),
+        ("nan_source_head", speculative.TokenVerifier()),
     ],
 )
 def test_a_broken_drafter_samples_the_exact_target_distribution(name, verifier):
@@ -977,6 +1029,7 @@ def test_a_broken_drafter_samples_the_exact_target_distribution(name, verifier):
         ("nan_weights", (2, 1)),
         ("nan_feature_head", None),
         ("nan_feature_head", (2, 1)),
+        ("nan_source_head", (2, 1)),
     ],
 )
 def test_a_broken_drafter_gives_the_baselines_greedy_output(name, tree):
@@ -1203,6 +1256,7 @@ def _tree_model(config, drafter, tree, verifier=TREE):
         ("shared_encoder", (2, 2, 1), 0.7, 3),
         ("feature", (2, 2, 1), 1.0, 0),
         ("feature_layers", (2, 1), 0.7, 3),
+        ("feature_source", (2, 1), 0.7, 3),
     ],
 )
 def test_a_draft_tree_samples_the_exact_target_distribution(kind, tree, temperature, topk):

@@ -30,7 +30,7 @@ def test_demo_translates_and_checks_greedy_equality():
   assert "before the run: 1-minute load average" in out
   for temperature in (0, 1):
     for verifier in ("token", "block"):
-      row = f"  feature_drafter_128x1, {verifier} verification, gamma {GAMMA}, temperature"
+      row = f"  feature_drafter_128x1+source, {verifier} verification, gamma {GAMMA}, temperature"
       assert f"{row} {temperature}: " in out
   assert out.count("tokens per target call\n    in target steps: a verification of") == 4
   assert "speedup" in out and "x per token" in out
@@ -57,6 +57,9 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       "--draft_tree=2,0": "--draft_tree=2,0: ",
       "--drafter=drafter,drafter": "--drafter=drafter,drafter: give one or more distinct drafter "
       "subdirectories of --pair_dir",
+      "--drafter=drafter+source": "--drafter=drafter+source: +source adds each sentence's source "
+      "ids to a feature drafter's draft vocabulary, and drafter is a SharedEncoderDrafter: drop "
+      "+source",
       "--verifier=token,tree": "--verifier=token,tree: give one or both of token, block, each once",
       "--draft_tree=2,1 --verifier=block": "--verifier=block with --draft_tree=2,1: a tree is "
       "verified by recursive rejection sampling",

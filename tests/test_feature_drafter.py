@@ -19,6 +19,7 @@ from speculative_t5x import distillation
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
+from speculative_t5x import layers
 from speculative_t5x import network
 from speculative_t5x import sampling
 
@@ -36,12 +37,15 @@ LAYERS = (0,)
 
 
 @functools.lru_cache(maxsize=None)
-def _setup(width=None, layers=()):
+def _setup(width=None, layers=(), copy_source=False, kind=None):
   """-> (drafter, params, target params) with the target's embedding and head copied in; the
-  drafter reads the target's decoder layers `layers` beside its final feature."""
+  drafter reads the target's decoder layers `layers` beside its final feature, and with
+  copy_source drafts its sources' ids too. kind: a FeatureDrafter subclass (width 1: _NoRebuild)."""
   target_params = network.init_params(TARGET, jax.random.PRNGKey(0))
-  kind = feature_drafter.FeatureDrafter if width is None else _NoRebuild
-  drafter = kind(HEAD, TARGET.emb_dim, DRAFT_VOCAB, target_feature_layers=layers)
+  kind = kind or (feature_drafter.FeatureDrafter if width is None else _NoRebuild)
+  drafter = kind(
+      HEAD, TARGET.emb_dim, DRAFT_VOCAB, target_feature_layers=layers, copy_source=copy_source
+  )
   params = drafter.init_from_target(drafter.init_params(jax.random.PRNGKey(1), {}), target_params)
   return drafter, params, target_params
 
@@ -89,8 +93,8 @@ def _proposals_match_teacher_forcing(
 ) -> float:
   """Runs proposals at T = 1 with random acceptances (rollbacks), handing the drafter the true
   features of each verified block, and returns the largest difference between a proposal's q
-  and the unrolled teacher-forced q on the same prefix and drafts. The proposals read
-  proposal_params (default: params)."""
+  and the unrolled teacher-forced q on the same prefix and drafts (over the vocabulary of
+  `FeatureDrafter.vocabulary_logits`). The proposals read proposal_params (default: params)."""
   proposal_params = params if proposal_params is None else proposal_params
   rng = np.random.default_rng(seed)
   batch, length = 2, 14
@@ -116,13 +120,12 @@ def _proposals_match_teacher_forcing(
     block = jnp.asarray(block)
     _, _, features = _target_outputs(target_params, encoder_tokens, block, layers)
     inputs = jnp.pad(block[:, :-1], ((0, 0), (1, 0)))
-    _, unrolled = unrolled_fn(params, encoder_tokens, inputs, encoded, features, GAMMA)
-    for b in range(batch):
-      for j in range(GAMMA):
-        expected = feature_drafter.scatter_draft_logits(
-            unrolled[j, b, decoded[b] + j], DRAFT_VOCAB, V
-        )
-        worst = max(worst, float(jnp.max(jnp.abs(standardize(expected) - q[b, j]))))
+    predicted, unrolled = unrolled_fn(params, encoder_tokens, inputs, encoded, features, GAMMA)
+    for j in range(GAMMA):
+      logits = drafter.vocabulary_logits(params, encoder_tokens, predicted[j], unrolled[j])
+      for b in range(batch):
+        expected = standardize(logits[b, decoded[b] + j])
+        worst = max(worst, float(jnp.max(jnp.abs(expected - q[b, j]))))
     # The verifier's outcome: n accepted drafts, then a token of the target's (random here).
     accepted = rng.integers(0, GAMMA + 1, batch)
     new = np.array(sequences)
@@ -139,10 +142,50 @@ def _proposals_match_teacher_forcing(
   return worst
 
 
-@pytest.mark.parametrize("layers", [(), LAYERS])
-def test_proposals_equal_teacher_forcing_across_rollbacks(layers):
-  drafter, params, target_params = _setup(layers=layers)
+@pytest.mark.parametrize("layers, copy_source", [((), False), (LAYERS, False), ((), True)])
+def test_proposals_equal_teacher_forcing_across_rollbacks(layers, copy_source):
+  drafter, params, target_params = _setup(layers=layers, copy_source=copy_source)
   assert _proposals_match_teacher_forcing(drafter, params, target_params, seed=0) < 1e-5
+
+
+class _SourceLeftOutOfProposals(feature_drafter.FeatureDrafter):
+  """Proposes from the draft vocabulary alone, though it reports copying the source."""
+
+  def _logits(self, folded, hidden, state):
+    logits = jnp.dot(hidden.astype(jnp.float32), folded["logits"])
+    return feature_drafter.scatter_draft_logits(logits, self.draft_vocab, self.vocab_size)
+
+
+def test_proposals_that_leave_out_the_source_fail_the_same_check():
+  drafter, params, target_params = _setup(copy_source=True, kind=_SourceLeftOutOfProposals)
+  assert _proposals_match_teacher_forcing(drafter, params, target_params, seed=0) > 1e-3
+
+
+def test_a_row_scores_its_own_source_ids_with_the_targets_logits_kernel():
+  """Teacher-forced, copy_source keeps the draft vocabulary's logits and adds, for each row, the
+  ids of its source outside it: f^[:E] times the target's logits kernel column there (computed
+  here from the target's parameters); every other id keeps MASK_VALUE. Padding (0) adds
+  nothing."""
+  copying, params, target_params = _setup(copy_source=True)
+  plain = dataclasses.replace(copying, copy_source=False)
+  plain_params = {k: v for k, v in params.items() if k != "source_head"}
+  encoder_tokens = jnp.asarray([[3, 4, 5, 0], [7, 7, 9, 11]], jnp.int32)
+  sequences = jnp.asarray([[7, 8, 9, 10, 11], [2, 3, 4, 5, 6]], jnp.int32)
+  encoded, _, features = _target_outputs(target_params, encoder_tokens, sequences)
+  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  got = np.asarray(copying.teacher_forced_logits(params, encoder_tokens, inputs, encoded, features))
+  base = np.asarray(
+      plain.teacher_forced_logits(plain_params, encoder_tokens, inputs, encoded, features)
+  )
+  predicted, _ = plain.unrolled(plain_params, encoder_tokens, inputs, encoded, features, 1)
+  kernel = np.asarray(target_params["decoder"]["logits_dense"]["kernel"], np.float32)
+  scores = np.asarray(predicted[0], np.float64) @ kernel  # [B, L, V]
+  draft = np.isin(np.arange(V), DRAFT_VOCAB)
+  for b, added in enumerate([(3, 5), (7, 9, 11)]):
+    np.testing.assert_array_equal(got[b][:, draft], base[b][:, draft])
+    np.testing.assert_allclose(got[b][:, list(added)], scores[b][:, list(added)], rtol=1e-4)
+    others = ~draft & ~np.isin(np.arange(V), added)
+    assert np.all(got[b][:, others] == layers.MASK_VALUE)
 
 
 @pytest.mark.parametrize("layers", [(), LAYERS])
@@ -364,14 +407,26 @@ def test_a_head_without_a_layer_that_writes_nothing_drafts_as_before():
     feature_drafter.without_layers(params, deep.config, (0, 1))
 
 
-@pytest.mark.parametrize("layers", [(), LAYERS])
-def test_save_and_read_back(tmp_path, layers):
-  drafter, params, _ = _setup(layers=layers)
+def test_copying_source_adds_the_targets_kernel_to_a_trained_drafter():
+  plain, params, target_params = _setup()
+  # Trained on from an earlier target: its copies of the head differ from the target's now.
+  params = dict(params, head=params["head"] + 1.0)
+  copying, copying_params = feature_drafter.copying_source(plain, params, target_params)
+  assert copying.copy_source and not plain.copy_source
+  copying.check_params(copying_params)
+  kernel = target_params["decoder"]["logits_dense"]["kernel"]
+  np.testing.assert_array_equal(copying_params.pop("source_head"), kernel)
+  jax.tree.map(np.testing.assert_array_equal, copying_params, params)
+
+
+@pytest.mark.parametrize("layers, copy_source", [((), False), (LAYERS, False), ((), True)])
+def test_save_and_read_back(tmp_path, layers, copy_source):
+  drafter, params, _ = _setup(layers=layers, copy_source=copy_source)
   drafter.save_params(tmp_path / "drafter", params)
   read = drafters.read_drafter(tmp_path / "drafter")
   assert type(read) is feature_drafter.FeatureDrafter  # pylint: disable=unidiomatic-typecheck
   assert (read.config, read.feature_dim, read.draft_vocab) == (HEAD, 16, DRAFT_VOCAB)
-  assert read.target_feature_layers == layers
+  assert (read.target_feature_layers, read.copy_source) == (layers, copy_source)
   restored = read.restore_params(tmp_path / "drafter")
   jax.tree.map(np.testing.assert_array_equal, restored, params)
 
@@ -413,6 +468,14 @@ def test_save_and_read_back(tmp_path, layers):
             ).check_target(TARGET),
             "target_feature_layers: feature_layers \\(1,\\) must be distinct decoder layer "
             "indices in \\[0, 1\\)",
+        ),
+        (
+            lambda: feature_drafter.FeatureDrafter(HEAD, 16, copy_source=True),
+            "copy_source adds each source's ids to a draft vocabulary, but draft_vocab is \\(\\)",
+        ),
+        (
+            lambda: feature_drafter.FeatureDrafter(HEAD, 16, DRAFT_VOCAB, copy_source="yes"),
+            "copy_source must be True or False, got 'yes'",
         ),
     ],
 )
