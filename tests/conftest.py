@@ -1,8 +1,13 @@
 """Shared test set-up: one CPU device, float32 matmuls, a persistent compilation cache, and the
 T5X fixtures beside the project."""
 
+import dataclasses
+import json
 import os
 import pathlib
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 
@@ -83,9 +88,6 @@ SCRIPT_ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
 def script_process(script: str, *flags: str, cwd=None, timeout: int = 600):
   """Runs scripts/`script` with `flags` in a fresh interpreter on the CPU (in `cwd`, default the
   current directory) -> its subprocess.CompletedProcess (text stdout and stderr)."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-
   return subprocess.run(
       [sys.executable, str(REPO_ROOT / "scripts" / script), *flags],
       cwd=cwd,
@@ -94,6 +96,75 @@ def script_process(script: str, *flags: str, cwd=None, timeout: int = 600):
       text=True,
       timeout=timeout,
   )
+
+
+class ScriptRuns:
+  """Many runs of scripts that refuse their settings, started at once: each script's first run as
+  its own process (`python scripts/SCRIPT FLAGS`), the others forked from one process that
+  imported jax, TensorFlow and seqio once (tests/script_forks.py; importing them was most of
+  each run's time). `runs[key].result() -> (exit status, stdout, stderr)`. Only a script's own process
+  shows what it prints while importing (TensorFlow's start-up lines)."""
+
+  def __init__(self, directory: pathlib.Path):
+    self.directory = directory
+    self.jobs, self.keys, self.processes, self.scripts = [], {}, {}, set()
+    self.runner, self.results = None, None
+
+  def add(self, key, script: str, *flags: str) -> None:
+    command = [str(REPO_ROOT / "scripts" / script), *flags]
+    if script in self.scripts:
+      index = len(self.jobs)
+      out, err = (str(self.directory / f"{index}.{name}") for name in ("stdout", "stderr"))
+      self.jobs.append({"script": command[0], "argv": command[1:], "stdout": out, "stderr": err})
+      self.keys[key] = index
+    else:
+      self.processes[key] = _popen([sys.executable, *command])
+    self.scripts.add(script)
+
+  def start(self) -> None:
+    """Starts the forked runs (the others started when added)."""
+    if self.jobs:
+      jobs, results = self.directory / "jobs.json", self.directory / "results.json"
+      jobs.write_text(json.dumps(self.jobs))
+      forks = str(REPO_ROOT / "tests" / "script_forks.py")
+      self.runner = _popen([sys.executable, forks, str(jobs), str(results)])
+
+  def __getitem__(self, key) -> "_ScriptRun":
+    return _ScriptRun(self, key)
+
+  def result(self, key) -> tuple[int, str, str]:
+    if key in self.processes:
+      process = self.processes[key]
+      stdout, stderr = process.communicate(timeout=300)
+      return process.returncode, stdout, stderr
+    if self.results is None:
+      _, stderr = self.runner.communicate(timeout=600)
+      assert self.runner.returncode == 0, stderr[-3000:]
+      self.results = json.loads((self.directory / "results.json").read_text())
+    job = self.jobs[self.keys[key]]
+    output = (pathlib.Path(job[name]).read_text() for name in ("stdout", "stderr"))
+    return self.results[str(self.keys[key])], *output
+
+  def stop(self) -> None:
+    for process in [*self.processes.values(), self.runner]:
+      if process is not None and process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScriptRun:
+  runs: ScriptRuns
+  key: Any
+
+  def result(self) -> tuple[int, str, str]:
+    """-> (exit status, stdout, stderr)."""
+    return self.runs.result(self.key)
+
+
+def _popen(command: list[str]) -> subprocess.Popen:
+  pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen(command, cwd=REPO_ROOT, env=SCRIPT_ENV, **pipes)
 
 
 # The modules of the dependencies setup.py adds to requirements-decoding.txt's (its TASKS): `make
@@ -120,9 +191,6 @@ def make_demo_process(script: str, *flags: str, cwd=None, timeout: int = 600):
   """`script_process` as `make demo` runs a script: through scripts/run_without_tensorflow.py,
   with the modules of NOT_FOR_DECODING unimportable, as where requirements-decoding.txt alone is
   installed (an import of one fails with 'blocked: <module>')."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-
   return subprocess.run(
       [sys.executable, "-c", _WITHOUT_TASKS_DEPENDENCIES, str(REPO_ROOT / "scripts" / script)]
       + list(flags),

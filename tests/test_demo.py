@@ -1,10 +1,7 @@
 """scripts/demo.py, the README's main command: the shipped demo pair end to end, and every bad
 flag refused before anything loads."""
 
-import subprocess
-import sys
-
-from conftest import REPO_ROOT, SCRIPT_ENV, make_demo_process, require_demo_pair
+from conftest import ScriptRuns, make_demo_process, require_demo_pair
 
 GAMMA = 3  # scripts/demo.py's default
 
@@ -41,6 +38,7 @@ def test_demo_translates_and_checks_greedy_equality():
 def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
   """No random pair in place of a missing one (that is --random_pair), and every bad flag an
   error with exit status 1 before anything loads; all cases run at once."""
+  (tmp_path / "forks").mkdir()
   (tmp_path / "incomplete" / "target").mkdir(parents=True)
   (tmp_path / "no_tab.tsv").write_text("Open\tÖffnen\nonly English\n")
   cases = {
@@ -64,18 +62,16 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       "--draft_tree=2,1 --verifier=block": "--verifier=block with --draft_tree=2,1: a tree is "
       "verified by recursive rejection sampling",
   }
-  runs = {
-      flags: subprocess.Popen(
-          [sys.executable, str(REPO_ROOT / "scripts" / "demo.py"), *flags.split()],
-          env=SCRIPT_ENV,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          text=True,
-      )
-      for flags in cases
-  }
-  for flags, message in cases.items():
-    stdout, stderr = runs[flags].communicate(timeout=300)
-    assert runs[flags].returncode == 1, stderr[-3000:]
-    assert stderr.strip().splitlines()[-1].startswith(f"demo.py: configuration error: {message}")
-    assert "Traceback" not in stderr and "[demo]" not in stdout  # Nothing loaded or decoded.
+  runs = ScriptRuns(tmp_path / "forks")
+  for flags in cases:
+    runs.add(flags, "demo.py", *flags.split())
+  runs.start()
+  try:
+    for flags, message in cases.items():
+      returncode, stdout, stderr = runs[flags].result()
+      assert returncode == 1, stderr[-3000:]
+      last = stderr.strip().splitlines()[-1]
+      assert last.startswith(f"demo.py: configuration error: {message}")
+      assert "Traceback" not in stderr and "[demo]" not in stdout  # Nothing loaded or decoded.
+  finally:
+    runs.stop()
