@@ -150,7 +150,7 @@ def measure(setup: AlphaSetup) -> tuple[dict, str]:
   target_params, target_source = pairs.load_target(setup.pair)
   rows = {}
   for name, row in setup.row_pairs().items():
-    drafter, params, source = pairs.load_drafter(row, eos_id, fit_targets)
+    drafter, params, source = pairs.load_drafter(row, eos_id, fit_targets, target_params)
     logging.info("row %r: %s", name, source)
     rows[name] = (drafter, params)
   inputs = tasks.feature_arrays(task, setup.split, "inputs", lengths)

@@ -341,6 +341,15 @@ class Drafter(abc.ABC):
         "leave the drafter's checkpoint path unset."
     )
 
+  def restore_with_target(
+      self, path: str | os.PathLike, target_params: Any, dtype: Any = None
+  ) -> Any:
+    """`restore_params`, completed with what the drafter takes from its target that the
+    checkpoint may not hold (`pairs.load_drafter` restores drafters so); the default takes
+    nothing."""
+    del target_params
+    return self.restore_params(path, dtype)
+
   def save_params(self, directory: str | os.PathLike, params: Any, overwrite: bool = False) -> None:
     """Writes `params` to `directory` as a checkpoint `restore_params` reads back (refusing an
     existing one unless `overwrite`)."""

@@ -438,8 +438,9 @@ def copying_source(
   earlier version of its target holds that version's copies), and each source id outside it is
   scored by the target's own column."""
   copying = dataclasses.replace(drafter, copy_source=True)
-  source_head = copying.init_from_target(_trained(params), target_params)["source_head"]
-  return copying, {**_trained(params), "source_head": source_head}
+  params = _trained(params)
+  source_head = copying.init_from_target(params, target_params)["source_head"]
+  return copying, {**params, "source_head": source_head.astype(params["head"].dtype)}
 
 
 @flax.struct.dataclass
@@ -449,6 +450,16 @@ class DecodeParams:
 
   params: Any
   folded: dict
+
+
+def _saved_copying_source(path) -> bool:
+  """Whether the drafter directory `path` holds 'source_head' (its config.json's drafter entry
+  has copy_source); True where it has no such entry to say (a bare checkpoint)."""
+  try:
+    _, entry = checkpoints.read_drafter_entry(path)
+  except (FileNotFoundError, ValueError):
+    return True
+  return entry is None or entry.get("kind") != FEATURE_KIND or bool(entry.get("copy_source"))
 
 
 def _trained(params: Any) -> Any:
@@ -642,6 +653,21 @@ class FeatureDrafter(drafters.Drafter):
     return checkpoints.restore_checked(
         self.param_shapes, path, dtype, f"checkpoint {path} (a FeatureDrafter)"
     )
+
+  def restore_with_target(self, path, target_params, dtype=None):
+    """With copy_source, a checkpoint of the drafter saved without it (its config.json says so:
+    a drafter trained without copying, as training scores the draft vocabulary alone) restores
+    as that drafter, then gains the target's logits kernel (`copying_source`)."""
+    if not self.copy_source or _saved_copying_source(path):
+      return self.restore_params(path, dtype)
+    if target_params is None:
+      raise ValueError(
+          f"FeatureDrafter.copy_source: the checkpoint {path} was saved without copying the "
+          "source, so its 'source_head' comes from the target's logits kernel: this restore "
+          "needs the target's parameters (pairs.load_pair passes them)."
+      )
+    plain = dataclasses.replace(self, copy_source=False)
+    return copying_source(plain, plain.restore_params(path, dtype), target_params)[1]
 
   @classmethod
   def from_entry(cls, config: network.T5Config, entry: Mapping[str, Any]) -> "FeatureDrafter":

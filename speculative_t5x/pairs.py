@@ -274,7 +274,9 @@ def load_pair(
   sources = {"target": target_source}
   drafter, drafter_params = None, None
   if config.drafter is not None:
-    drafter, drafter_params, sources["drafter"] = load_drafter(config, eos_id, fit_targets)
+    drafter, drafter_params, sources["drafter"] = load_drafter(
+        config, eos_id, fit_targets, target_params
+    )
   return Pair(config, drafter, target_params, drafter_params, sources)
 
 
@@ -335,10 +337,16 @@ def load_target(config: PairConfig, lazy: bool = False) -> tuple[Any, str]:
 
 
 def load_drafter(
-    config: PairConfig, eos_id: int, fit_targets: FitTargets | None = None
+    config: PairConfig,
+    eos_id: int,
+    fit_targets: FitTargets | None = None,
+    target_params: Any = None,
 ) -> tuple[drafters_lib.Drafter, Any, str]:
   """(config.drafter for the target, its parameters on the device, where they came from): see
-  the module docstring for the order of sources, and `load_pair` for `fit_targets`."""
+  the module docstring for the order of sources, and `load_pair` for `fit_targets`. A checkpoint
+  is restored with the target's parameters at hand (`Drafter.restore_with_target`: a
+  FeatureDrafter with copy_source takes the target's logits kernel where its checkpoint was saved
+  without it)."""
   try:
     drafter = config.drafter.for_target(config.target_config.vocab_size, eos_id)
   except ValueError as e:
@@ -346,8 +354,10 @@ def load_drafter(
   name = type(drafter).__name__
   if config.drafter_checkpoint_path:
     with _restoring("DRAFTER_CHECKPOINT_PATH", config.drafter_checkpoint_path):
-      params = drafter.restore_params(
-          gin_utils.resolve_path(config.drafter_checkpoint_path), config.restore_dtype
+      params = drafter.restore_with_target(
+          gin_utils.resolve_path(config.drafter_checkpoint_path),
+          target_params,
+          config.restore_dtype,
       )
     source = _source(config.drafter_checkpoint_path, None)
   elif drafter.learns_from_targets:

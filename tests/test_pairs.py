@@ -182,14 +182,20 @@ def test_a_damaged_or_mismatched_drafter_config_is_refused(saved, tmp_path, dama
     pairs.load_pair(pairs.PairConfig.from_pair_dir(tmp_path), EOS)
 
 
+def _with_feature_drafter(saved, directory, member):
+  """The saved pair copied into `directory`, a FeatureDrafter of its target added as `member` ->
+  (that drafter, its params)."""
+  shutil.copytree(saved[0], directory, dirs_exist_ok=True)
+  drafter = feature_drafter.FeatureDrafter(DRAFTER, TARGET.emb_dim, draft_vocab=(1, 5, 9))
+  params = drafter.init_params(jax.random.PRNGKey(4), {})
+  drafter.save_params(directory / member, params)
+  return drafter, params
+
+
 def test_from_pair_dir_reads_a_second_drafter_of_the_same_target(saved, tmp_path):
   """A directory may hold several drafters of one target (demo_models/ holds drafter/ and
   feature_drafter/): drafter_member picks one, of whatever kind its config.json records."""
-  directory, _, _ = saved
-  shutil.copytree(directory, tmp_path, dirs_exist_ok=True)
-  drafter = feature_drafter.FeatureDrafter(DRAFTER, TARGET.emb_dim, draft_vocab=(1, 5, 9))
-  params = drafter.init_params(jax.random.PRNGKey(4), {})
-  drafter.save_params(tmp_path / "feature_drafter", params)
+  _, params = _with_feature_drafter(saved, tmp_path, "feature_drafter")
   config = pairs.PairConfig.from_pair_dir(tmp_path, drafter_member="feature_drafter")
   assert type(config.drafter) is feature_drafter.FeatureDrafter  # pylint: disable=unidiomatic-typecheck
   assert config.drafter.draft_vocab == (1, 5, 9)
@@ -198,6 +204,31 @@ def test_from_pair_dir_reads_a_second_drafter_of_the_same_target(saved, tmp_path
   assert type(pairs.PairConfig.from_pair_dir(tmp_path).drafter) is drafters.T5Drafter  # pylint: disable=unidiomatic-typecheck
   with pytest.raises(FileNotFoundError, match="needs target/ and spare/"):
     pairs.PairConfig.from_pair_dir(tmp_path, drafter_member="spare")
+
+
+def test_a_drafter_copying_its_source_restores_a_checkpoint_saved_without(saved, tmp_path):
+  """`drafters.FeatureDrafter.copy_source = True` (gin) on a drafter trained without it: its
+  checkpoint restores as that drafter's, plus the target's logits kernel as 'source_head'. One
+  saved with it restores as saved."""
+  plain, params = _with_feature_drafter(saved, tmp_path, "plain")
+  target = saved[1]
+  config = pairs.PairConfig.from_pair_dir(tmp_path, drafter_member="plain")
+  copying = dataclasses.replace(plain, copy_source=True)
+  loaded = pairs.load_pair(dataclasses.replace(config, drafter=copying), EOS)
+  assert loaded.drafter.copy_source
+  restored = dict(loaded.drafter_params)
+  kernel = target["decoder"]["logits_dense"]["kernel"]
+  np.testing.assert_array_equal(restored.pop("source_head"), kernel)
+  _leaves_equal(restored, params, np.dtype("float32"))
+  # Saved with it (another kernel than the target's): restored as saved.
+  _, with_source = feature_drafter.copying_source(plain, params, target)
+  with_source["source_head"] = with_source["source_head"] + 1.0
+  copying.save_params(tmp_path / "copying", with_source)
+  config = pairs.PairConfig.from_pair_dir(tmp_path, drafter_member="copying")
+  assert config.drafter.copy_source
+  _leaves_equal(pairs.load_pair(config, EOS).drafter_params, with_source, np.dtype("float32"))
+  with pytest.raises(ValueError, match="needs the target's parameters"):
+    copying.restore_with_target(tmp_path / "plain", None)
 
 
 @pytest.mark.parametrize("kind", [table_drafters.UnigramDrafter, table_drafters.BigramDrafter])
