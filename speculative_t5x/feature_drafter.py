@@ -71,6 +71,7 @@ from speculative_t5x import tasks
 from speculative_t5x import trees
 
 FEATURE_KIND = "feature"
+_COUNT_BATCH = 4096  # target sequences per bincount in `_token_counts`
 _FUSE_AXES = ("embed", "mlp")
 _OUT_AXES = ("mlp", "embed")
 
@@ -505,12 +506,14 @@ def frequent_tokens(
 
 @functools.lru_cache(maxsize=None)
 def _token_counts(mixture_or_task_name: str, split: str) -> np.ndarray:
-  """How often each target token id occurs in the split -> [V] int64 (read once per process)."""
+  """How often each target token id occurs in the split -> [V] int64 (read once per process, in
+  padded batches: the padding's count, at id 0, is not one `frequent_tokens` reads)."""
   task = tasks.get_task(mixture_or_task_name)
   vocab_size = task.output_features["targets"].vocabulary.vocab_size
   counts = np.zeros(vocab_size, np.int64)
-  for example in task.get_dataset(split=split, shuffle=False).as_numpy_iterator():
-    counts += np.bincount(np.asarray(example["targets"]), minlength=vocab_size)[:vocab_size]
+  targets = task.get_dataset(split=split, shuffle=False).map(lambda example: example["targets"])
+  for batch in targets.padded_batch(_COUNT_BATCH).as_numpy_iterator():
+    counts += np.bincount(batch.ravel(), minlength=vocab_size)[:vocab_size]
   return counts
 
 
