@@ -176,10 +176,10 @@ def check_flags() -> tuple[float, ...]:
     )
   for entry in _DRAFTERS.value:
     member, copy_source = _member(entry)
-    drafter = drafters.read_drafter(pair_dir / member) if copy_source else None
-    if copy_source and not (
-        isinstance(drafter, feature_drafter.FeatureDrafter) and drafter.draft_vocab
-    ):
+    if not copy_source:
+      continue
+    drafter = drafters.read_drafter(pair_dir / member)
+    if not (isinstance(drafter, feature_drafter.FeatureDrafter) and drafter.draft_vocab):
       raise gin_utils.ConfigError(
           f"--drafter={entry}: {COPY_SOURCE} adds each sentence's source ids to a feature "
           f"drafter's draft vocabulary, and {member} is a {type(drafter).__name__}"

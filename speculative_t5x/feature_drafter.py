@@ -438,10 +438,21 @@ def copying_source(
   vocabulary's logits stay those of the head it was trained with (a drafter trained on from an
   earlier version of its target holds that version's copies), and each source id outside it is
   scored by the target's own column."""
-  copying = dataclasses.replace(drafter, copy_source=True)
   params = _trained(params)
-  source_head = copying.init_from_target(params, target_params)["source_head"]
-  return copying, {**params, "source_head": source_head.astype(params["head"].dtype)}
+  source_head = _logits_kernel(target_params, drafter.feature_dim).astype(params["head"].dtype)
+  return dataclasses.replace(drafter, copy_source=True), {**params, "source_head": source_head}
+
+
+def _logits_kernel(target_params: Any, feature_dim: int) -> jax.Array:
+  """A float32 copy of the target's logits kernel [E, V] (E = feature_dim). A copy, not a view:
+  the target's arrays stay the target's (a training step donates the drafter's buffers while it
+  reads the target's)."""
+  decoder = target_params["decoder"]
+  if "logits_dense" in decoder:
+    return jnp.array(decoder["logits_dense"]["kernel"], jnp.float32, copy=True)
+  # Tied: logits = x @ embedding^T / sqrt(E) (`layers.Decoder._logits_of_features`).
+  embedding = jnp.asarray(target_params["token_embedder"]["embedding"], jnp.float32)
+  return embedding.T / np.sqrt(feature_dim)
 
 
 @flax.struct.dataclass
@@ -619,14 +630,9 @@ class FeatureDrafter(drafters.Drafter):
     """`params` with the target's token embedding and logits kernel (its draft-vocabulary
     columns, and all of it as 'source_head' with copy_source) copied in: the parts the head
     shares with the target."""
-    # Copies, not views: the target's arrays stay the target's (a training step donates the
-    # drafter's buffers while it reads the target's).
+    # Copies, not views (`_logits_kernel`).
     embedding = jnp.array(target_params["token_embedder"]["embedding"], jnp.float32, copy=True)
-    decoder = target_params["decoder"]
-    if "logits_dense" in decoder:
-      kernel = jnp.array(decoder["logits_dense"]["kernel"], jnp.float32, copy=True)
-    else:  # tied: logits = x @ embedding^T / sqrt(E) (`layers.Decoder._logits_of_features`).
-      kernel = embedding.T / np.sqrt(self.feature_dim)
+    kernel = _logits_kernel(target_params, self.feature_dim)
     shared = {"embedding": embedding, "head": kernel}
     if self.draft_vocab:
       shared["head"] = kernel[:, np.asarray(self.draft_vocab)]
