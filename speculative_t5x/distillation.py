@@ -50,6 +50,7 @@ from speculative_t5x import checkpoints
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
+from speculative_t5x import layers
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import speculative
@@ -640,17 +641,32 @@ class Distiller:
     )
     # A draft vocabulary: q lives on its N ids, so the divergence compares q with p restricted
     # to them and renormalized (the q that maximizes sum_x min(p, q) there); beta and agreement
-    # below use the whole p.
-    draft_vocab = self.drafter.draft_vocab
-    p_draft = p_logits[..., np.asarray(draft_vocab)] if draft_vocab else p_logits
-    # Only the hard-label loss reads y_t; it scores the positions whose y_t the head can draft.
-    draft_targets, scored, metrics = None, 1.0, {}
-    if settings.divergence == "cross_entropy":
+    # below use the whole p. With copy_source each row's ids are the draft vocabulary and its own
+    # source ids: q over V (MASK_VALUE off them, as at run time) and p likewise restricted.
+    drafter = self.drafter
+    draft_vocab = drafter.draft_vocab
+    if drafter.copy_source:
+      drafted = drafter.drafted_ids(encoder_tokens)
+      q_steps = jnp.stack(
+          [
+              drafter.vocabulary_logits(params, encoder_tokens, f, q)
+              for f, q in zip(predicted, q_steps)
+          ]
+      )
+      p_draft = jnp.where(drafted[:, None], p_logits, layers.MASK_VALUE)
+      draft_targets = targets
+      scored = jnp.take_along_axis(drafted, targets.astype(jnp.int32), axis=1).astype(jnp.float32)
+    else:
+      p_draft = p_logits[..., np.asarray(draft_vocab)] if draft_vocab else p_logits
       draft_targets, scored = draft_vocab_targets(targets, draft_vocab, p_logits.shape[-1])
-      if draft_vocab:
-        metrics["targets_in_draft_vocab"] = jnp.sum(scored * weights) / jnp.maximum(
-            jnp.sum(weights), 1.0
-        )
+    # Only the hard-label loss reads y_t; it scores the positions whose y_t the head can draft.
+    metrics = {}
+    if settings.divergence != "cross_entropy":
+      draft_targets, scored = None, 1.0
+    elif draft_vocab:
+      metrics["targets_in_draft_vocab"] = jnp.sum(scored * weights) / jnp.maximum(
+          jnp.sum(weights), 1.0
+      )
     positions = jnp.arange(inputs.shape[1])[None]
     total, norm = 0.0, 0.0
     for j in range(settings.unroll_steps):
@@ -667,7 +683,7 @@ class Distiller:
       metrics[f"step{j + 1}_divergence"] = divergence
       metrics[f"step{j + 1}_feature_loss"] = regression
     first = q_steps[0]
-    if draft_vocab:
+    if draft_vocab and not drafter.copy_source:
       first = feature_drafter.scatter_draft_logits(first, draft_vocab, p_logits.shape[-1])
     return total / norm, first, p_logits, metrics
 

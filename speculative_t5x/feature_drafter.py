@@ -542,8 +542,9 @@ class FeatureDrafter(drafters.Drafter):
     feature (EAGLE-3's lower-layer features; `network.check_feature_layers`), or ().
   copy_source: each row may also draft the ids of its own encoder input, scored by the
     target's logits kernel (its parameter 'source_head' [E, V], a frozen copy: `init_from_target`).
-    Needs a draft_vocab. Training scores the draft vocabulary alone (`FeatureHead.unrolled`);
-    decoding and `teacher_forced_logits` add the source's columns.
+    Needs a draft_vocab. Decoding, `teacher_forced_logits` and training's loss
+    (`distillation.Distiller`, through `vocabulary_logits` and `drafted_ids`) add the source's
+    columns; `FeatureHead.unrolled` scores the draft vocabulary alone.
   """
 
   config: network.T5Config = gin.REQUIRED
@@ -731,9 +732,10 @@ class FeatureDrafter(drafters.Drafter):
     return FeatureDrafterState(cache, features, ids, jnp.einsum("de,ebl->bdl", out, columns))
 
   def _source_columns(self, params, encoder_input_tokens) -> tuple[jax.Array, jax.Array]:
-    """-> (`source_ids` [B, Le], W_head's columns at them [E, B, Le] float32)."""
+    """-> (`source_ids` [B, Le], W_head's columns at them [E, B, Le] float32; frozen: gradients
+    stop at them, as at 'head')."""
     ids = source_ids(encoder_input_tokens, self.draft_vocab, self.vocab_size)
-    head = jnp.asarray(params["source_head"], jnp.float32)
+    head = jax.lax.stop_gradient(jnp.asarray(params["source_head"], jnp.float32))
     return ids, jnp.take(head, ids, axis=1, mode="clip")
 
   def observe_features(self, state, features, start):
@@ -870,6 +872,19 @@ class FeatureDrafter(drafters.Drafter):
       source = jnp.einsum("ble,ebk->blk", final, columns)
       logits = scatter_source_logits(logits, ids, source)
     return logits
+
+  def drafted_ids(self, encoder_input_tokens: jax.Array) -> jax.Array:
+    """The ids each row may draft: encoder_input_tokens [B, Le] -> [B, V] bool, the draft
+    vocabulary (every id without one) and, with copy_source, the row's own source ids
+    (`source_ids`). q is 0 off them, so training compares q with p restricted to them."""
+    batch = encoder_input_tokens.shape[0]
+    vocabulary = np.zeros(self.vocab_size, bool)
+    vocabulary[np.asarray(self.draft_vocab, np.int64) if self.draft_vocab else slice(None)] = True
+    drafted = jnp.broadcast_to(jnp.asarray(vocabulary), (batch, self.vocab_size))
+    if not self.copy_source:
+      return drafted
+    ids = source_ids(encoder_input_tokens, self.draft_vocab, self.vocab_size)
+    return jax.vmap(lambda row, i: row.at[i].set(True, mode="drop"))(drafted, ids)
 
   def unrolled(
       self,

@@ -406,7 +406,7 @@ def distillation_trainee(
       init_params=lambda rng: as_arrays(
           drafter.init_from_target(drafter.init_params(rng, shapes), target_params)
       ),
-      restore_params=lambda path: as_arrays(drafter.restore_params(path)),
+      restore_params=lambda path: as_arrays(drafter.restore_with_target(path, target_params)),
       loss_fn=distiller.loss_fn,
       frozen=target_params,
       evaluate=evaluate_params if examples is not None else None,

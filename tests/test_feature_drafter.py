@@ -307,6 +307,87 @@ def test_cross_entropy_is_the_mean_minus_log_q_over_targets_the_draft_vocabulary
   assert float(metrics["targets_in_draft_vocab"]) == pytest.approx(2 / 5)
 
 
+class _FirstRowsSource(feature_drafter.FeatureDrafter):
+  """A wrong variant: every row's drafted ids are the first row's (its p restricted so)."""
+
+  def drafted_ids(self, encoder_input_tokens):
+    ids = super().drafted_ids(encoder_input_tokens)
+    return jnp.broadcast_to(ids[:1], ids.shape)
+
+
+def _copy_source_loss(kind, divergence):
+  """A copy_source drafter's distillation loss on two rows whose sources add different ids
+  (odd ids 3, 9 / 11, 13 to the even draft vocabulary) -> (metrics, grads, q [B, L, V] teacher
+  forced, p [B, L, V] the target's, drafted [B, V] computed here from the sources)."""
+  plain, params, target_params = _setup(copy_source=True)
+  drafter = kind(HEAD, TARGET.emb_dim, DRAFT_VOCAB, copy_source=True)
+  encoder_tokens = jnp.asarray([[3, 9, 4, 0], [13, 11, 13, 6]], jnp.int32)
+  sequences = jnp.asarray([[7, 8, 9, 10, 3], [11, 8, 13, 12, 9]], jnp.int32)
+  settings = distillation.Distillation("unused", divergence=divergence, data="references")
+  distiller = distillation.Distiller(settings, drafter, TARGET, eos_id=1)
+  batch = {
+      "encoder_input_tokens": encoder_tokens,
+      "decoder_target_tokens": sequences,
+      "decoder_loss_weights": jnp.ones(sequences.shape),
+  }
+  grads, metrics = jax.grad(distiller.loss_fn, has_aux=True)(
+      params, target_params, batch, jax.random.PRNGKey(0)
+  )
+  encoded, p, features = _target_outputs(target_params, encoder_tokens, sequences)
+  inputs = jnp.pad(sequences[:, :-1], ((0, 0), (1, 0)))
+  q = plain.teacher_forced_logits(
+      params, encoder_tokens, inputs, target_encoded=encoded, target_features=features
+  )
+  drafted = np.zeros((2, V), bool)
+  drafted[:, DRAFT_VOCAB] = True
+  drafted[0, [3, 9]] = drafted[1, [11, 13]] = True
+  return metrics, grads, np.asarray(q), np.asarray(p), drafted
+
+
+def test_a_copy_source_loss_compares_q_with_p_on_each_rows_own_ids():
+  """With copy_source the training loss is what decoding drafts from: q teacher-forced with the
+  row's source columns, against p restricted to the draft vocabulary and that row's own source
+  ids and renormalized (TVD, the mean over the 10 positions). Gradients stop at 'source_head'
+  and reach the layers through the source's columns. A variant that restricts every row's p to
+  the first row's ids fails."""
+  metrics, grads, q, p, drafted = _copy_source_loss(feature_drafter.FeatureDrafter, "tvd")
+  q_probs = np.exp(q - q.max(-1, keepdims=True))
+  q_probs /= q_probs.sum(-1, keepdims=True)
+  assert np.all(q_probs[~np.broadcast_to(drafted[:, None], q.shape)] == 0)
+  p_kept = np.where(drafted[:, None], np.exp(p - p.max(-1, keepdims=True)), 0.0)
+  p_kept /= p_kept.sum(-1, keepdims=True)
+  expected = np.mean(0.5 * np.abs(p_kept - q_probs).sum(-1))
+  np.testing.assert_allclose(float(metrics["step1_divergence"]), expected, rtol=1e-5)
+  assert not np.any(np.asarray(grads["source_head"]))
+  assert np.any(np.asarray(grads["feature_out"]["kernel"]))
+  wrong, _, _, _, _ = _copy_source_loss(_FirstRowsSource, "tvd")
+  assert abs(float(wrong["step1_divergence"]) - expected) > 1e-3
+
+
+def test_a_copy_source_cross_entropy_scores_targets_the_row_may_draft():
+  """Hard labels: y_t counts where the draft vocabulary (even ids) or the row's own source holds
+  it: 8, 9, 10 and 3 of row 0 (sources 3, 9), 11, 8, 13 and 12 of row 1 (sources 13, 11)."""
+  metrics, _, q, _, _ = _copy_source_loss(feature_drafter.FeatureDrafter, "cross_entropy")
+  log_q = (
+      q
+      - np.log(np.exp(q - q.max(-1, keepdims=True)).sum(-1, keepdims=True))
+      - q.max(-1, keepdims=True)
+  )
+  held = [
+      (0, 1, 8),
+      (0, 2, 9),
+      (0, 3, 10),
+      (0, 4, 3),
+      (1, 0, 11),
+      (1, 1, 8),
+      (1, 2, 13),
+      (1, 3, 12),
+  ]
+  expected = -np.mean([log_q[b, t, y] for b, t, y in held])
+  np.testing.assert_allclose(float(metrics["step1_divergence"]), expected, rtol=1e-5)
+  assert float(metrics["targets_in_draft_vocab"]) == pytest.approx(8 / 10)
+
+
 def test_feature_settings_are_refused_for_a_drafter_without_features(tmp_path):
   _, _, target_params = _setup()
   checkpoints.save_model(tmp_path, target_params, TARGET)

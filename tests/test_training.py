@@ -4,6 +4,7 @@ cross-entropy distillation shorthand through the same loop, conflicting settings
 anything is built, and demo_models/ decodes greedily the same with and without speculation.
 (speculative_t5x/distillation.py itself: tests/test_distillation.py.)"""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -19,6 +20,7 @@ from conftest import SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS, tiny_config
 from speculative_t5x import checkpoints
 from speculative_t5x import distillation
 from speculative_t5x import drafters
+from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
@@ -152,6 +154,25 @@ def test_distill_from_is_the_distillation_shorthand_and_resumes_exactly(
   assert config == TINY
   for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_copy_source_drafter_starts_from_a_checkpoint_saved_without_it(tmp_path):
+  """init_from a feature drafter saved without copy_source, trained on with it: the trainee
+  restores the checkpoint's weights and adds the target's logits kernel as 'source_head'."""
+  target_config = tiny_config(26, emb_dim=16, num_heads=2, head_dim=8, num_decoder_layers=1)
+  target_params = network.init_params(target_config, jax.random.PRNGKey(0))
+  checkpoints.save_model(tmp_path / "target", target_params, target_config)
+  head = tiny_config(26, emb_dim=8, num_heads=1, head_dim=8, num_decoder_layers=1)
+  plain = feature_drafter.FeatureDrafter(head, 16, tuple(range(2, 26, 2)))
+  params = plain.init_from_target(plain.init_params(jax.random.PRNGKey(1), {}), target_params)
+  plain.save_params(tmp_path / "plain", params)
+  copying = dataclasses.replace(plain, copy_source=True)
+  settings = distillation.Distillation(str(tmp_path / "target"), divergence="tvd", data="target")
+  trainee = training.distillation_trainee(settings, copying, 1, LENGTHS, None)
+  restored = trainee.restore_params(str(tmp_path / "plain"))
+  kernel = target_params["decoder"]["logits_dense"]["kernel"]
+  np.testing.assert_array_equal(restored.pop("source_head"), kernel)
+  jax.tree.map(np.testing.assert_array_equal, restored, params)
 
 
 def test_train_refuses_conflicting_settings_before_building_anything(tiny_task, tmp_path):
