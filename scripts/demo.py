@@ -117,9 +117,10 @@ _REPEATS = flags.DEFINE_integer(
 )
 _COST_REPEATS = flags.DEFINE_integer(
     "cost_repeats",
-    10,
-    "Timed rounds of the decode steps behind "
-    "c and the verification cost, spread over the examples.",
+    5,
+    "Timed rounds of the decode steps behind c and the verification cost, spread over the "
+    "examples. Each round here takes about 0.7 s per temperature; 5 keeps `make demo` under two "
+    "minutes (docs/results_cpu.md 16.23).",
     lower_bound=1,
 )
 _INPUT_BUCKET = flags.DEFINE_integer(

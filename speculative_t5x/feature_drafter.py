@@ -665,9 +665,9 @@ class FeatureDrafter(drafters.Drafter):
     )
 
   def restore_with_target(self, path, target_params, dtype=None):
-    """With copy_source, a checkpoint of the drafter saved without it (its config.json says so:
-    a drafter trained without copying, as training scores the draft vocabulary alone) restores
-    as that drafter, then gains the target's logits kernel (`copying_source`)."""
+    """With copy_source, a checkpoint of the drafter saved without it (its config.json says so,
+    e.g. a drafter trained without copying) restores as that drafter, then gains the target's
+    logits kernel (`copying_source`)."""
     if not self.copy_source or _saved_copying_source(path):
       return self.restore_params(path, dtype)
     if target_params is None:
