@@ -36,11 +36,16 @@ GAMMA = 3
 LAYERS = (0,)
 
 
-@functools.lru_cache(maxsize=None)
 def _setup(width=None, layers=(), copy_source=False, kind=None):
   """-> (drafter, params, target params) with the target's embedding and head copied in; the
   drafter reads the target's decoder layers `layers` beside its final feature, and with
-  copy_source drafts its sources' ids too. kind: a FeatureDrafter subclass (width 1: _NoRebuild)."""
+  copy_source drafts its sources' ids too. kind: a FeatureDrafter subclass (width 1: _NoRebuild).
+  One per setting, however it is spelled (`_built`)."""
+  return _built(width, tuple(layers), copy_source, kind)
+
+
+@functools.lru_cache(maxsize=None)
+def _built(width, layers, copy_source, kind):
   target_params = network.init_params(TARGET, jax.random.PRNGKey(0))
   kind = kind or (feature_drafter.FeatureDrafter if width is None else _NoRebuild)
   drafter = kind(
@@ -330,7 +335,7 @@ def _copy_source_loss(kind, divergence):
       "decoder_target_tokens": sequences,
       "decoder_loss_weights": jnp.ones(sequences.shape),
   }
-  grads, metrics = jax.grad(distiller.loss_fn, has_aux=True)(
+  grads, metrics = jax.jit(jax.grad(distiller.loss_fn, has_aux=True))(
       params, target_params, batch, jax.random.PRNGKey(0)
   )
   encoded, p, features = _target_outputs(target_params, encoder_tokens, sequences)
