@@ -6,7 +6,8 @@ XLA_FLAGS=--xla_force_host_platform_device_count=8 itself). It decodes a tiny ta
 unsharded and then on each mesh of MESHES (target model-parallel by the standard rules, drafter
 replicated by the data-parallel rules), and prints one JSON object with what the test asserts:
 {mesh name: {check: value}, 'unsharded': reference statistics, 'loop_carry': the per-device shapes
-of the compiled decode loop's carry on mesh LOOP_MESH}. On each mesh it also places the target
+of the compiled decode loop's carry on mesh LOOP_MESH, 'feature_drafter': a FeatureDrafter's
+decodes on LOOP_MESH}. On each mesh it also places the target
 restored lazily from a checkpoint (`t5x_checkpoints.LazyArray`s, `place_params_per_process`)
 and reports whether that gives the arrays `place_params` gives, and how many times each slice
 was read.
@@ -32,7 +33,8 @@ import seqio  # noqa: E402
 
 # tests/ is this script's sys.path[0].
 from conftest import tiny_config  # noqa: E402
-from speculative_t5x import checkpoints, models, network, partitioning  # noqa: E402
+from speculative_t5x import checkpoints, feature_drafter, models, network  # noqa: E402
+from speculative_t5x import partitioning  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -139,6 +141,37 @@ def _loop_carry_shapes(predict, *args) -> str:
   return max(loops, key=len).split(" while(")[0]
 
 
+def _feature_drafter_check(target, batch, rng, mesh_shape) -> dict:
+  """The demo's kind of drafter, a FeatureDrafter drafting its sources' ids too (its state holds
+  [B, S, F] features and [B, d, Le] source columns), decoding on `mesh_shape` -> {'greedy_equal',
+  'stats_equal': against unsharded, 'sample_valid'}."""
+  head = tiny_config(TARGET.vocab_size, emb_dim=8, num_heads=2, head_dim=4, mlp_dim=16)
+  drafter = feature_drafter.FeatureDrafter(
+      head, TARGET.emb_dim, tuple(range(2, TARGET.vocab_size, 2)), copy_source=True
+  )
+  vocab = seqio.PassThroughVocabulary(TARGET.vocab_size, eos_id=EOS)
+  model = models.SpeculativeEncoderDecoderModel(
+      network.Transformer(TARGET), drafter, vocab, vocab, gamma=GAMMA
+  )
+  params = {
+      "target": target,
+      "drafter": drafter.init_from_target(drafter.init_params(rng, {}), target),
+  }
+  greedy = jax.device_get(model.jit_predict()(params, batch, rng, 0.0))
+  partitioner = partitioning.Partitioner(mesh_shape=mesh_shape)
+  predict = partitioner.partition_predict(model)
+  placed, placed_batch = partitioner.place_params(model, params), partitioner.place_batch(batch)
+  sharded = jax.device_get(predict(placed, placed_batch, rng, 0.0))
+  sampled = jax.device_get(predict(placed, placed_batch, rng, 1.0))
+  stats, ref_stats = sharded[1]["speculative_stats"], greedy[1]["speculative_stats"]
+  return {
+      "greedy_equal": bool(np.array_equal(sharded[0], greedy[0])),
+      "stats_equal": all(np.array_equal(stats[k], ref_stats[k]) for k in ref_stats),
+      "accepted": np.asarray(ref_stats["accepted_tokens"]).tolist(),
+      "sample_valid": _valid(np.asarray(sampled[0])),
+  }
+
+
 def main():
   assert jax.device_count() == 8, f"expected 8 simulated devices, got {jax.device_count()}"
   model, params, batch = _setup()
@@ -202,6 +235,9 @@ def main():
         "lazy": _lazy_placement(partitioner, model, params, placed, saved),
     }
   shutil.rmtree(saved)
+  results["feature_drafter"] = _feature_drafter_check(
+      params["target"], batch, rng, tuple(map(int, LOOP_MESH.split("x")))
+  )
   json.dump(results, sys.stdout)
 
 

@@ -277,6 +277,14 @@ def test_sharded_greedy_equals_unsharded(sharded, mesh):
   assert sharded[mesh]["output_sharding"] == "P('data',)"
 
 
+def test_a_feature_drafter_decodes_sharded_as_unsharded(sharded):
+  """The demo's kind of drafter (features [B, S, F] and source columns [B, d, Le] in its state),
+  on the 2x4 mesh: the greedy decodes and statistics of one device, and valid samples."""
+  result = sharded["feature_drafter"]
+  assert result["greedy_equal"] and result["stats_equal"] and result["sample_valid"]
+  assert len(set(result["accepted"])) > 1, f"no ragged acceptance: {result['accepted']}"
+
+
 def test_sharded_reference_has_ragged_acceptance(sharded):
   accepted = sharded["unsharded"]["stats"]["accepted_tokens"]
   assert len(set(accepted)) > 1, f"every row accepted the same number of drafts: {accepted}"
