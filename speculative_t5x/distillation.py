@@ -654,19 +654,21 @@ class Distiller:
           ]
       )
       p_draft = jnp.where(drafted[:, None], p_logits, layers.MASK_VALUE)
-      draft_targets = targets
-      scored = jnp.take_along_axis(drafted, targets.astype(jnp.int32), axis=1).astype(jnp.float32)
     else:
       p_draft = p_logits[..., np.asarray(draft_vocab)] if draft_vocab else p_logits
-      draft_targets, scored = draft_vocab_targets(targets, draft_vocab, p_logits.shape[-1])
     # Only the hard-label loss reads y_t; it scores the positions whose y_t the head can draft.
-    metrics = {}
-    if settings.divergence != "cross_entropy":
-      draft_targets, scored = None, 1.0
-    elif draft_vocab:
-      metrics["targets_in_draft_vocab"] = jnp.sum(scored * weights) / jnp.maximum(
-          jnp.sum(weights), 1.0
-      )
+    draft_targets, scored, metrics = None, 1.0, {}
+    if settings.divergence == "cross_entropy":
+      if drafter.copy_source:
+        draft_targets = targets
+        scored = jnp.take_along_axis(drafted, targets.astype(jnp.int32), axis=1)
+        scored = scored.astype(jnp.float32)
+      else:
+        draft_targets, scored = draft_vocab_targets(targets, draft_vocab, p_logits.shape[-1])
+      if draft_vocab:
+        metrics["targets_in_draft_vocab"] = jnp.sum(scored * weights) / jnp.maximum(
+            jnp.sum(weights), 1.0
+        )
     positions = jnp.arange(inputs.shape[1])[None]
     total, norm = 0.0, 0.0
     for j in range(settings.unroll_steps):

@@ -356,6 +356,9 @@ def test_a_copy_source_loss_compares_q_with_p_on_each_rows_own_ids():
   and reach the layers through the source's columns. A variant that restricts every row's p to
   the first row's ids fails."""
   metrics, grads, q, p, drafted = _copy_source_loss(feature_drafter.FeatureDrafter, "tvd")
+  plain, _, _ = _setup()
+  vocabulary_only = np.broadcast_to(np.isin(np.arange(V), DRAFT_VOCAB), (2, V))
+  np.testing.assert_array_equal(plain.drafted_ids(jnp.ones((2, 4), jnp.int32)), vocabulary_only)
   q_probs = np.exp(q - q.max(-1, keepdims=True))
   q_probs /= q_probs.sum(-1, keepdims=True)
   assert np.all(q_probs[~np.broadcast_to(drafted[:, None], q.shape)] == 0)
