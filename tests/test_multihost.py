@@ -3,7 +3,7 @@
 Every scenario runs in fresh CPU processes joined by JAX's distributed runtime (gloo collectives),
 all started at once by the module's fixture, since most of each is importing JAX, TensorFlow and
 seqio (on two cores the module takes about half its processes' CPU time: one launch per scenario
-and side, each compiling with XLA:CPU's cheapest settings, FAST_COMPILE):
+and side, each compiling with XLA:CPU's cheapest settings, conftest.FAST_COMPILE):
   - the same inference (tests/multihost_check.py: a tiny random target and T5 drafter, 9 examples,
     global batches of 4 rows) by 2 processes of 2 devices and by 1 process of 4 devices, each at
     T = 0 and T = 1, with a chain and a draft tree: the outputs must be identical, and process 1
@@ -35,7 +35,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS, flat
+from conftest import FAST_COMPILE, REPO_ROOT, SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS, flat
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
 from speculative_t5x import inference
@@ -47,13 +47,6 @@ import multihost_check
 HERE = pathlib.Path(__file__).resolve().parent
 PAIRS = TRANSLATION_PAIRS + [("close window", "fenster schliessen")]  # 9: shards of 5 and 4
 RUNS = ("chain_t0", "chain_t1", "tree_t0", "tree_t1")  # tests/multihost_check.py's RUNS
-# XLA:CPU at optimization level 0, with its older emitters in place of the fusion emitters,
-# compiles these programs in about a quarter of the time; every side of a comparison runs with
-# the same flags.
-FAST_COMPILE = (
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
-    "--xla_cpu_use_fusion_emitters=false"
-)
 FAULT_TIMEOUT = 10  # --multiprocess_timeout_seconds of the fault scenarios
 FAULT_LIMIT = 60  # the issue's bound on the time from a fault to every process's end
 INFER_FLAGS = (
