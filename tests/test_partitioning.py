@@ -23,7 +23,7 @@ import pytest
 import seqio
 from jax.sharding import PartitionSpec as P
 
-from conftest import FAST_COMPILE, flat, tiny_config
+from conftest import flat, tiny_config
 from speculative_t5x import drafters, models, network, partitioning, table_drafters
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -36,11 +36,8 @@ TINY = tiny_config(
 @pytest.fixture(scope="module")
 def sharded():
   """{mesh name: results} from tests/sharded_check.py on 8 simulated CPU devices."""
-  env = dict(
-      os.environ,
-      XLA_FLAGS=f"{FAST_COMPILE} --xla_force_host_platform_device_count=8",
-      JAX_PLATFORMS="cpu",
-  )
+  # XLA_FLAGS as conftest sets it (FAST_COMPILE); sharded_check.py adds the 8 devices itself.
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = subprocess.run(
       [sys.executable, str(HERE / "sharded_check.py")],
       capture_output=True,
