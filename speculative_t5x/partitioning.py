@@ -400,21 +400,25 @@ class Partitioner:
     """Puts a batch of batch-first arrays on the mesh, split over 'data'."""
     return jax.device_put(batch, state_shardings(batch, self.mesh, self.rules))
 
-  def partition_predict(self, model: models.EncoderDecoderModel, **jit_predict_kwargs) -> Callable:
+  def partition_predict(
+      self, model: models.EncoderDecoderModel, greedy: bool = False, **jit_predict_kwargs
+  ) -> Callable:
     """`model.jit_predict(**kwargs)` compiled for the mesh: `fn(params, batch, rng, temperature)
     -> (decodes, aux)` with params placed by `params_shardings(model)`, the batch and every output
     split over 'data' (batch sizes must divide the 'data' axis), rng and temperature replicated.
-    The returned jitted function also lowers ahead of time (`fn.lower(...)` with abstract
-    arguments)."""
+    greedy: `fn(params, batch, rng)`, the greedy program (temperature 0, static: argmaxes, no
+    distributions), which a concrete temperature 0 runs. The returned jitted function also lowers
+    ahead of time (`fn.lower(...)` with abstract arguments)."""
+    predict = model.jit_predict(**jit_predict_kwargs)
+    in_shardings = (self.params_shardings(model), self.data_sharding, self.replicated)
+    if greedy:
+      return jax.jit(
+          lambda params, batch, rng: predict(params, batch, rng, 0.0),
+          in_shardings=in_shardings,
+          out_shardings=self.data_sharding,
+      )
     return jax.jit(
-        model.jit_predict(**jit_predict_kwargs),
-        in_shardings=(
-            self.params_shardings(model),
-            self.data_sharding,
-            self.replicated,
-            self.replicated,
-        ),
-        out_shardings=self.data_sharding,
+        predict, in_shardings=in_shardings + (self.replicated,), out_shardings=self.data_sharding
     )
 
   # --------------------------------------------------------------------------- several processes
