@@ -48,9 +48,7 @@ import dataclasses
 import json
 import os
 import pathlib
-import re
 import sys
-import time
 from typing import Any, Mapping
 
 import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
@@ -58,11 +56,9 @@ import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, i
 from absl import app
 from absl import flags
 import gin
-import jax
-import jax.numpy as jnp
-import numpy as np
 import seqio
 
+from speculative_t5x import aot
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import gin_utils
 from speculative_t5x import hlo_report
@@ -152,106 +148,6 @@ def paper_row_bindings(name: str) -> tuple[list[str], list[str]]:
   return files, bindings
 
 
-def _abstract_params(
-    model: models.SpeculativeEncoderDecoderModel,
-    partitioner: partitioning.Partitioner,
-    dtype: Any,
-    input_shapes: Mapping[str, tuple],
-) -> Any:
-  """{'target': ..., 'drafter': ...} as ShapeDtypeStructs (floating-point leaves of `dtype`)
-  carrying the partitioner's shardings; a drafter sharded as a whole (no `param_axes`) gives its
-  one sharding to every leaf. Nothing is allocated."""
-  shapes = jax.eval_shape(
-      lambda rng: model.get_initial_variables(rng, input_shapes)["params"], jax.random.PRNGKey(0)
-  )
-
-  def place(sharding, subtree):
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(
-            x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=sharding
-        ),
-        subtree,
-    )
-
-  return jax.tree.map(place, partitioner.params_shardings(model), shapes)
-
-
-def _abstract_inputs(
-    setup: AotSetup,
-    model: models.SpeculativeEncoderDecoderModel,
-    partitioner: partitioning.Partitioner,
-) -> tuple:
-  """(params, batch, rng, temperature) as ShapeDtypeStructs with the partitioner's shardings;
-  without the temperature for the greedy program."""
-  lengths = {
-      "encoder_input_tokens": setup.task_feature_lengths["inputs"],
-      "decoder_input_tokens": setup.task_feature_lengths["targets"],
-      "decoder_target_tokens": setup.task_feature_lengths["targets"],
-  }
-  params = _abstract_params(
-      model,
-      partitioner,
-      jnp.dtype(setup.param_dtype),
-      {
-          name: (setup.batch_size, lengths[name])
-          for name in ("encoder_input_tokens", "decoder_input_tokens")
-      },
-  )
-  batch = {
-      name: jax.ShapeDtypeStruct(
-          (setup.batch_size, length), jnp.int32, sharding=partitioner.data_sharding
-      )
-      for name, length in lengths.items()
-  }
-  rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=partitioner.replicated)
-  if setup.temperature == 0.0:
-    return params, batch, rng
-  temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=partitioner.replicated)
-  return params, batch, rng, temperature
-
-
-def _bytes_per_device(tree: Any) -> int:
-  """Bytes of one device's shards of abstract arrays (the first device's share of each)."""
-  total = 0
-  for leaf in jax.tree.leaves(tree):
-    shard = leaf.sharding.shard_shape(leaf.shape)
-    total += int(np.prod(shard)) * leaf.dtype.itemsize
-  return total
-
-
-def _module_problems(hlo_text: str) -> list[str]:
-  """Host callbacks or dynamic shapes in a lowered StableHLO module (neither runs on a TPU loop
-  without a host round trip or recompilation)."""
-  problems = []
-  if "callback" in hlo_text:
-    problems.append("host callback in the lowered module")
-  if "tensor<?" in hlo_text or "x?x" in hlo_text:
-    problems.append("dynamic shape in the lowered module")
-  return problems
-
-
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# XLA:TPU's error for a program that does not fit, e.g. "Ran out of memory in memory space hbm.
-# Used 44.61G of 30.75G hbm. Exceeded hbm capacity by 13.86G."
-_OUT_OF_MEMORY = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
-
-
-def _out_of_memory(error: Exception) -> dict | None:
-  """XLA:TPU's out-of-memory compile error -> {'used_bytes', 'capacity_bytes', 'message'}, or
-  None for any other error (MaxText's `is_oom`: RESOURCE_EXHAUSTED or an hbm message)."""
-  message = str(error)
-  if "RESOURCE_EXHAUSTED" not in message and "hbm" not in message.lower():
-    return None
-  found = _OUT_OF_MEMORY.search(message)
-  sizes = {}
-  if found:
-    sizes = {
-        "used_bytes": int(float(found.group(1)) * _UNITS[found.group(2)]),
-        "capacity_bytes": int(float(found.group(3)) * _UNITS[found.group(4)]),
-    }
-  return {**sizes, "message": message.strip().splitlines()[0][:500]}
-
-
 def check(
     setup: AotSetup,
     partitioner: partitioning.Partitioner,
@@ -260,50 +156,46 @@ def check(
 ) -> dict:
   """Lowers and compiles the speculative decode for `partitioner`'s mesh -> a report dict.
 
-  tpu_slice: the TPU slice whose compile-only devices the mesh holds (the HBM default and the HLO
-  checks), or None for XLA:CPU. hlo_path: where to write the optimized HLO (TPU only)."""
+  tpu_slice: the TPU slice whose compile-only devices the mesh holds (the HBM default, the HLO
+  checks and out-of-memory as a result), or None for XLA:CPU. hlo_path: where to write the
+  optimized HLO (TPU only)."""
   vocab = seqio.PassThroughVocabulary(setup.target_config.vocab_size, eos_id=EOS_ID)
   model = models.SpeculativeEncoderDecoderModel(
       network.Transformer(setup.target_config), setup.drafter, vocab, vocab, gamma=setup.gamma
   )
-  args = _abstract_inputs(setup, model, partitioner)
   if setup.hbm_gib is not None:
     hbm = int(setup.hbm_gib * GIB)
   else:
     hbm = tpu_slice.hbm_bytes if tpu_slice else 32 * GIB
+  result = aot.compile_decode(
+      model,
+      partitioner,
+      setup.task_feature_lengths,
+      batch_size=setup.batch_size,
+      param_dtype=setup.param_dtype,
+      greedy=setup.temperature == 0.0,
+      catch_out_of_memory=tpu_slice is not None,
+  )
   report = {
       "compiler": f"XLA:TPU ({tpu_slice.name})" if tpu_slice else "XLA:CPU",
       "mesh": dict(partitioner.mesh.shape),
       "devices": [str(d) for d in partitioner.mesh.devices.flat],
       "processes": len({d.process_index for d in partitioner.mesh.devices.flat}),
-      "target_params_per_device_bytes": _bytes_per_device(args[0]["target"]),
-      "drafter_params_per_device_bytes": _bytes_per_device(args[0]["drafter"]),
+      "target_params_per_device_bytes": aot.bytes_per_device(result.args[0]["target"]),
+      "drafter_params_per_device_bytes": aot.bytes_per_device(result.args[0]["drafter"]),
       "hbm_bytes": hbm,
+      "module_problems": result.module_problems,
+      "lower_seconds": result.lower_seconds,
+      "compile_seconds": result.compile_seconds,
   }
-  start = time.perf_counter()
-  lowered = partitioner.partition_predict(model, greedy=setup.temperature == 0.0).lower(*args)
-  report["lower_seconds"] = time.perf_counter() - start
-  report["module_problems"] = problems = _module_problems(lowered.as_text())
-  start = time.perf_counter()
-  try:
-    compiled = lowered.compile()
-  except Exception as e:  # noqa: BLE001  (only XLA:TPU's out-of-memory error is a result)
-    oom = _out_of_memory(e) if tpu_slice else None
-    if oom is None:
-      raise
-    report["compile_seconds"] = time.perf_counter() - start
-    return {**report, "out_of_memory": oom, "fits": False, "ok": False}
-  report["compile_seconds"] = time.perf_counter() - start
-  memory = compiled.memory_analysis()
-  sizes = {
-      name: int(getattr(memory, f"{name}_size_in_bytes"))
-      for name in ("argument", "output", "temp", "alias", "generated_code")
-  }
-  peak = sizes["argument"] + sizes["output"] + sizes["temp"] - sizes["alias"]
+  if result.out_of_memory is not None:
+    return {**report, "out_of_memory": result.out_of_memory, "fits": False, "ok": False}
+  sizes = result.memory_sizes()
+  peak = sizes.pop("peak")
   report.update(memory_analysis_bytes=sizes, peak_per_device_bytes=peak, fits=peak <= hbm)
-  ok = report["fits"] and not problems
+  ok = report["fits"] and not result.module_problems
   if tpu_slice is not None:
-    text = compiled.as_text()
+    text = result.compiled.as_text()
     if hlo_path is not None:
       hlo_path.write_text(text)
     loop = hlo_report.analyze(text)

@@ -584,8 +584,9 @@ class _CachedDecoderDrafter(Drafter):
   A proposal feeds x_length at position length and reads its logits, then gamma-1 single-token
   steps feed its own drafts. Only after all gamma drafts were accepted has the drafter not seen its
   last draft x_{length-1}; then (and for the whole batch if any row needs it, under a `lax.cond`)
-  the first step feeds the block [x_{length-1}, x_length] instead. Each draft thus costs one
-  single-token step, as Theorem 3.8 counts it, except after a full acceptance.
+  one more single-token step feeds it first. Each draft thus costs one single-token step, as
+  Theorem 3.8 counts it, plus one after a full acceptance. Every step of a chain is a
+  single-token step, so the compiled loop has one layout for the cache and the kernels.
   """
 
   config: network.T5Config
@@ -635,18 +636,15 @@ class _CachedDecoderDrafter(Drafter):
         {"params": params}, tokens, cache, index, method=module.decode
     )
 
-    def first_logits(width):
-      """Feeds x_{length-width+1..length} -> logits of x_length [B, 1, V], cache."""
-      start = jnp.maximum(length - width + 1, 0)
-      block = decoder_inputs(sequences, start[:, None] + jnp.arange(width)[None])
-      logits, cache = decode(block, state.cache, start)
-      if width == 1:
-        return logits, cache
-      return jnp.take_along_axis(logits, (length - start)[:, None, None], axis=1), cache
+    def feed_previous():
+      """Feeds x_{length-1} at position length - 1 (what a full acceptance left unfed)."""
+      previous = jnp.maximum(length - 1, 0)
+      return decode(decoder_inputs(sequences, previous[:, None]), state.cache, previous)[1]
 
-    logits, cache = jax.lax.cond(
-        jnp.all(state.written >= length), lambda: first_logits(1), lambda: first_logits(2)
-    )
+    # Only single-token steps touch the cache, so XLA:TPU lays it and the kernels out once for
+    # all of them: a two-token block here made it re-lay both out on every call (docs/tpu.md).
+    cache = jax.lax.cond(jnp.all(state.written >= length), lambda: state.cache, feed_previous)
+    logits, cache = decode(decoder_inputs(sequences, length[:, None]), cache, length)
     drafts, q, cache, steps = draft_chain(
         logits,
         lambda cache, token, i: decode(token[:, None], cache, length + i),

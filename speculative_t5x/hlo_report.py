@@ -371,7 +371,9 @@ def analyze(text: str) -> LoopReport:
               Finding("cross-attention K/V in the loop", where, instruction.shape, cross[0])
           )
           break
-  return LoopReport([loop.name for loop in loops], len(in_loop), problems, dict(sorted(counts.items())))
+  return LoopReport(
+      [loop.name for loop in loops], len(in_loop), problems, dict(sorted(counts.items()))
+  )
 
 
 def _is_weight(op_name: str) -> bool:
@@ -384,8 +386,11 @@ def markdown(report: dict) -> str:
   lines = [
       f"Optimized HLO: {len(report['loops'])} while loop(s) reaching "
       f"{report['loop_computations']} computation(s); "
-      + ("no host transfer, weight copy, cache copy or cross-attention K/V in them." if not problems
-         else f"**{len(problems)} problem(s)** in them:")
+      + (
+          "no host transfer, weight copy, cache copy or cross-attention K/V in them."
+          if not problems
+          else f"**{len(problems)} problem(s)** in them:"
+      )
   ]
   by_kind: dict[str, list[dict]] = {}
   for finding in problems:

@@ -120,7 +120,9 @@ def libtpu_problem() -> str | None:
     return None  # a jax this table does not know: its own `tpu` extra pins the right libtpu.
   found = importlib.metadata.version("libtpu")
   if not re.fullmatch(re.escape(wanted) + r"(\.\d+)*", found):
-    return f"libtpu {found} does not match jax {jax_version}, which pins libtpu {wanted}: {install}."
+    return (
+        f"libtpu {found} does not match jax {jax_version}, which pins libtpu {wanted}: {install}."
+    )
   return None
 
 
