@@ -8,6 +8,12 @@ captured and dropped; every other line it writes is passed on to stderr. TF_CPP_
 set to 2 unless the user set it; a user's TF_CPP_MIN_LOG_LEVEL=0 (show everything) keeps the
 start-up lines too.
 
+Where libtpu is installed (the test extras install it, to compile for TPU on any host:
+docs/tpu.md) but the host has no TPU chip and JAX_PLATFORMS is unset, JAX would try the TPU
+backend at start-up and print libtpu's warnings; the package then sets JAX_PLATFORMS=cpu (or
+leaves a GPU host to JAX, setting TPU_SKIP_MDS_QUERY=1 only), as JAX's CPU fallback would end
+anyway. On a TPU VM nothing changes.
+
 No environment variable silences those lines (TensorFlow 2.21 writes them whatever its log
 level), so the capture must be the first import of TensorFlow: every script imports
 `speculative_t5x` before seqio, TFDS or TensorFlow (its first third-party import where one of those
@@ -61,4 +67,24 @@ def _import_tensorflow_quietly() -> None:
           print(line, file=sys.stderr)
 
 
+def _has_tpu_chip() -> bool:
+  """TPU chips appear as /dev/accel* (v2-v5e) or /dev/vfio/<n> (v5p, v6e)."""
+  dev = "/dev"
+  names = os.listdir(dev) if os.path.isdir(dev) else []
+  vfio = os.listdir(f"{dev}/vfio") if os.path.isdir(f"{dev}/vfio") else []
+  return any(n.startswith("accel") for n in names) or any(n.isdigit() for n in vfio)
+
+
+def _skip_absent_tpu() -> None:
+  """JAX_PLATFORMS=cpu where libtpu is installed on a host with no TPU chip and no GPU."""
+  if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
+    return
+  if _has_tpu_chip():
+    return
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  if not os.path.exists("/dev/nvidia0"):
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+_skip_absent_tpu()
 _import_tensorflow_quietly()

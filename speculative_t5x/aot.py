@@ -29,9 +29,13 @@ from speculative_t5x import models
 from speculative_t5x import partitioning
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# XLA:TPU's error for a program that does not fit, e.g. "Ran out of memory in memory space hbm.
-# Used 44.61G of 30.75G hbm. Exceeded hbm capacity by 13.86G."
-_OUT_OF_MEMORY = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
+# XLA:TPU's errors for a program that does not fit, e.g. "RESOURCE_EXHAUSTED: Ran out of memory
+# on HBM, the total memory required for HLO temporaries (40.00G) exceeds available HBM (30.75G)."
+# or "Ran out of memory in memory space hbm. Used 44.61G of 30.75G hbm.": (used, capacity).
+_OUT_OF_MEMORY = (
+    re.compile(r"\(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
+    re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"),
+)
 MEMORY_FIELDS = ("argument", "output", "temp", "alias", "generated_code")
 
 
@@ -120,7 +124,7 @@ def out_of_memory(error: Exception) -> dict | None:
   message = str(error)
   if "RESOURCE_EXHAUSTED" not in message and " hbm" not in message.lower():
     return None
-  found = _OUT_OF_MEMORY.search(message)
+  found = next((m for m in (p.search(message) for p in _OUT_OF_MEMORY) if m), None)
   sizes = {}
   if found:
     sizes = {

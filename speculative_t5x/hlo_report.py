@@ -92,7 +92,7 @@ class Instruction:
   @property
   def op_name(self) -> str:
     found = _OP_NAME.search(self.attributes)
-    return found.group(1) if found else ""
+    return found.group(1).replace("\\'", "'") if found else ""
 
 
 def _split_shape(rest: str) -> tuple[str, str]:
@@ -256,8 +256,9 @@ class _Program:
     return None
 
   def sources(self, computation: str, name: str, index: tuple[int, ...] = ()) -> set[str]:
-    """The entry arguments (their op_name) that the value `name` (element `index` of it, for a
-    tuple) passes on unchanged, through forwarding ops and calls; empty if it is computed."""
+    """The entry arguments (their op_name) whose contents the value `name` (element `index` of
+    it, for a tuple) holds, passed on through forwarding ops, copies and calls; empty if it is
+    computed."""
     return self._sources(computation, name, index, frozenset())
 
   def _sources(self, computation, name, index, seen) -> set[str]:
@@ -284,7 +285,8 @@ class _Program:
       return self._sources(computation, instruction.operands[index[0]], index[1:], seen)
     if op == "copy-done":  # element 0 of its copy-start: the copied value.
       return self._sources(computation, instruction.operands[0], (0,) + index, seen)
-    if op in ("bitcast", "optimization-barrier") and instruction.operands:
+    if op in ("bitcast", "optimization-barrier", "copy", "transpose") and instruction.operands:
+      # A re-laid-out weight (a copy made before the loop, say) still holds the weight.
       return self._sources(computation, instruction.operands[0], index, seen)
     if op == "copy-start" and instruction.operands and index[:1] in ((0,), (1,)):
       return self._sources(computation, instruction.operands[0], index[1:], seen)

@@ -12,6 +12,10 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu (the test extras) compiles for TPU in tests/test_tpu_compile.py: no metadata server to
+# ask, and one libtpu per test worker (its lock file would refuse the second).
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
 # XLA:CPU at optimization level 0, with its older emitters in place of the fusion emitters. The
 # suite's programs are tiny, and on a fresh clone (an empty compilation cache) compiling them took
 # about 460 of its 1,231 s; under these flags the fresh suite takes 838 s (docs/results_cpu.md
