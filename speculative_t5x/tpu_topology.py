@@ -98,10 +98,15 @@ def get_slice(name: str) -> Slice:
 
 def prepare_environment() -> None:
   """JAX on the CPU, libtpu without a metadata server, and several libtpu processes at once (the
-  suite's workers): call before JAX starts a backend. Values already set are kept."""
+  suite's workers): call before JAX starts a backend. TPU_ACCELERATOR_TYPE and
+  TPU_WORKER_HOSTNAMES describe this host to libtpu's runtime, which has no chip to find here;
+  unset, it prints a warning and an INVALID_ARGUMENT error for each (the topology and the
+  compiled programs are the same either way). Values already set are kept."""
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-8")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 
 def libtpu_problem() -> str | None:

@@ -33,6 +33,14 @@ os.environ.setdefault(
     str(pathlib.Path(__file__).resolve().parents[1] / ".pytest_cache" / "jax_compilation_cache"),
 )
 
+import importlib.util  # noqa: E402
+
+# Tests that compile with XLA:TPU (libtpu, installed by the test extras): skipped where it is not.
+requires_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu is not installed (pip install -e '.[test]' installs it)",
+)
+
 import speculative_t5x  # noqa: E402,F401  (first: TensorFlow, which seqio imports, quietly)
 import jax  # noqa: E402
 import seqio  # noqa: E402,F401
