@@ -636,15 +636,22 @@ class _CachedDecoderDrafter(Drafter):
         {"params": params}, tokens, cache, index, method=module.decode
     )
 
-    def feed_previous():
-      """Feeds x_{length-1} at position length - 1 (what a full acceptance left unfed)."""
-      previous = jnp.maximum(length - 1, 0)
-      return decode(decoder_inputs(sequences, previous[:, None]), state.cache, previous)[1]
+    def first_logits(catch_up: bool):
+      """Feeds x_length at position length (after x_{length-1} at length - 1, catching up on
+      what a full acceptance left unfed) -> logits of x_length [B, 1, V], cache."""
+      cache = state.cache
+      if catch_up:
+        previous = jnp.maximum(length - 1, 0)
+        cache = decode(decoder_inputs(sequences, previous[:, None]), cache, previous)[1]
+      return decode(decoder_inputs(sequences, length[:, None]), cache, length)
 
     # Only single-token steps touch the cache, so XLA:TPU lays it and the kernels out once for
-    # all of them: a two-token block here made it re-lay both out on every call (docs/tpu.md).
-    cache = jax.lax.cond(jnp.all(state.written >= length), lambda: state.cache, feed_previous)
-    logits, cache = decode(decoder_inputs(sequences, length[:, None]), cache, length)
+    # all of them (a two-token block here made it re-lay both out on every call), and both
+    # branches write the cache (a branch returning it unchanged is a whole-cache copy under
+    # SPMD partitioning): docs/tpu.md.
+    logits, cache = jax.lax.cond(
+        jnp.all(state.written >= length), lambda: first_logits(False), lambda: first_logits(True)
+    )
     drafts, q, cache, steps = draft_chain(
         logits,
         lambda cache, token, i: decode(token[:, None], cache, length + i),

@@ -15,6 +15,8 @@ import sys
 import jax
 import numpy as np
 
+from conftest import SCRIPT_ENV
+from conftest import requires_libtpu
 from conftest import tiny_config
 from speculative_t5x import network
 from speculative_t5x import table_drafters
@@ -117,3 +119,65 @@ def test_aot_check_compiles_any_drafter_and_reports_memory(tmp_path):
   markdown = (bigram_dir / "aot_check.md").read_text()
   assert "drafter BigramDrafter" in markdown and "DOES NOT FIT" in markdown
   assert "fits (" in (t5_dir / "aot_check.md").read_text()
+
+
+TPU_SHAPED = [  # tiny, but in XLA:TPU's (8, 128) tiles (tests/test_aot.py)
+    "--gin.t5_1_1_tiny/network.T5Config.emb_dim=128",
+    "--gin.t5_1_1_tiny/network.T5Config.num_heads=2",
+    "--gin.t5_1_1_tiny/network.T5Config.head_dim=64",
+    "--gin.t5_1_1_tiny/network.T5Config.mlp_dim=256",
+    "--gin.t5_1_1_tiny/network.T5Config.dtype='bfloat16'",
+]
+
+
+@requires_libtpu
+def test_aot_check_compiles_for_a_two_host_tpu_slice_from_one_process(tmp_path):
+  run = subprocess.run(
+      [
+          sys.executable,
+          str(REPO_ROOT / "scripts" / "aot_check.py"),
+          "--topology=v4-16",
+          "--gin_file=configs/runs/aot_xxl.gin",
+          "--gin_file=configs/models/t5_1_1_tiny.gin",
+          "--gin.TARGET_CONFIG=%T5_1_1_TINY",
+          "--gin.DRAFTER_CONFIG=%T5_1_1_TINY",
+          "--gin.VOCAB_SIZE=256",
+          "--gin.NUM_PARTITIONS=2",
+          "--gin.aot_script.AotSetup.batch_size=4",
+          "--gin.aot_script.AotSetup.gamma=3",
+          "--gin.aot_script.AotSetup.temperature=0.0",
+          "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
+          f"--gin.AOT_OUTPUT_DIR='{tmp_path}'",
+          *TPU_SHAPED,
+      ],
+      capture_output=True,
+      text=True,
+      cwd=REPO_ROOT,
+      env=SCRIPT_ENV,
+      timeout=300,
+  )
+  assert run.returncode == 0, run.stderr[-3000:]
+  report = json.loads((tmp_path / "aot_check.json").read_text())
+  assert report["compiler"] == "XLA:TPU (v4-16)"
+  assert report["mesh"] == {"data": 4, "model": 2} and report["processes"] == 2
+  assert report["hbm_bytes"] == 32 * 2**30 and report["fits"]
+  assert report["hlo_report"]["problems"] == [] and report["hlo_report"]["loops"]
+  assert (tmp_path / "optimized_hlo.txt").stat().st_size > 0
+  markdown = (tmp_path / "aot_check.md").read_text()
+  assert "temperature 0 (greedy program)" in markdown and "2 process(es)" in markdown
+
+
+def test_aot_check_refuses_an_unknown_slice_or_paper_row_before_compiling(tmp_path):
+  for flag, message in (
+      ("--topology=v4-9", "unknown TPU slice 'v4-9'"),
+      ("--paper_row=ende_tiny_t0", "is not a Table 2 row"),
+  ):
+    run = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "aot_check.py"), flag],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=SCRIPT_ENV,
+        timeout=120,
+    )
+    assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
