@@ -71,10 +71,10 @@ def _run(row: str, mesh: tuple[str, int, int], directory: pathlib.Path) -> dict:
   done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
   report_path = directory / "aot_check.json"
   if done.returncode not in (0, 1) or not report_path.exists():
-    return {"row": row, "mesh": mesh, "error": done.stderr[-2000:], "ok": False}
+    return {"row": row, "slice_mesh": list(mesh), "error": done.stderr[-2000:], "ok": False}
   report = json.loads(report_path.read_text())
   report.pop("gin_config", None)
-  return {"row": row, "mesh": list(mesh), "wall_seconds": time.perf_counter() - start, **report}
+  return {**report, "row": row, "slice_mesh": list(mesh), "wall_seconds": time.perf_counter() - start}
 
 
 def _cell(report: dict) -> str:
@@ -103,7 +103,7 @@ def markdown(reports: list[dict], meshes: list[tuple[str, int, int]]) -> str:
     row = rows[name]
     cells = []
     for mesh in meshes:
-      found = [r for r in reports if r["row"] == name and tuple(r["mesh"]) == mesh]
+      found = [r for r in reports if r["row"] == name and tuple(r["slice_mesh"]) == mesh]
       if not found:
         cells.append("-")
         continue
