@@ -74,7 +74,12 @@ def _run(row: str, mesh: tuple[str, int, int], directory: pathlib.Path) -> dict:
     return {"row": row, "slice_mesh": list(mesh), "error": done.stderr[-2000:], "ok": False}
   report = json.loads(report_path.read_text())
   report.pop("gin_config", None)
-  return {**report, "row": row, "slice_mesh": list(mesh), "wall_seconds": time.perf_counter() - start}
+  return {
+      **report,
+      "row": row,
+      "slice_mesh": list(mesh),
+      "wall_seconds": time.perf_counter() - start,
+  }
 
 
 def _cell(report: dict) -> str:

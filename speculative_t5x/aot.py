@@ -16,6 +16,7 @@ as MaxText's `is_oom` reads it, not an exception.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -27,6 +28,7 @@ import numpy as np
 
 from speculative_t5x import models
 from speculative_t5x import partitioning
+from speculative_t5x import tpu_topology
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # XLA:TPU's errors for a program that does not fit, e.g. "RESOURCE_EXHAUSTED: Ran out of memory
@@ -175,8 +177,10 @@ def compile_decode(
   lower_seconds = time.perf_counter() - start
   problems = module_problems(lowered.as_text())
   start = time.perf_counter()
+  on_tpu = partitioner.mesh.devices.flat[0].platform == "tpu"
   try:
-    compiled, oom = lowered.compile(), None
+    with tpu_topology.without_compilation_cache() if on_tpu else contextlib.nullcontext():
+      compiled, oom = lowered.compile(), None
   except Exception as e:  # noqa: BLE001  (only the out-of-memory error is a result)
     oom = out_of_memory(e) if catch_out_of_memory else None
     if oom is None:

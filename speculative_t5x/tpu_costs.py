@@ -33,6 +33,7 @@ from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import speculative
+from speculative_t5x import tpu_topology
 
 COMPILER_OPTIONS = {"xla_max_cross_program_prefetches": 0}
 
@@ -77,7 +78,8 @@ def _abstract(tree: Any, device, dtype=jnp.bfloat16) -> Any:
 def compile_cost(fn, args: tuple, compiler_options: dict | None = None) -> Cost:
   """`jax.jit(fn)` compiled for the abstract `args` -> its `Cost`."""
   options = COMPILER_OPTIONS if compiler_options is None else compiler_options
-  return Cost.of(jax.jit(fn).lower(*args).compile(compiler_options=options))
+  with tpu_topology.without_compilation_cache():
+    return Cost.of(jax.jit(fn).lower(*args).compile(compiler_options=options))
 
 
 def drafter_state_shapes(

@@ -22,6 +22,7 @@ TPU_SKIP_MDS_QUERY=1, so that libtpu does not query a GCE metadata server.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -164,3 +165,18 @@ def devices(name: str) -> list:
         f"{spec.chip_config_name}), not its {spec.chips} chips."
     )
   return found
+
+
+@contextlib.contextmanager
+def without_compilation_cache():
+  """JAX's persistent compilation cache off for the block: it cannot hold a compile-only
+  executable (reading one back needs a TPU client, and fails with a warning), so compiles for
+  these devices neither read nor write it."""
+  import jax  # pylint: disable=g-import-not-at-top  (the environment comes first)
+
+  saved = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", saved)

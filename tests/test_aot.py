@@ -113,7 +113,7 @@ def test_a_program_that_does_not_fit_is_reported_with_its_size(partitioner):
   weight = jax.ShapeDtypeStruct(  # 40 GiB of bfloat16 on a 32 GiB chip
       (20 * 2**10, 2**20), jnp.bfloat16, sharding=SingleDeviceSharding(device)
   )
-  with pytest.raises(Exception) as raised:
+  with pytest.raises(Exception) as raised, tpu_topology.without_compilation_cache():
     jax.jit(lambda w: (w * 2).sum()).lower(weight).compile()
   oom = aot.out_of_memory(raised.value)
   assert oom is not None, str(raised.value)[:500]

@@ -123,7 +123,7 @@ def test_aot_check_compiles_any_drafter_and_reports_memory(tmp_path):
 
 TPU_SHAPED = [  # tiny, but in XLA:TPU's (8, 128) tiles (tests/test_aot.py)
     "--gin.t5_1_1_tiny/network.T5Config.emb_dim=128",
-    "--gin.t5_1_1_tiny/network.T5Config.num_heads=2",
+    "--gin.t5_1_1_tiny/network.T5Config.num_heads=8",
     "--gin.t5_1_1_tiny/network.T5Config.head_dim=64",
     "--gin.t5_1_1_tiny/network.T5Config.mlp_dim=256",
     "--gin.t5_1_1_tiny/network.T5Config.dtype='bfloat16'",
@@ -142,8 +142,7 @@ def test_aot_check_compiles_for_a_two_host_tpu_slice_from_one_process(tmp_path):
           "--gin.TARGET_CONFIG=%T5_1_1_TINY",
           "--gin.DRAFTER_CONFIG=%T5_1_1_TINY",
           "--gin.VOCAB_SIZE=256",
-          "--gin.NUM_PARTITIONS=2",
-          "--gin.aot_script.AotSetup.batch_size=4",
+          "--gin.NUM_PARTITIONS=8",
           "--gin.aot_script.AotSetup.gamma=3",
           "--gin.aot_script.AotSetup.temperature=0.0",
           "--gin.TASK_FEATURE_LENGTHS={'inputs': 16, 'targets': 8}",
@@ -159,7 +158,7 @@ def test_aot_check_compiles_for_a_two_host_tpu_slice_from_one_process(tmp_path):
   assert run.returncode == 0, run.stderr[-3000:]
   report = json.loads((tmp_path / "aot_check.json").read_text())
   assert report["compiler"] == "XLA:TPU (v4-16)"
-  assert report["mesh"] == {"data": 4, "model": 2} and report["processes"] == 2
+  assert report["mesh"] == {"data": 1, "model": 8} and report["processes"] == 2
   assert report["hbm_bytes"] == 32 * 2**30 and report["fits"]
   assert report["hlo_report"]["problems"] == [] and report["hlo_report"]["loops"]
   assert (tmp_path / "optimized_hlo.txt").stat().st_size > 0

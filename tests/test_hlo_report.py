@@ -129,7 +129,8 @@ def _loop_report(variant, device):
       }
   }
   steps = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding)
-  compiled = jax.jit(_loop(variant)).lower(params, array(1, LE, E), steps).compile()
+  with tpu_topology.without_compilation_cache():
+    compiled = jax.jit(_loop(variant)).lower(params, array(1, LE, E), steps).compile()
   return hlo_report.analyze(compiled.as_text())
 
 
