@@ -583,8 +583,8 @@ class _CachedDecoderDrafter(Drafter):
 
   A proposal feeds x_length at position length and reads its logits, then gamma-1 single-token
   steps feed its own drafts. Only after all gamma drafts were accepted has the drafter not seen its
-  last draft x_{length-1}; then (and for the whole batch if any row needs it, under a `lax.cond`)
-  one more single-token step feeds it first. Each draft thus costs one single-token step, as
+  last draft x_{length-1}; then (and for the whole batch if any row needs it) one more
+  single-token step feeds it first. Each draft thus costs one single-token step, as
   Theorem 3.8 counts it, plus one after a full acceptance. Every step of a chain is a
   single-token step, so the compiled loop has one layout for the cache and the kernels.
   """
@@ -636,22 +636,18 @@ class _CachedDecoderDrafter(Drafter):
         {"params": params}, tokens, cache, index, method=module.decode
     )
 
-    def first_logits(catch_up: bool):
-      """Feeds x_length at position length (after x_{length-1} at length - 1, catching up on
-      what a full acceptance left unfed) -> logits of x_length [B, 1, V], cache."""
-      cache = state.cache
-      if catch_up:
-        previous = jnp.maximum(length - 1, 0)
-        cache = decode(decoder_inputs(sequences, previous[:, None]), cache, previous)[1]
-      return decode(decoder_inputs(sequences, length[:, None]), cache, length)
+    def feed_previous(_, cache):
+      """Feeds x_{length-1} at position length - 1 (what a full acceptance left unfed)."""
+      previous = jnp.maximum(length - 1, 0)
+      return decode(decoder_inputs(sequences, previous[:, None]), cache, previous)[1]
 
-    # Only single-token steps touch the cache, so XLA:TPU lays it and the kernels out once for
-    # all of them (a two-token block here made it re-lay both out on every call), and both
-    # branches write the cache (a branch returning it unchanged is a whole-cache copy under
-    # SPMD partitioning): docs/tpu.md.
-    logits, cache = jax.lax.cond(
-        jnp.all(state.written >= length), lambda: first_logits(False), lambda: first_logits(True)
-    )
+    # The catch-up is a loop of 0 or 1 single-token steps, not a `lax.cond`: every step of a
+    # chain is then a single-token step (one layout of the cache and the kernels for XLA:TPU),
+    # and the cache is loop state, updated in place; under a cond XLA:TPU copied whole caches
+    # in one mesh or another (docs/tpu.md).
+    catch_up = jnp.where(jnp.all(state.written >= length), 0, 1)
+    cache = jax.lax.fori_loop(0, catch_up, feed_previous, state.cache)
+    logits, cache = decode(decoder_inputs(sequences, length[:, None]), cache, length)
     drafts, q, cache, steps = draft_chain(
         logits,
         lambda cache, token, i: decode(token[:, None], cache, length + i),
