@@ -62,12 +62,12 @@ def _model(drafter=None, **kwargs):
 CONFIGURATIONS = {
     "chain": (lambda: _model(), {}),
     "chain_greedy": (lambda: _model(), {"greedy": True}),
-    "chain_topk": (lambda: _model(), {"topk": 8}),
-    "chain_topp": (lambda: _model(), {"topp": 0.9}),
     "tree": (lambda: _model(draft_tree=(2, 1)), {}),
-    "tree_greedy": (lambda: _model(draft_tree=(2, 1)), {"greedy": True}),
-    "block_verifier": (lambda: _model(verifier=speculative.BlockVerifier()), {}),
-    "lenient_verifier": (lambda: _model(verifier=speculative.LenientVerifier(0.5)), {}),
+    "block_verifier_topp": (lambda: _model(verifier=speculative.BlockVerifier()), {"topp": 0.9}),
+    "lenient_verifier_topk": (
+        lambda: _model(verifier=speculative.LenientVerifier(0.5)),
+        {"topk": 8},
+    ),
     "adaptive_length": (lambda: _model(draft_stop=draft_length.ConfidenceStop(0.5)), {}),
     "feature_drafter": (
         lambda: _model(feature_drafter.FeatureDrafter(DRAFTER, TARGET.emb_dim)),
@@ -86,7 +86,6 @@ CONFIGURATIONS = {
 # head kernels. Pinned here so that a fix, or anything more, changes the test.
 KNOWN_FINDINGS = {
     "tree": {"cache copy"},
-    "tree_greedy": {"cache copy"},
     "feature_drafter": {"cache copy", "weight copy"},
 }
 
