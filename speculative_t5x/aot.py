@@ -41,6 +41,16 @@ _OUT_OF_MEMORY = (
 MEMORY_FIELDS = ("argument", "output", "temp", "alias", "generated_code")
 
 
+def as_abstract(tree: Any, sharding: Any, dtype: Any) -> Any:
+  """ShapeDtypeStructs of `tree`'s leaves with `sharding`, floating-point leaves cast to `dtype`."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(
+          x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=sharding
+      ),
+      tree,
+  )
+
+
 def abstract_params(
     model: models.EncoderDecoderModel,
     partitioner: partitioning.Partitioner,
@@ -53,16 +63,11 @@ def abstract_params(
   shapes = jax.eval_shape(
       lambda rng: model.get_initial_variables(rng, input_shapes)["params"], jax.random.PRNGKey(0)
   )
-
-  def place(sharding, subtree):
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(
-            x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype, sharding=sharding
-        ),
-        subtree,
-    )
-
-  return jax.tree.map(place, partitioner.params_shardings(model), shapes)
+  return jax.tree.map(
+      lambda sharding, subtree: as_abstract(subtree, sharding, dtype),
+      partitioner.params_shardings(model),
+      shapes,
+  )
 
 
 def abstract_inputs(

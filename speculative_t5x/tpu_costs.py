@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import SingleDeviceSharding
 
+from speculative_t5x import aot
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
@@ -62,17 +63,9 @@ class Cost:
     return dataclasses.asdict(self)
 
 
-def _abstract(tree: Any, device, dtype=jnp.bfloat16) -> Any:
-  """ShapeDtypeStructs on `device`, floating-point leaves cast to `dtype`."""
-  sharding = SingleDeviceSharding(device)
-  return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(
-          x.shape,
-          dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
-          sharding=sharding,
-      ),
-      tree,
-  )
+def _abstract(tree: Any, device) -> Any:
+  """bfloat16 ShapeDtypeStructs on `device` (T5X's inference dtype)."""
+  return aot.as_abstract(tree, SingleDeviceSharding(device), jnp.bfloat16)
 
 
 def compile_cost(fn, args: tuple, compiler_options: dict | None = None) -> Cost:
