@@ -20,7 +20,7 @@ are float32. The blocks:
     slot), and `Decoder.decode` / `DecoderLayer.decode` write k tokens' keys and values into it
     by overwrite and attend (what `network.Transformer.decode` and the feature drafter run).
 
-The models that put them together, their checks and `T5Config` are in `network.py`.
+The models that put them together and their checks are in `network.py`, `T5Config` in `config.py`.
 
 Shapes: B batch, Le encoder length, l decoder length, q queries, k new decoder tokens, L cache
 length, H heads, D head_dim, E emb_dim (E_enc the width of an encoder output read), F mlp_dim,
@@ -29,9 +29,7 @@ V vocab_size. Masks are bool [B, 1, q, Lk] (broadcast over heads), biases [B or 
 
 from __future__ import annotations
 
-import functools
 import math
-import typing
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -40,25 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import trees
-
-if typing.TYPE_CHECKING:
-  from speculative_t5x.network import T5Config
+from speculative_t5x.config import ACTIVATIONS  # noqa: F401  (layers.ACTIVATIONS)
+from speculative_t5x.config import T5Config
 
 Array = jax.Array
 
 # Attention-mask value used by T5X (`layers.combine_biases` path): masked logits get -1e10.
 MASK_VALUE = -1e10
 RMS_EPSILON = 1e-6
-
-# The activations `T5Config.mlp_activations` may name.
-ACTIVATIONS = {
-    "relu": nn.relu,
-    "gelu": nn.gelu,  # tanh approximation, as flax's default and T5X's T5 1.1.
-    "gelu_exact": functools.partial(nn.gelu, approximate=False),
-    "silu": nn.silu,
-    "swish": nn.silu,
-    "linear": lambda x: x,
-}
 
 
 # ----------------------------------------------------------------------------------------------
