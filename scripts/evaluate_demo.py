@@ -33,7 +33,6 @@ import jax
 import numpy as np
 
 from speculative_t5x import checkpoints
-from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
@@ -165,9 +164,10 @@ def main(argv):
   report["target"] = evaluate_member(
       "target", pair.target_config, pair.target_params, examples, vocabulary
   )
-  if isinstance(pair.drafter, drafters.T5Drafter):
+  standalone = pair.drafter.standalone_config  # None: it reads the target (or is no network)
+  if standalone is not None:
     report["drafter"] = evaluate_member(
-        "drafter", pair.drafter.config, pair.drafter_params, examples, vocabulary
+        "drafter", standalone, pair.drafter_params, examples, vocabulary
     )
   else:  # It has no encoder of its own: recorded as such, never silently skipped.
     kind = type(pair.drafter).__name__

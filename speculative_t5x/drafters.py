@@ -386,6 +386,14 @@ class Drafter(abc.ABC):
     return None
 
   @property
+  def standalone_config(self) -> network.T5Config | None:
+    """The config of the `network.Transformer` its parameters make on their own, with an encoder
+    of its own and nothing read from the target: a translation model that can be evaluated alone
+    (BLEU, eval loss: `scripts/evaluate_demo.py`). None for a drafter that reads the target (its
+    encoder output or features) or runs no network (tables, prompt lookup)."""
+    return None
+
+  @property
   def network_encoder_emb_dim(self) -> int | None:
     """E_target, when the network of `network_config` has no encoder of its own and cross-attends
     to the target's encoder output [B, Le, E_target] (a `network.SharedEncoderDecoder`); None
@@ -694,6 +702,10 @@ class T5Drafter(_CachedDecoderDrafter):
   @property
   def module(self) -> network.Transformer:
     return network.Transformer(self.config)
+
+  @property
+  def standalone_config(self) -> network.T5Config:
+    return self.config  # its own encoder: a whole T5.
 
   def init_params(self, rng, input_shapes):
     del input_shapes  # a T5's parameter shapes do not depend on them.
