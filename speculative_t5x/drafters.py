@@ -31,6 +31,7 @@ import numpy as np
 from speculative_t5x import checkpoints
 from speculative_t5x import draft_length
 from speculative_t5x import network
+from speculative_t5x import param_checks
 from speculative_t5x import sampling
 from speculative_t5x import trees
 from speculative_t5x import validation
@@ -44,30 +45,31 @@ SHARED_ENCODER_KIND = "shared_encoder"
 INIT_FEATURE_SHAPES = {"encoder_input_tokens": (1, 1), "decoder_input_tokens": (1, 1)}
 
 
-def _check_int(owner: str, name: str, value: Any, minimum: int) -> None:
+def _check_int(owner: str, name: str, value: Any, minimum: int) -> int:
+  """`value`, an integer >= minimum (Python, NumPy or a concrete 0-d jax array) -> a Python int;
+  else a ValueError naming `owner.name`."""
+  value = validation.scalar(value, f"{owner}.{name}")
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
     raise ValueError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}.")
+  return int(value)
 
 
-def _is_shape(node: Any) -> bool:
-  """Whether `node` is a shape in a tree of `Drafter.param_shapes` (a tuple of sizes or None)."""
-  return isinstance(node, tuple) and all(
-      d is None or isinstance(d, (int, np.integer)) for d in node
-  )
-
-
-def _shapes_by_path(tree: Any, leaves_are_shapes: bool = False) -> dict[str, tuple]:
-  """'a/b/c' path -> shape of every leaf of `tree`: an array's (or a tracer's) shape, or where
-  `leaves_are_shapes` the leaf itself, a tuple of `Drafter.param_shapes`. Reads no values."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(
-      tree, is_leaf=_is_shape if leaves_are_shapes else None
-  )
-  return {
-      jax.tree_util.keystr(path, simple=True, separator="/"): (
-          tuple(leaf) if leaves_are_shapes else tuple(np.shape(leaf))
-      )
-      for path, leaf in flat
-  }
+def set_checked_fields(drafter: Any, integers: Mapping[str, int] = (), numbers=()) -> None:
+  """Checks fields of a frozen drafter dataclass in its `__post_init__` and stores them as
+  Python values: each of `integers` (name -> least value) by `_check_int`, each of `numbers`
+  (names) a finite number (`validation.check_number`), and its `eos_id`, None or an integer
+  >= 1 (0 is padding)."""
+  owner = type(drafter).__name__
+  for name, minimum in dict(integers).items():
+    object.__setattr__(drafter, name, _check_int(owner, name, getattr(drafter, name), minimum))
+  for name in numbers:
+    try:
+      value = validation.check_number(getattr(drafter, name), f"{owner}.{name}")
+    except validation.InvalidInputError as e:
+      raise ValueError(str(e)) from e
+    object.__setattr__(drafter, name, value)
+  if getattr(drafter, "eos_id", None) is not None:
+    object.__setattr__(drafter, "eos_id", _check_int(owner, "eos_id", drafter.eos_id, 1))
 
 
 def check_reads_target(
@@ -284,48 +286,52 @@ class Drafter(abc.ABC):
     shapes = jax.eval_shape(lambda: self.init_params(jax.random.PRNGKey(0), INIT_FEATURE_SHAPES))
     return jax.tree.map(lambda x: tuple(x.shape), shapes)
 
-  def check_params(self, params: Any, name: str = "drafter params", shapes: Any = None) -> None:
-    """Raises `validation.InvalidInputError` unless `params` are this drafter's parameters: a leaf
-    at every path of `shapes`, of that shape, and no other leaf. A drafter without parameters
-    takes any tree without leaves ({} or None).
+  def floating_params(self) -> frozenset[str]:
+    """The paths ('a/b') of its parameters that hold floating-point weights (`init_params`'
+    dtypes, traced, nothing allocated): `check_params` refuses an integer or bool leaf there."""
+    return param_checks.floating_paths(
+        jax.eval_shape(lambda: self.init_params(jax.random.PRNGKey(0), INIT_FEATURE_SHAPES))
+    )
 
-    Only paths and shapes are compared (no value is read, nothing moves between devices), so it
-    takes arrays, tracers and `jax.ShapeDtypeStruct`s alike and runs before anything is traced.
+  def check_params(
+      self, params: Any, name: str = "drafter params", shapes: Any = None, floating: Any = None
+  ) -> None:
+    """Raises `validation.InvalidInputError` unless `params` are this drafter's parameters: a leaf
+    at every path of `shapes`, of that shape, floating where `floating` says, and no other leaf.
+    A drafter without parameters takes any tree without leaves ({} or None).
+
+    Only paths, shapes and dtypes are compared (no value is read, nothing moves between devices),
+    so it takes arrays, tracers and `jax.ShapeDtypeStruct`s alike and runs before anything is
+    traced (`param_checks.tree_problems`, the target's check too).
 
     Args:
-      params: the parameter tree to check.
+      params: the parameter tree to check (unboxed: `param_checks.unbox`).
       name: what `params` are, for the message (e.g. "params['drafter']").
       shapes: the shapes `param_shapes()` gives (None: computed here, which traces `init_params`;
         a caller checking at every call computes them once and passes them).
+      floating: the paths `floating_params()` gives (None: computed here, as `shapes` are).
     """
-    expected = _shapes_by_path(self.param_shapes() if shapes is None else shapes, True)
-    got = _shapes_by_path(params)
+    expected = param_checks.shapes_by_path(
+        self.param_shapes() if shapes is None else shapes, leaves_are_shapes=True
+    )
     kind = type(self).__name__
-
-    def where(path: str) -> str:
-      return path or "the tree itself"
-
-    problems = []
-    for path, shape in expected.items():
-      if path not in got:
-        problems.append(f"{where(path)} {shape} is missing")
-      elif len(got[path]) != len(shape) or any(
-          e is not None and e != g for e, g in zip(shape, got[path])
-      ):
-        problems.append(f"{where(path)} is {got[path]}, the {kind} needs {shape}")
-    problems += [
-        f"{where(path)} {shape} is not a parameter of the {kind}"
-        for path, shape in got.items()
-        if path not in expected
-    ]
-    if problems:
-      raise validation.InvalidInputError(
-          f"{name} are not this {kind}'s parameters ({len(problems)} problem(s); the first: "
-          f"{problems[0]}): they are another drafter's, of another kind or other sizes (emb_dim, "
-          "layers, heads, the target width it reads). Restore them with the drafter they were "
-          "saved with (pairs.PairConfig.from_pair_dir, or drafters.read_drafter on their "
-          "directory), or build the drafter with the sizes they have."
-      )
+    problems = param_checks.tree_problems(
+        params, expected, kind, self.floating_params() if floating is None else floating
+    )
+    cast = (
+        f" Weights that must be floating-point are not: {param_checks.CAST_FIX}."
+        if any(k == param_checks.NOT_FLOATING for k, _ in problems)
+        else ""
+    )
+    param_checks.raise_problems(
+        problems,
+        name,
+        kind,
+        "they are another drafter's, of another kind or other sizes (emb_dim, layers, heads, the "
+        "target width it reads). Restore them with the drafter they were saved with "
+        "(pairs.PairConfig.from_pair_dir, or drafters.read_drafter on their directory), or build "
+        f"the drafter with the sizes they have.{cast}",
+    )
 
   @property
   def needs_checkpoint(self) -> bool:
@@ -399,6 +405,12 @@ class Drafter(abc.ABC):
     to the target's encoder output [B, Le, E_target] (a `network.SharedEncoderDecoder`); None
     when it is a `network.Transformer` with its own encoder, or there is no network."""
     return None
+
+  def check_lengths(self, encoder_length: int, decode_length: int) -> None:
+    """Raises `validation.InvalidInputError`, naming the problem and the fix, if this drafter
+    cannot draft for inputs of `encoder_length` tokens decoded to `decode_length` (called with
+    the batch's shapes, before tracing); the default takes any lengths."""
+    del encoder_length, decode_length
 
   def check_target(self, target_config: network.T5Config) -> None:
     """Raises ValueError, naming the problem and the fix, if this drafter cannot serve a target
@@ -606,6 +618,7 @@ class _CachedDecoderDrafter(Drafter):
           f"%T5_1_1_SMALL after including configs/models/t5_1_1_small.gin), got "
           f"{self.config!r}."
       )
+    set_checked_fields(self)
 
   @property
   def vocab_size(self) -> int:
@@ -756,8 +769,7 @@ class SharedEncoderDrafter(_CachedDecoderDrafter):
 
   def __post_init__(self):
     super().__post_init__()
-    _check_int("SharedEncoderDrafter", "encoder_emb_dim", self.encoder_emb_dim, 1)
-    object.__setattr__(self, "encoder_emb_dim", int(self.encoder_emb_dim))
+    set_checked_fields(self, {"encoder_emb_dim": 1})
 
   @property
   def module(self) -> network.SharedEncoderDecoder:

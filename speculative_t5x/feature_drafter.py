@@ -561,7 +561,7 @@ class FeatureDrafter(drafters.Drafter):
       raise ValueError(
           f"FeatureDrafter needs a network.T5Config for its head, got {self.config!r}."
       )
-    drafters._check_int("FeatureDrafter", "feature_dim", self.feature_dim, 1)  # noqa: SLF001
+    drafters.set_checked_fields(self, {"feature_dim": 1})
     vocab = tuple(self.draft_vocab)
     ids = np.asarray(vocab, np.int64)
     if ids.size and (
@@ -713,8 +713,8 @@ class FeatureDrafter(drafters.Drafter):
       )
     return target_encoded
 
-  def check_params(self, params, name="drafter params", shapes=None):
-    super().check_params(_trained(params), name, shapes)
+  def check_params(self, params, name="drafter params", shapes=None, floating=None):
+    super().check_params(_trained(params), name, shapes, floating)
 
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
     params = _trained(params)

@@ -28,6 +28,7 @@ from speculative_t5x import draft_length
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
+from speculative_t5x import param_checks
 from speculative_t5x import sampling
 from speculative_t5x import speculative
 from speculative_t5x import trees
@@ -82,14 +83,48 @@ class EncoderDecoderModel:
       z_loss: float = 0.0,
       loss_normalizing_factor: float | None = None,
   ):
+    if not isinstance(module, network.Transformer):
+      raise validation.InvalidInputError(
+          f"module must be a network.Transformer (network.Transformer(config)), got "
+          f"{type(module).__name__}: the models decode and score T5 1.1's network."
+      )
+    for name, vocabulary in (("input", input_vocabulary), ("output", output_vocabulary)):
+      validation.check_vocabulary(vocabulary, module.config.vocab_size, f"{name}_vocabulary")
+    if not callable(decode_fn):
+      raise validation.InvalidInputError(
+          f"decode_fn must be a decoding loop (a function, e.g. decoding.temperature_sample), got "
+          f"{decode_fn!r}."
+      )
     self.module = module
     self._input_vocabulary = input_vocabulary
     self._output_vocabulary = output_vocabulary
     self.optimizer_def = optimizer_def
     self._decode_fn = decode_fn
-    self._label_smoothing = label_smoothing
-    self._z_loss = z_loss
-    self._loss_normalizing_factor = loss_normalizing_factor
+    self._label_smoothing = validation.check_number(
+        label_smoothing, "label_smoothing", 0, meaning="the mass spread over the other tokens"
+    )
+    if self._label_smoothing >= 1:
+      raise validation.InvalidInputError(
+          f"label_smoothing must be < 1 (1 leaves the target token no mass), got "
+          f"{self._label_smoothing}."
+      )
+    self._z_loss = validation.check_number(z_loss, "z_loss", 0, meaning="the z-loss coefficient")
+    self._loss_normalizing_factor = (
+        None
+        if loss_normalizing_factor is None
+        else validation.check_number(
+            loss_normalizing_factor,
+            "loss_normalizing_factor",
+            meaning="None: the number of target tokens, else the loss's divisor",
+        )
+    )
+    if self._loss_normalizing_factor is not None and self._loss_normalizing_factor <= 0:
+      raise validation.InvalidInputError(
+          f"loss_normalizing_factor must be None or a number > 0 (the loss's divisor), got "
+          f"{loss_normalizing_factor!r}."
+      )
+    # Traced here, once per config: each call compares the params with them, tracing nothing.
+    param_checks.target_param_shapes(module.config)
 
   @property
   def input_vocabulary(self):
@@ -122,6 +157,15 @@ class EncoderDecoderModel:
     variables = self.module.init(rng, enc, dec, dec)
     return {"params": nn.meta.unbox(variables["params"])}
 
+  def checked_params(self, params: Any) -> Any:
+    """`params` unboxed (`param_checks.unbox`: boxed leaves, as `init` returns them, are
+    accepted) and checked against the config, paths, shapes and dtypes, before anything is
+    traced (`param_checks.check_target_params`, an InvalidInputError naming the first problems
+    and the likely cause). Tracers are checked alike (shapes and dtypes only)."""
+    params = param_checks.unbox(params)
+    param_checks.check_target_params(params, self.module.config)
+    return params
+
   def _compute_logits(self, params, batch: Batch, dropout_rng: jax.Array | None = None):
     rngs = None if dropout_rng is None else {"dropout": dropout_rng}
     return self.module.apply(
@@ -137,7 +181,9 @@ class EncoderDecoderModel:
 
   def loss_fn(self, params, batch: Batch, dropout_rng: jax.Array | None):
     """Weighted cross-entropy plus z-loss -> (loss, metrics)."""
+    params = self.checked_params(params)
     validation.check_batch(batch, self.module.config.vocab_size, _SCORED_FEATURES)
+    validation.check_prng_key(dropout_rng, "dropout_rng")
     logits = self._compute_logits(params, batch, dropout_rng)
     weights = _weights(batch)
     loss, z = _cross_entropy(
@@ -161,8 +207,9 @@ class EncoderDecoderModel:
 
   def score_batch(self, params, batch: Batch, return_intermediates: bool = False):
     """Sum over the targets of log p(target token) -> [B]."""
-    if return_intermediates:
+    if validation.check_boolean(return_intermediates, "return_intermediates"):
       raise ValueError("return_intermediates=True is not supported: call _compute_logits instead.")
+    params = self.checked_params(params)
     validation.check_batch(batch, self.module.config.vocab_size, _SCORED_FEATURES)
     logits = self._compute_logits(params, batch)
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
@@ -185,8 +232,10 @@ class EncoderDecoderModel:
   ) -> dict:
     """The decode function's settings, `decoder_params` over the defaults with `rng` as its
     decode_rng, checked with the batch (token ids within the vocab_size where they are concrete)
-    and the output vocabulary before anything is traced (see `validation`). The baseline's
-    `params` go to the network as they are; the speculative model checks its drafter's."""
+    and the output vocabulary before anything is traced (see `validation`); top-k and top-p, which
+    shape the computation, as Python numbers (a concrete NumPy or jax scalar is taken for its
+    value). `params` were checked by `checked_params`; the speculative model checks the lengths
+    against its drafter (`Drafter.check_lengths`)."""
     del params
     validation.check_decoder_params(decoder_params, self._decoder_param_names())
     settings = dict(_DECODER_PARAM_DEFAULTS, **(decoder_params or {}))
@@ -208,6 +257,9 @@ class EncoderDecoderModel:
         settings.get("decode_rng"),
         vocab_size,
         name="decoder_input_tokens",
+    )
+    settings["topk"], settings["topp"] = validation.check_sampling(
+        None, settings["topk"], settings["topp"], vocab_size=vocab_size
     )
     return settings
 
@@ -249,6 +301,9 @@ class EncoderDecoderModel:
       prompt_with_targets: bool = False,
   ):
     """-> (decodes [B, L] or [B, N, L], {'scores': [B] or [B, N]})."""
+    params = self.checked_params(params)
+    validation.check_boolean(return_all_decodes, "return_all_decodes")
+    validation.check_boolean(prompt_with_targets, "prompt_with_targets")
     settings = self._settings(params, batch, decoder_params, rng, num_decodes)
     decoder_inputs = batch["decoder_input_tokens"]
     if prompt_with_targets:
@@ -276,7 +331,6 @@ class EncoderDecoderModel:
   def predict_batch(self, params, batch: Batch, rng: jax.Array | None = None, **kwargs):
     return self.predict_batch_with_aux(params, batch, rng, **kwargs)[0]
 
-  @functools.cache  # noqa: B019  (compiled functions live as long as the model)
   def jit_predict(
       self,
       num_decodes: int = 1,
@@ -292,12 +346,32 @@ class EncoderDecoderModel:
     function, the greedy specialization of the loop (argmaxes of the logits, no distributions;
     compiled on first use), whose outputs are those of the traced one at that temperature.
 
-    The settings are checked here, and each call's batch (token ids included), rng and temperature
-    before the compiled function runs, so a bad value never reaches tracing or compilation.
+    The settings are checked here (NumPy and concrete jax scalars are taken for their values, so
+    `topp=jnp.asarray(0.9)` is `topp=0.9` and shares its compiled function), and each call's
+    params (`checked_params`), batch (token ids included), rng and temperature before the
+    compiled function runs, so a bad value never reaches tracing or compilation.
     """
-    validation.check_num_decodes(num_decodes)
-    validation.check_sampling(None, topk, topp, vocab_size=self.module.config.vocab_size)
-    validation.check_max_decode_steps(max_decode_steps)
+    vocab_size = self.module.config.vocab_size
+    topk, topp = validation.check_sampling(None, topk, topp, vocab_size=vocab_size)
+    steps = validation.check_max_decode_steps(max_decode_steps)
+    return self._jit_predict(
+        validation.check_num_decodes(num_decodes),
+        validation.check_boolean(return_all_decodes, "return_all_decodes"),
+        topk,
+        topp,
+        steps,
+    )
+
+  @functools.cache  # noqa: B019  (compiled functions live as long as the model)
+  def _jit_predict(
+      self,
+      num_decodes: int,
+      return_all_decodes: bool,
+      topk: int,
+      topp: float,
+      max_decode_steps: int | None,
+  ) -> Callable:
+    """`jit_predict` of checked settings (Python values, hashable)."""
 
     def decoder_params(temperature):
       return {
@@ -322,10 +396,12 @@ class EncoderDecoderModel:
 
     def predict(params, batch, rng, temperature):
       if isinstance(temperature, (list, tuple)):
-        raise ValueError(
+        raise validation.InvalidInputError(
             f"temperature {temperature!r} is a Python {type(temperature).__name__}: give a "
             "number, or per-row temperatures as an array (np.asarray(...), shape [B])."
         )
+      # Unboxed here, so boxed and plain trees share one compiled function.
+      params = self.checked_params(params)
       self._settings(params, batch, decoder_params(temperature), rng, num_decodes)
       if sampling.is_greedy(temperature) and np.ndim(temperature) == 0:
         return compiled_greedy(params, batch, rng)
@@ -412,8 +488,6 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       )
     if gamma is None and draft_tree is None and draft_shape is None:
       gamma = DEFAULT_GAMMA
-    for name, vocabulary in (("input", input_vocabulary), ("output", output_vocabulary)):
-      validation.check_vocabulary(vocabulary, module.config.vocab_size, f"{name}_vocabulary")
     if verifier is not None and not isinstance(verifier, speculative.Verifier):
       raise ValueError(
           f"verifier must be a speculative.Verifier (e.g. "
@@ -429,6 +503,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     self.draft_shape.check(self.verifier, self.drafter, network.move_cache_slots)
     # Traced here, once: each call compares params['drafter'] with them, tracing nothing.
     self._drafter_param_shapes = self.drafter.param_shapes()
+    self._drafter_floating = self.drafter.floating_params()
 
   def get_initial_variables(self, rng, input_shapes, input_types=None) -> dict:
     """{'params': {'target': ..., 'drafter': ...}} (the drafter's from `Drafter.init_params`:
@@ -442,21 +517,28 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
   def _compute_logits(self, params, batch, dropout_rng=None):
     return super()._compute_logits(params["target"], batch, dropout_rng)
 
+  def checked_params(self, params):
+    """`params` unboxed and checked: {'target': ..., 'drafter': ...}, the target's against its
+    config (the baseline's `checked_params`), the drafter's against its `param_shapes()` and
+    `floating_params()` (`Drafter.check_params`), before anything is traced."""
+    params = param_checks.unbox(params)
+    param_checks.check_pair_params(
+        params,
+        self.module.config,
+        lambda drafter_params: self.drafter.check_params(
+            drafter_params, "params['drafter']", self._drafter_param_shapes, self._drafter_floating
+        ),
+    )
+    return params
+
   def _settings(self, params, batch, decoder_params, rng, num_decodes):
-    """The baseline's settings, after checking that `params` are {'target': ..., 'drafter': ...}
-    with the drafter's parameters of its shapes (`Drafter.check_params`), before tracing."""
-    if not isinstance(params, Mapping) or not {"target", "drafter"} <= set(params):
-      got = (
-          f"one with the keys {list(params)}"
-          if isinstance(params, Mapping)
-          else f"a {type(params).__name__}"
-      )
-      raise validation.InvalidInputError(
-          "params of a SpeculativeEncoderDecoderModel must be a mapping {'target': ..., "
-          f"'drafter': ...}} (get_initial_variables, or pairs.load_pair(...).params), got {got}."
-      )
-    self.drafter.check_params(params["drafter"], "params['drafter']", self._drafter_param_shapes)
-    return super()._settings(params, batch, decoder_params, rng, num_decodes)
+    """The baseline's settings, with the batch's lengths checked against the drafter
+    (`Drafter.check_lengths`)."""
+    settings = super()._settings(params, batch, decoder_params, rng, num_decodes)
+    self.drafter.check_lengths(
+        np.shape(batch["encoder_input_tokens"])[1], np.shape(batch["decoder_input_tokens"])[1]
+    )
+    return settings
 
   def prefill(self, params, batch: Batch) -> tuple[Any, Any]:
     """The target's encoder and cache, then the drafter's state (which may read the target's
@@ -485,11 +567,13 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     With decoder_params['return_trace'] = True, aux also has 'speculative_trace', a
     `decoding.SpeculativeTrace`.
     """
-    if prompt_with_targets:
+    if validation.check_boolean(prompt_with_targets, "prompt_with_targets"):
       raise ValueError(
           "prompt_with_targets=True is not supported by speculative decoding: decode "
           "from BOS (the encoder-decoder default)."
       )
+    params = self.checked_params(params)
+    validation.check_boolean(return_all_decodes, "return_all_decodes")
     settings = self._settings(params, batch, decoder_params, rng, num_decodes)
     decoder_inputs = batch["decoder_input_tokens"]
     target_cache, drafter_state = self.prefill(params, batch)

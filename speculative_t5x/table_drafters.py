@@ -28,6 +28,7 @@ import numpy as np
 
 from speculative_t5x import drafters
 from speculative_t5x import layers
+from speculative_t5x import validation
 
 
 def _check_token_ids(tokens: np.ndarray, vocab_size: int, owner: str) -> np.ndarray:
@@ -58,12 +59,11 @@ class _TableDrafter(drafters.Drafter):
   eos_id: int | None = None
 
   def __post_init__(self):
-    drafters._check_int(type(self).__name__, "vocab_size", self.vocab_size, 0)  # noqa: SLF001
-    smoothing = getattr(self, "smoothing", 0.0)
-    if not (isinstance(smoothing, (int, float)) and np.isfinite(smoothing) and smoothing >= 0):
+    drafters.set_checked_fields(self, {"vocab_size": 0}, ("smoothing",))
+    if self.smoothing < 0:
       raise ValueError(
           f"{type(self).__name__}.smoothing must be a finite number >= 0 (added to every count), "
-          f"got {smoothing!r}."
+          f"got {self.smoothing!r}."
       )
 
   @property
@@ -160,8 +160,8 @@ class BigramDrafter(_TableDrafter):
 
   def __post_init__(self):
     super().__post_init__()
-    drafters._check_int("BigramDrafter", "top", self.top, 1)  # noqa: SLF001
-    if not (isinstance(self.backoff, (int, float)) and 0 < self.backoff < 1):
+    drafters.set_checked_fields(self, {"top": 1}, ("backoff",))
+    if not 0 < self.backoff < 1:
       raise ValueError(
           f"BigramDrafter.backoff must be in (0, 1) (the unigram's weight), got {self.backoff!r}."
       )
@@ -242,8 +242,7 @@ class PromptLookupDrafter(drafters.Drafter):
   fallback_token: int = 0
 
   def __post_init__(self):
-    for name, minimum in (("vocab_size", 0), ("ngram", 1), ("fallback_token", 0)):
-      drafters._check_int("PromptLookupDrafter", name, getattr(self, name), minimum)  # noqa: SLF001
+    drafters.set_checked_fields(self, {"vocab_size": 0, "ngram": 1, "fallback_token": 0})
     if self.vocab_size and self.fallback_token >= self.vocab_size:
       raise ValueError(
           f"PromptLookupDrafter.fallback_token {self.fallback_token} is outside the vocabulary "
@@ -254,6 +253,19 @@ class PromptLookupDrafter(drafters.Drafter):
   def steps_per_draft(self) -> int:
     return 0
 
+  def check_lengths(self, encoder_length, decode_length):
+    """Its key is the last `ngram` decoder inputs (BOS and the decoded tokens), and it searches
+    for a key only once that many are known (`propose`): a decode of decode_length tokens never
+    has a key longer than decode_length."""
+    del encoder_length  # an encoder match needs a key too.
+    if self.ngram > decode_length:
+      raise validation.InvalidInputError(
+          f"PromptLookupDrafter.ngram {self.ngram} is longer than the decode "
+          f"({decode_length} tokens): its key, the last ngram decoder inputs, never exists, so "
+          f"every draft would be fallback_token. Use ngram <= {decode_length} (2 or 3 is usual), "
+          "or decode longer sequences."
+      )
+
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
     return jnp.asarray(encoder_input_tokens, jnp.int32)
 
@@ -263,6 +275,7 @@ class PromptLookupDrafter(drafters.Drafter):
     """The one-hot of its first draft at every position, as logits (0 there, MASK_VALUE else)."""
     del target_encoded  # it copies tokens.
     batch, length = decoder_input_tokens.shape
+    self.check_lengths(np.shape(encoder_input_tokens)[1], length)
     state = self.init_state(params, encoder_input_tokens, length)
     sequences = jnp.pad(decoder_input_tokens[:, 1:], ((0, 0), (0, 1)))  # y_t = x_{t+1}
     first = jax.vmap(

@@ -41,6 +41,44 @@ def is_concrete(x: Any) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
+def is_tensorflow(value: Any) -> bool:
+  """Whether `value` is a TensorFlow tensor (what a `tf.data` iterator yields), which jax does
+  not take."""
+  return type(value).__module__.startswith("tensorflow")
+
+
+def _refuse_tensorflow(value: Any, name: str) -> None:
+  if is_tensorflow(value):
+    raise InvalidInputError(
+        f"{name} is a TensorFlow tensor ({type(value).__name__}), which jax does not take: "
+        "convert it with .numpy(), or iterate the dataset with .as_numpy_iterator()."
+    )
+
+
+def scalar(value: Any, name: str = "the value") -> Any:
+  """A concrete 0-d NumPy or jax array (`np.float32(0.9)`, `jnp.asarray(0.9)`) -> its Python
+  value; any other value as it is. A TensorFlow tensor is refused with the conversion."""
+  _refuse_tensorflow(value, name)
+  concrete = isinstance(value, (np.ndarray, np.generic)) or (
+      isinstance(value, jax.Array) and is_concrete(value)
+  )
+  if concrete and np.ndim(value) == 0:
+    return np.asarray(value).item()
+  return value
+
+
+def _static(value: Any, name: str, wanted: str) -> Any:
+  """`scalar(value)`, refused where `value` is traced: a setting that shapes the computation
+  must be known before tracing."""
+  if isinstance(value, jax.core.Tracer):
+    raise InvalidInputError(
+        f"{wanted}, known before tracing (it shapes the compiled computation), but {name} is "
+        "traced: pass it as a Python number from outside the jitted function (a static "
+        "argument)."
+    )
+  return scalar(value, name)
+
+
 def _is_integer(value: Any) -> bool:
   """A Python or NumPy integer, not a bool."""
   return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
@@ -66,8 +104,10 @@ def check_integer(
     meaning: str = "",
 ) -> int:
   """`value`, a Python or NumPy integer (not a bool) in [minimum, maximum] -> a Python int.
-  `meaning` (what the number counts) goes into the message."""
+  `meaning` (what the number counts) goes into the message. A concrete 0-d NumPy or jax integer
+  array is taken for its value."""
   wanted = _requirement(f"{name} must be an integer", minimum, maximum, meaning)
+  value = _static(value, name, wanted)
   if not _is_integer(value):
     raise InvalidInputError(f"{wanted}, got {value!r} ({type(value).__name__}).")
   if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -83,8 +123,10 @@ def check_number(
     meaning: str = "",
 ) -> float:
   """`value`, a finite Python or NumPy real number (not a bool) in [minimum, maximum] -> a Python
-  float. `meaning` (what the number is) goes into the message."""
+  float. `meaning` (what the number is) goes into the message. A concrete 0-d NumPy or jax
+  array is taken for its value."""
   wanted = _requirement(f"{name} must be a finite number", minimum, maximum, meaning)
+  value = _static(value, name, wanted)
   real = isinstance(value, (numbers.Real, np.floating, np.integer))
   if isinstance(value, (bool, np.bool_)) or not real:
     raise InvalidInputError(f"{wanted}, got {value!r} ({type(value).__name__}).")
@@ -115,7 +157,9 @@ def check_restore_dtype(dtype: Any, name: str = "restore dtype") -> np.dtype | N
 
 
 def check_boolean(value: Any, name: str) -> bool:
-  """`value`, which must be True or False (a Python or NumPy bool)."""
+  """`value`, which must be True or False (a Python or NumPy bool, or a concrete 0-d bool
+  array) -> a Python bool."""
+  value = _static(value, name, f"{name} must be True or False")
   if not isinstance(value, (bool, np.bool_)):
     raise InvalidInputError(f"{name} must be True or False, got {value!r}.")
   return bool(value)
@@ -141,7 +185,9 @@ def _host_values(x: Any) -> list[np.ndarray]:
 
 def check_tokens(x: Any, name: str, vocab_size: int | None = None) -> tuple[int, int]:
   """Checks a token array [B, L]: integer dtype, rank 2, B >= 1 and L >= 1, and, where its values
-  are concrete and `vocab_size` is given, 0 <= id < vocab_size -> (B, L)."""
+  are concrete and `vocab_size` is given, 0 <= id < vocab_size -> (B, L). A TensorFlow tensor is
+  refused with the conversion to make."""
+  _refuse_tensorflow(x, name)
   if getattr(x, "dtype", None) is None:
     try:
       x = np.asarray(x)
@@ -257,6 +303,7 @@ def check_temperature(temperature: Any, rows: int | None = None) -> None:
   wanted = "temperature must be >= 0 and finite (0 means greedy), one number or one per row" + (
       f" of the batch ([{rows}])" if rows is not None else ""
   )
+  _refuse_tensorflow(temperature, "temperature")
   values = np.asarray(temperature) if is_concrete(temperature) else temperature
   if not (jnp.issubdtype(values.dtype, jnp.integer) or jnp.issubdtype(values.dtype, jnp.floating)):
     raise InvalidInputError(f"{wanted}; got {temperature!r} (dtype {values.dtype}).")
@@ -272,15 +319,18 @@ def check_sampling(
     topp: Any = 0.0,
     rows: int | None = None,
     vocab_size: int | None = None,
-) -> None:
+) -> tuple[int, float]:
   """The sampling distribution's settings: the temperature (None: not checked; see
   `check_temperature`), topk an integer in [0, vocab_size] (0: no cutoff), topp a number in
-  [0, 1] (0: no cutoff), and not both topk and topp."""
+  [0, 1] (0: no cutoff), and not both topk and topp -> (topk, topp) as Python numbers. They
+  shape the computation, so they are known before tracing: Python and NumPy numbers and concrete
+  0-d jax arrays are taken for their values (as a temperature is), a traced one is refused."""
+  limit = f", at most the vocab_size {vocab_size}" if vocab_size is not None else ""
+  wanted_topk = f"topk must be a non-negative integer (0 = no cutoff){limit}"
+  topk = _static(topk, "topk", wanted_topk)
   if not _is_integer(topk) or topk < 0 or (vocab_size is not None and topk > vocab_size):
-    limit = f", at most the vocab_size {vocab_size}" if vocab_size is not None else ""
-    raise InvalidInputError(
-        f"topk must be a non-negative integer (0 = no cutoff){limit}, got {topk!r}."
-    )
+    raise InvalidInputError(f"{wanted_topk}, got {topk!r}.")
+  topp = _static(topp, "topp", "topp must be in [0, 1] (0 = no cutoff)")
   real = isinstance(topp, (numbers.Real, np.floating, np.integer))
   if isinstance(topp, (bool, np.bool_)) or not real or not 0.0 <= topp <= 1.0:
     raise InvalidInputError(f"topp must be in [0, 1] (0 = no cutoff), got {topp!r}.")
@@ -291,6 +341,7 @@ def check_sampling(
     )
   if temperature is not None:
     check_temperature(temperature, rows)
+  return int(topk), float(topp)
 
 
 def check_num_decodes(num_decodes: Any) -> int:
@@ -303,11 +354,13 @@ def check_gamma(gamma: Any) -> int:
   return check_integer(gamma, "gamma", 1, meaning="the number of drafted tokens per target call")
 
 
-def check_max_decode_steps(max_decode_steps: Any, length: int | None = None) -> None:
-  """None (decode up to the length), or an integer in [1, length]. NumPy and concrete jax
-  integers are checked like Python ints; a traced one for its dtype and rank only."""
+def check_max_decode_steps(max_decode_steps: Any, length: int | None = None) -> Any:
+  """None (decode up to the length), or an integer in [1, length] -> it, a Python int where it
+  is concrete. NumPy and concrete jax integers are checked like Python ints; a traced one for
+  its dtype and rank only (and returned as it is)."""
   if max_decode_steps is None:
-    return
+    return None
+  _refuse_tensorflow(max_decode_steps, "max_decode_steps")
   wanted = "max_decode_steps must be None (decode up to the decode length) or an integer >= 1"
   wanted += f" and <= the decode length {length}" if length is not None else ""
   dtype = getattr(max_decode_steps, "dtype", None)
@@ -319,6 +372,8 @@ def check_max_decode_steps(max_decode_steps: Any, length: int | None = None) -> 
     steps = int(np.asarray(max_decode_steps))
     if steps < 1 or (length is not None and steps > length):
       raise InvalidInputError(f"{wanted}, got {steps}.")
+    return steps
+  return max_decode_steps
 
 
 def check_eos_id(eos_id: Any, vocab_size: int | None = None) -> int:
