@@ -27,7 +27,10 @@ The temperature is traced (the sampling program, any T > 0), or with
 --paper_row=ende_small_t0 compiles one row of the paper's Table 2 (configs/paper/): its drafter
 size, gamma, temperature and task feature lengths.
 
-Writes aot_check.json and aot_check.md into AOT_OUTPUT_DIR. The drafter is any
+Writes aot_check.json and aot_check.md into AOT_OUTPUT_DIR, together once the compilation is done
+(`run_dir.OutputDir`). Before JAX builds anything: --num_devices and every AotSetup field
+(batch_size and gamma >= 1, a floating param_dtype, the feature lengths), and AOT_OUTPUT_DIR
+(writable; holding no other run's outputs unless --overwrite). The drafter is any
 `drafters.Drafter` (configs/drafters/): its parameters are abstract `init_params` and its
 shardings come from its `param_axes`, like a trained model's.
 
@@ -67,7 +70,9 @@ from speculative_t5x import network
 from speculative_t5x import pairs
 from speculative_t5x import paper
 from speculative_t5x import partitioning
+from speculative_t5x import run_dir
 from speculative_t5x import tpu_topology
+from speculative_t5x import validation
 
 DEFAULT_GIN_FILE = "configs/runs/aot_xxl.gin"
 GIB = 2**30
@@ -93,6 +98,12 @@ flags.DEFINE_string(
     None,
     "A row of the paper's Table 2, by its configs/paper/ name (e.g. ende_small_t0): its drafter, "
     "gamma, temperature and feature lengths.",
+)
+flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "Replace another run's outputs in AOT_OUTPUT_DIR (aot_check.json, aot_check.md, "
+    "optimized_hlo.txt); without it such a directory is refused before anything is compiled.",
 )
 flags.DEFINE_boolean(
     "write_hlo", True, "With --topology, write the optimized HLO (optimized_hlo.txt)."
@@ -121,12 +132,43 @@ class AotSetup:
   hbm_gib: float | None = None
 
   def __post_init__(self):
+    """Every field, before jax builds anything: raises gin_utils.ConfigError naming it."""
+    if not isinstance(self.target_config, network.T5Config):
+      raise gin_utils.ConfigError(
+          "aot_script.AotSetup.target_config must be a network.T5Config (e.g. %T5_1_1_XXL after "
+          f"configs/models/t5_1_1_xxl.gin), got {self.target_config!r}."
+      )
     pairs.check_drafter(self.drafter)
-    if self.temperature not in (None, 0.0):
-      raise ValueError(
+    if not (self.temperature is None or (_is_number(self.temperature) and self.temperature == 0)):
+      raise gin_utils.ConfigError(
           f"AotSetup.temperature={self.temperature!r}: give None (the sampling program, which "
           "serves every temperature above 0) or 0.0 (the greedy program)."
       )
+    try:
+      validation.check_feature_lengths(
+          self.task_feature_lengths, "TASK_FEATURE_LENGTHS", ("inputs", "targets")
+      )
+      validation.check_text(self.output_dir, "AOT_OUTPUT_DIR")
+      validation.check_integer(self.batch_size, "aot_script.AotSetup.batch_size", 1)
+      validation.check_integer(self.gamma, "aot_script.AotSetup.gamma", 1)
+      if self.param_dtype is None:
+        raise validation.InvalidInputError(
+            "aot_script.AotSetup.param_dtype None is not a dtype: use 'float32' or 'bfloat16'."
+        )
+      validation.check_restore_dtype(self.param_dtype, "aot_script.AotSetup.param_dtype")
+      if self.hbm_gib is not None:
+        validation.check_number(self.hbm_gib, "aot_script.AotSetup.hbm_gib", 0)
+        if self.hbm_gib <= 0:
+          raise validation.InvalidInputError(
+              f"aot_script.AotSetup.hbm_gib must be > 0 (GiB per device) or None, got "
+              f"{self.hbm_gib}."
+          )
+    except validation.InvalidInputError as e:
+      raise gin_utils.ConfigError(str(e)) from e
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def paper_row_bindings(name: str) -> tuple[list[str], list[str]]:
@@ -281,9 +323,16 @@ def _devices(topology: str | None, num_devices: int | None) -> tuple[Any, list |
   return tpu_slice, tpu_topology.devices(topology)[:chips]
 
 
+OUTPUTS = ("aot_check.json", "aot_check.md", "optimized_hlo.txt")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
+  if FLAGS.num_devices is not None and FLAGS.num_devices < 1:  # before JAX sees the count
+    raise gin_utils.ConfigError(
+        f"--num_devices={FLAGS.num_devices}: give a device count of at least 1."
+    )
   if FLAGS.topology is not None:
     tpu_topology.get_slice(FLAGS.topology)  # a bad name is an error before anything is built.
     tpu_topology.check_libtpu()
@@ -306,16 +355,18 @@ def main(argv):
   gin_utils.check_unused_bindings(
       later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)
   )
-  output_dir = pathlib.Path(setup.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  hlo_path = output_dir / "optimized_hlo.txt" if tpu_slice and FLAGS.write_hlo else None
-  report = check(setup, partitioner, tpu_slice, hlo_path)
-  command = " ".join(["python"] + sys.argv)
-  (output_dir / "aot_check.json").write_text(
-      json.dumps({"command": command, "gin_config": gin.config_str(), **report}, indent=2)
-  )
-  markdown = _markdown(setup, report, command)
-  (output_dir / "aot_check.md").write_text(markdown)
+  output = run_dir.OutputDir(setup.output_dir, OUTPUTS, "AOT_OUTPUT_DIR", FLAGS.overwrite).check()
+  with output:
+    hlo_path = output.stage_dir(OUTPUTS[2]) if tpu_slice and FLAGS.write_hlo else None
+    report = check(setup, partitioner, tpu_slice, hlo_path)
+    command = " ".join(["python"] + sys.argv)
+    output.stage_text(
+        "aot_check.json",
+        json.dumps({"command": command, "gin_config": gin.config_str(), **report}, indent=2),
+    )
+    markdown = _markdown(setup, report, command)
+    output.stage_text("aot_check.md", markdown)
+    output.commit()
   print(markdown)
   if not report["ok"]:
     sys.exit(1)

@@ -20,7 +20,11 @@ Inputs (`sweep.load_inputs`): random token ids (--num_examples of them, lengths 
 --split of the seqio --task.
 
 Writes results.json and results.md into --output_dir (with --costs_only, only the decode-step
-costs: costs.json and costs.md).
+costs: costs.json and costs.md), together at the end (`run_dir.OutputDir`). Before any model
+loads: the counts (--repeats, --cost_repeats, --steps_per_call >= 1, --warmup >= 0), the inputs
+(read and tokenized: an empty --input_file, a line too long, a vocabulary too large are refused)
+and --output_dir (writable; holding no other run's outputs, results.* or costs.*, unless
+--overwrite, which replaces them all).
 
 One process only: its timings are one host's. Where JAX runs several processes (a TPU pod
 slice's workers) it refuses with status 1 before loading anything (`multihost.refuse_multiprocess`,
@@ -37,21 +41,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 import platform
 import sys
 from typing import Sequence
 
+from absl import app
 from absl import flags
 from absl import logging
 import gin
 import jax
+import numpy as np
 
 from speculative_t5x import benchmark
 from speculative_t5x import benchmark_config
 from speculative_t5x import gin_utils
 from speculative_t5x import multihost
 from speculative_t5x import report
+from speculative_t5x import run_dir
 from speculative_t5x import sweep
 from speculative_t5x import validation
 
@@ -107,6 +113,12 @@ flags.DEFINE_integer(
     lower_bound=0,
 )
 flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "Replace another run's outputs in --output_dir (results.* and costs.*, all of them); "
+    "without it such a directory is refused before anything loads.",
+)
+flags.DEFINE_bool(
     "costs_only",
     False,
     "Only time the decode steps (c and the verification cost, "
@@ -125,6 +137,26 @@ def _flag_numbers(values: Sequence[str], flag: str, kind: type) -> list:
           f"{flag}={','.join(values)}: {value!r} is not a{'n integer' if kind is int else ' number'}"
       ) from None
   return numbers
+
+
+OUTPUTS = ("results.json", "results.md", "costs.json", "costs.md")
+# The counting flags: (the least value, what it counts).
+_COUNTS = {
+    "repeats": (1, "timed decodes per example and setting"),
+    "warmup": (0, "untimed decodes after the compiling one"),
+    "cost_repeats": (1, "timed rounds per decode-step measurement"),
+    "steps_per_call": (1, "decode steps per timed call"),
+}
+
+
+def check_flags() -> run_dir.OutputDir:
+  """The flags alone, before gin is parsed: the counts, and --output_dir (writable, holding no
+  other run's outputs unless --overwrite) -> the checked output directory."""
+  for name, (least, meaning) in _COUNTS.items():
+    value = FLAGS[name].value
+    if value < least:
+      raise gin_utils.ConfigError(f"--{name}={value}: give an integer >= {least} ({meaning}).")
+  return run_dir.OutputDir(FLAGS.output_dir, OUTPUTS, "--output_dir", FLAGS.overwrite).check()
 
 
 def load_setup() -> benchmark_config.BenchmarkSetup:
@@ -151,8 +183,30 @@ def load_setup() -> benchmark_config.BenchmarkSetup:
   return setup
 
 
+def load_inputs(setup: benchmark_config.BenchmarkSetup) -> tuple[str, object, np.ndarray]:
+  """`sweep.load_inputs` for the flags, before any model loads (it reads and tokenizes the
+  inputs, and needs only the target's vocab_size): an empty or over-long input is refused
+  first."""
+  try:
+    return sweep.load_inputs(
+        setup.pair.target_config.vocab_size,
+        setup.task_feature_lengths,
+        task=FLAGS.task,
+        split=FLAGS.split,
+        input_file=FLAGS.input_file,
+        sentencepiece_model=FLAGS.sentencepiece_model,
+        num_examples=FLAGS.num_examples,
+        seed=setup.seed,
+        eos_id=EOS_ID,
+    )
+  except (ValueError, OSError) as e:
+    raise gin_utils.ConfigError(
+        f"the inputs (--task, --split, --input_file, --num_examples): {e}"
+    ) from e
+
+
 def write_costs(
-    output_dir: pathlib.Path,
+    output: run_dir.OutputDir,
     costs_by_temperature,
     setup: benchmark_config.BenchmarkSetup,
     load: dict,
@@ -164,7 +218,8 @@ def write_costs(
       f"layers ({target.dtype}), feature lengths {dict(setup.task_feature_lengths)}, "
       f"{jax.default_backend()}; steps include standardization and draw."
   )
-  (output_dir / "costs.json").write_text(
+  output.stage_text(
+      "costs.json",
       json.dumps(
           {
               "command": sys.argv,
@@ -174,25 +229,33 @@ def write_costs(
               "costs": report.costs_as_dict(costs_by_temperature),
           },
           indent=2,
-      )
+      ),
   )
   table = f"{header}\n\n{report.costs_table(costs_by_temperature)}"
-  (output_dir / "costs.md").write_text(table)
+  output.stage_text("costs.md", table)
+  output.commit()
   print(table)
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
   multihost.refuse_multiprocess("scripts/benchmark.py")  # timings are one process's
+  output = check_flags()
   setup = load_setup()
+  inputs = None if FLAGS.costs_only else load_inputs(setup)
   load = benchmark.machine_load()  # before anything of ours runs: other work on the machine.
   warning = benchmark.busy_warning(load)
   if warning:
     print(warning, file=sys.stderr)
   pair, drafters = benchmark_config.load_models(setup, EOS_ID)
+  with output:
+    run(output, setup, inputs, pair, drafters, load, warning)
+
+
+def run(output, setup, inputs, pair, drafters, load, warning) -> None:
+  """The timings, staged in `output` and committed at the end (`run_dir.OutputDir`)."""
   gammas, temperatures = sorted(set(setup.gammas)), list(setup.temperatures)
-  output_dir = pathlib.Path(FLAGS.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
   if FLAGS.costs_only:
     geometry = benchmark.DecodeGeometry.for_decoding(
         setup.task_feature_lengths["inputs"],
@@ -202,7 +265,7 @@ def main(argv):
     )
     logging.info("Timing decode steps for c and the verification cost (%s).", geometry)
     write_costs(
-        output_dir,
+        output,
         {
             t: benchmark.measure_costs(
                 pair.target_config,
@@ -219,17 +282,7 @@ def main(argv):
         load,
     )
     return
-  task, vocabulary, inputs = sweep.load_inputs(
-      pair.target_config.vocab_size,
-      setup.task_feature_lengths,
-      task=FLAGS.task,
-      split=FLAGS.split,
-      input_file=FLAGS.input_file,
-      sentencepiece_model=FLAGS.sentencepiece_model,
-      num_examples=FLAGS.num_examples,
-      seed=setup.seed,
-      eos_id=EOS_ID,
-  )
+  task, vocabulary, inputs = inputs
   examples = inputs[:, None]
   if FLAGS.input_bucket:
     examples = sweep.pad_to_buckets(examples, FLAGS.input_bucket)
@@ -291,7 +344,8 @@ def main(argv):
       "load_after": benchmark.machine_load(),
       "busy": warning is not None,
   }
-  (output_dir / "results.json").write_text(
+  output.stage_text(
+      "results.json",
       json.dumps(
           {
               "run": run_info,
@@ -299,12 +353,13 @@ def main(argv):
               "costs": report.costs_as_dict(result.costs),
           },
           indent=2,
-      )
+      ),
   )
   table = report.results_markdown(result.rows, result.costs, header)
-  (output_dir / "results.md").write_text(table)
+  output.stage_text("results.md", table)
+  output.commit()
   print(table)
-  logging.info("Wrote %s and %s.", output_dir / "results.json", output_dir / "results.md")
+  logging.info("Wrote %s and %s.", output.path / "results.json", output.path / "results.md")
 
 
 if __name__ == "__main__":

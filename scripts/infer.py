@@ -3,9 +3,10 @@ metrics.
 
 A thin shell over `speculative_t5x.inference` (which documents the outputs, truncation and
 weights): gin files and bindings in, predictions.jsonl, metrics.json and the run's config.gin out,
-in INFER_OUTPUT_DIR. A configuration error (an unknown task, a macro left %gin.REQUIRED, a bad
-setting, a binding the run does not use) ends the run before any model loads, with a message
-naming it and exit status 1.
+in INFER_OUTPUT_DIR, written together once the split is decoded. A configuration error (an unknown
+task, a macro left %gin.REQUIRED, a bad setting, a binding the run does not use, an output
+directory that cannot be written or that holds another run's outputs without --overwrite) ends
+the run before any model loads, with a message naming it and exit status 1.
 
 Usage (T5X's flags; --gin.NAME=value is short for --gin_bindings='NAME = value'):
   python scripts/infer.py --gin_file=configs/paper/ende_small_t0.gin \
@@ -69,6 +70,12 @@ flags.DEFINE_bool(
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
 flags.DEFINE_integer("process_count", None, "Number of processes.")
 flags.DEFINE_integer("process_index", None, "Index of this process, 0 .. process_count - 1.")
+flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "Replace another run's outputs in INFER_OUTPUT_DIR (all of them); without it such a "
+    "directory is refused before anything loads.",
+)
 flags.DEFINE_integer(
     "multiprocess_timeout_seconds",
     multihost.DEFAULT_TIMEOUT_SECONDS,
@@ -77,10 +84,10 @@ flags.DEFINE_integer(
 
 
 def main(argv):
-  """Checks the flags and the gin configuration (every binding but those of what the inference
-  builds later), joins the other processes (if any) and compares their configurations, then
-  runs the inference, which writes config.gin once the task, the weights and the settings have
-  passed their checks."""
+  """Checks the flags, the gin configuration (every binding but those of what the inference
+  builds later) and the output directory (writable; no other run's outputs unless --overwrite),
+  joins the other processes (if any) and compares their configurations, then runs the
+  inference, which writes config.gin with the predictions and the metrics, all at once."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
   process_flags = multihost.ProcessFlags(
@@ -102,10 +109,12 @@ def main(argv):
           partitioning.standard_logical_axis_rules,
       )
   )
+  if process_flags.process_index in (None, 0):  # the process that writes (or any, if detected)
+    inference.output_dir(config, FLAGS.overwrite).check()
   multihost.initialize(process_flags)
   multihost.check_same_everywhere({"gin configuration": gin.config_str()})
   inference.get_task(config)  # before anything is loaded
-  inference.infer(config, gin_config=gin.config_str())
+  inference.infer(config, gin_config=gin.config_str(), overwrite=FLAGS.overwrite)
 
 
 if __name__ == "__main__":

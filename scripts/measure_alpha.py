@@ -7,7 +7,8 @@ drafters (any `drafters.Drafter`, name -> drafter) and where their weights come 
 bigram tables fitted on the task's training targets, and prompt lookup). Beside Table 3 it
 splits each alpha by the target's top probability at the position (`alpha.CONFIDENCE_EDGES`):
 where the target is unsure, its argmax is fragile. Writes alpha.json, alpha.md and config.gin into
-ALPHA_OUTPUT_DIR.
+ALPHA_OUTPUT_DIR, together once the measurement is done (`run_dir.OutputDir`); the directory is
+checked before anything loads (writable; holding no other run's outputs unless --overwrite).
 
   python scripts/measure_alpha.py                       # the demo pair on the demo task
   python scripts/measure_alpha.py --gin.NUM_TOKENS=1000 --gin.TEMPERATURES="(0.0,)" \
@@ -19,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import pathlib
 from typing import Mapping, Sequence
 
 import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
@@ -36,6 +36,7 @@ from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import pairs
+from speculative_t5x import run_dir
 from speculative_t5x import tasks
 from speculative_t5x import validation
 
@@ -44,6 +45,13 @@ DEFAULT_GIN_FILE = "configs/runs/measure_alpha.gin"
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None, f"Gin files (default {DEFAULT_GIN_FILE}).")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
+flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "Replace another run's outputs in ALPHA_OUTPUT_DIR (alpha.json, alpha.md, config.gin); "
+    "without it such a directory is refused before anything loads.",
+)
+OUTPUTS = ("alpha.json", "alpha.md", "config.gin")
 
 
 @gin.configurable(module="measure_alpha")
@@ -106,6 +114,11 @@ class AlphaSetup:
         validation.check_integer(value, name, 1)
     except validation.InvalidInputError as e:
       raise gin_utils.ConfigError(str(e)) from e
+    if not isinstance(self.drafter_checkpoint_paths, Mapping):
+      raise gin_utils.ConfigError(
+          "measure_alpha.AlphaSetup.drafter_checkpoint_paths must be a mapping row name -> "
+          f"checkpoint, e.g. {{'t5': 'demo_models/drafter'}}, got {self.drafter_checkpoint_paths!r}"
+      )
     unknown = sorted(set(self.drafter_checkpoint_paths) - set(self.drafters))
     if unknown:
       raise gin_utils.ConfigError(
@@ -237,13 +250,15 @@ def main(argv):
   gin_utils.check_unused_bindings(
       later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)
   )
+  output = run_dir.OutputDir(setup.output_dir, OUTPUTS, "ALPHA_OUTPUT_DIR", FLAGS.overwrite)
+  output.check()
   results, target_source = measure(setup)
-  out = pathlib.Path(setup.output_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "config.gin").write_text(gin.config_str())
-  (out / "alpha.json").write_text(json.dumps(results, indent=2))
   table = markdown(setup, results, target_source)
-  (out / "alpha.md").write_text(table)
+  with output:
+    output.stage_text("config.gin", gin.config_str())
+    output.stage_text("alpha.json", json.dumps(results, indent=2))
+    output.stage_text("alpha.md", table)
+    output.commit()
   print(table, end="")
 
 

@@ -22,11 +22,13 @@ own decodes, Distillation(target_dir, divergence='cross_entropy', data='target')
 
 Writes orbax checkpoints to MODEL_DIR/checkpoints, the final parameters to MODEL_DIR/model (a
 model's checkpoints.save_model, a distilled drafter's Drafter.save_params), the summary to
-MODEL_DIR/train_summary.json and the gin config to MODEL_DIR/config.gin. See
+MODEL_DIR/train_summary.json and the gin config to MODEL_DIR/config.gin, the last three together
+at each checkpoint (and the export at the end), renamed into place at once. See
 speculative_t5x/training.py for what `train` does. A flag or setting that `train` refuses (a
-gin_utils.ConfigError, before anything is built) ends the run with nothing written: config.gin is
-written once `train` has passed its checks and the unused gin bindings are checked, before
-training starts.
+gin_utils.ConfigError, before anything is built) ends the run with nothing written, and so does a
+rerun that cannot resume the run in MODEL_DIR (NUM_STEPS below its checkpoint's step, another
+model: the error names both values). A rerun of a complete run (NUM_STEPS its step) writes
+nothing.
 """
 
 import os
@@ -39,6 +41,7 @@ import gin
 
 from speculative_t5x import gin_utils
 from speculative_t5x import models
+from speculative_t5x import run_dir
 from speculative_t5x import training
 from speculative_t5x import validation
 
@@ -56,13 +59,12 @@ flags.DEFINE_string(
 )
 flags.DEFINE_float("distill_temperature", None, "Teacher sampling temperature (0: greedy).")
 flags.mark_flags_as_required(["gin_file", "model_dir"])
-CONFIG_FILE = "config.gin"
 
 
 def check_flags() -> None:
   """The flags, before anything is parsed or built: --distill_temperature finite and >= 0 and
-  only with --distill_from, a local --distill_from an existing directory, --model_dir not a
-  file."""
+  only with --distill_from, a local --distill_from an existing directory, --model_dir a directory
+  this process can write."""
   if FLAGS.distill_temperature is not None:
     if not FLAGS.distill_from:
       raise gin_utils.ConfigError(
@@ -78,15 +80,7 @@ def check_flags() -> None:
         f"--distill_from={distill_from} is not a directory: give a checkpoints.save_model "
         "directory, e.g. a trained target's MODEL_DIR/model"
     )
-  if os.path.isfile(FLAGS.model_dir):
-    raise gin_utils.ConfigError(f"--model_dir={FLAGS.model_dir} is a file: give a directory")
-
-
-def write_config(config: str) -> None:
-  """The run's gin configuration to MODEL_DIR/config.gin."""
-  os.makedirs(FLAGS.model_dir, exist_ok=True)
-  with open(os.path.join(FLAGS.model_dir, CONFIG_FILE), "w") as f:
-    f.write(config)
+  run_dir.check_writable(FLAGS.model_dir, "--model_dir")
 
 
 def main(argv):
@@ -107,13 +101,19 @@ def main(argv):
 
   def on_checked():
     # Every configurable of the run has been called once train has checked its settings: an
-    # unused binding is refused now, before any work, and the record of the run is written.
+    # unused binding is refused now, before any work.
     gin_utils.check_unused_bindings(
         later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)
     )
-    write_config(config)
 
-  summary = training.train(FLAGS.model_dir, on_checked=on_checked)
+  summary = training.train(FLAGS.model_dir, on_checked=on_checked, gin_config=config)
+  if summary.get("already_complete"):
+    print(
+        f"{FLAGS.model_dir} holds a complete run of {summary['steps']} steps: nothing to train "
+        "(raise NUM_STEPS to train on); nothing was written.",
+        file=sys.stderr,
+    )
+    return
   print(
       f"{summary['steps']} steps in {summary['train_seconds']:.0f} s: train loss "
       f"{summary['train'].get('loss', float('nan')):.4f}, eval {summary['eval']}; model in "

@@ -69,6 +69,39 @@ class BenchmarkSetup:
     line's), its draft trees as `trees.DraftTree`s, every setting checked -> the setup to run.
     Raises gin_utils.ConfigError, naming the setting and the fix, before anything loads."""
     setup = self
+    if not isinstance(setup.pair, pairs.PairConfig):
+      raise gin_utils.ConfigError(
+          "benchmark_config.BenchmarkSetup.pair must be a pairs.PairConfig (configs/runs/"
+          f"benchmark.gin binds it to @pairs.PairConfig()), got {setup.pair!r}."
+      )
+    try:
+      validation.check_feature_lengths(
+          setup.task_feature_lengths, "TASK_FEATURE_LENGTHS", ("inputs", "targets")
+      )
+      validation.check_integer(setup.seed, "benchmark_config.BenchmarkSetup.seed", 0)
+      for name in ("gammas", "random_drafters"):
+        value = getattr(setup, name)
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+          raise validation.InvalidInputError(
+              f"benchmark_config.BenchmarkSetup.{name} must be a sequence, e.g. "
+              f"{'(2, 4)' if name == 'gammas' else repr(benchmark.RANDOM_DRAFTER_KINDS)}, got "
+              f"{value!r}."
+          )
+      unknown = [k for k in setup.random_drafters if k not in benchmark.RANDOM_DRAFTER_KINDS]
+      if unknown:
+        raise validation.InvalidInputError(
+            f"benchmark_config.BenchmarkSetup.random_drafters {tuple(setup.random_drafters)!r} "
+            f"holds {unknown!r}: use kinds of {benchmark.RANDOM_DRAFTER_KINDS!r}."
+        )
+      for name in ("verifiers", "draft_stops", "draft_trees"):
+        value = getattr(setup, name)
+        if value is not None and not isinstance(value, Mapping):
+          raise validation.InvalidInputError(
+              f"benchmark_config.BenchmarkSetup.{name} must be a mapping label -> setting, or "
+              f"None, got {value!r}."
+          )
+    except validation.InvalidInputError as e:
+      raise gin_utils.ConfigError(str(e)) from e
     try:
       if gammas is not None:
         setup = dataclasses.replace(setup, gammas=tuple(gammas))
@@ -86,11 +119,6 @@ class BenchmarkSetup:
         )
     except ValueError as e:  # InvalidInputError, and a bad tree (trees.DraftTree)
       raise gin_utils.ConfigError(str(e)) from e
-    for name in ("inputs", "targets"):
-      if int(setup.task_feature_lengths.get(name, 0)) < 1:
-        raise gin_utils.ConfigError(
-            f"TASK_FEATURE_LENGTHS {setup.task_feature_lengths} needs a positive '{name}' length."
-        )
     drafter = setup.pair.drafter
     if drafter is None:
       raise gin_utils.ConfigError(

@@ -20,11 +20,12 @@ gathers every process's predictions and statistics and writes, to `output_dir`:
   metrics.json       the task's metrics, the aggregate decoding statistics (speculative: alpha,
                      acceptance rate, tokens per target call, by `decoding.SpeculativeStats`), the
                      truncation counts, where the weights came from, and the settings;
-  config.gin         the run's gin configuration, if `infer` is given it (scripts/infer.py does),
-                     written once the run has passed its checks, before decoding.
-Each file is written to a temporary file in `output_dir` and renamed into place, so an
-interrupted run leaves no half-written file; predictions.jsonl and metrics.json are written only
-once every example of the split has been decoded and gathered, in the split's order. The
+  config.gin         the run's gin configuration, if `infer` is given it (scripts/infer.py does).
+The directory is checked before anything loads (writable; holding no other run's outputs unless
+`overwrite`, scripts/infer.py's --overwrite), and the three files are written under temporary
+names once every example of the split has been decoded and gathered, in the split's order, and
+renamed into place together (`run_dir.OutputDir`): a refused, failed or interrupted run leaves the
+directory as it was, an overwriting one replaces the other run whole. The
 aggregate statistics are pooled over every example (summed counts, then ratios), whichever
 process decoded it.
 
@@ -48,9 +49,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import os
 import pathlib
-import tempfile
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -69,6 +68,7 @@ from speculative_t5x import multihost
 from speculative_t5x import network
 from speculative_t5x import pairs
 from speculative_t5x import partitioning
+from speculative_t5x import run_dir
 from speculative_t5x import sampling
 from speculative_t5x import tasks
 from speculative_t5x import validation
@@ -132,7 +132,7 @@ class InferConfig:
           "(configs/runs/infer.gin binds it to @pairs.PairConfig()), got "
           f"{self.pair!r}"
       )
-    if self.decoder not in DECODERS:
+    if not isinstance(self.decoder, str) or self.decoder not in DECODERS:
       raise gin_utils.ConfigError(f"DECODER {self.decoder!r} is not one of {DECODERS}")
     if self.speculative and self.pair.drafter is None:
       raise gin_utils.ConfigError(
@@ -140,9 +140,13 @@ class InferConfig:
           "configs/drafters/ file (e.g. --gin_file="
           "configs/drafters/t5.gin), or set DECODER = 'baseline'"
       )
-    lengths = dict(self.task_feature_lengths or {})
-    if set(lengths) != set(FEATURES) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths.values()
+    lengths = self.task_feature_lengths
+    if (
+        not isinstance(lengths, Mapping)
+        or set(lengths) != set(FEATURES)
+        or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths.values()
+        )
     ):
       raise gin_utils.ConfigError(
           f"TASK_FEATURE_LENGTHS {self.task_feature_lengths!r} must give "
@@ -341,22 +345,31 @@ def model_batch(
 
 # ----------------------------------------------------------------------------- outputs
 
+OUTPUT_FILES = (PREDICTIONS_FILE, METRICS_FILE, CONFIG_FILE)
+
+
+def output_dir(config: InferConfig, overwrite: bool = False) -> run_dir.OutputDir:
+  """The run's output directory (`run_dir.OutputDir`): INFER_OUTPUT_DIR, with OUTPUT_FILES;
+  `.check()` it before anything loads."""
+  return run_dir.OutputDir(
+      config.output_dir,
+      OUTPUT_FILES,
+      "INFER_OUTPUT_DIR",
+      overwrite,
+      overwrite_hint="pass --overwrite (inference.infer(..., overwrite=True))",
+  )
+
 
 @contextlib.contextmanager
 def atomic_writer(path: pathlib.Path) -> Iterator[Any]:
   """A text file handle on a temporary file beside `path`, renamed to `path` on success and
   removed on any error, so `path` is either absent, the old file, or complete."""
-  with tempfile.NamedTemporaryFile(
-      "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-  ) as f:
-    try:
+  path = pathlib.Path(path)
+  output = run_dir.OutputDir(path.parent, [path.name], str(path.parent))
+  with output:
+    with output.stage(path.name) as f:
       yield f
-    except BaseException:
-      f.close()
-      os.unlink(f.name)
-      raise
-  os.chmod(f.name, 0o644)  # temporary files are 0600; results are ordinary files.
-  os.replace(f.name, path)
+    output.commit()
 
 
 def _row_stats(stats: Mapping[str, np.ndarray], decodes: np.ndarray, eos_id: int) -> list[dict]:
@@ -435,6 +448,7 @@ def infer(
     config: InferConfig,
     gin_config: str | None = None,
     partitioner: partitioning.Partitioner | None = None,
+    overwrite: bool = False,
 ) -> dict:
   """Decodes the configured split, writes predictions.jsonl and metrics.json; returns the latter.
 
@@ -447,11 +461,17 @@ def infer(
   processes, devices or the batch size.
 
   gin_config: the run's gin configuration (`gin.config_str()`), written to output_dir/config.gin
-  once everything that can refuse the run has been checked (the task and its split, the weights,
-  the sampling settings), before the first batch is decoded; a refused run writes nothing.
+  with the predictions and the metrics. The output directory (`output_dir`) is checked first,
+  before anything loads: writable, and holding no other run's outputs unless `overwrite` (then
+  the other run's files are replaced, all of them). The outputs are written under temporary
+  names and renamed into place together once every example is decoded (`run_dir.OutputDir`), so
+  a refused, failed or interrupted run leaves the directory as it was.
   partitioner: the mesh and its rules (default `partitioning.Partitioner()`, gin-configurable:
   configs/runs/partitioning.gin); BATCH_SIZE must divide over its 'data' axis.
   """
+  outputs = output_dir(config, overwrite)
+  if multihost.is_writer():
+    outputs.check()
   task = get_task(config)
   lengths = dict(config.task_feature_lengths)
   truncation = tasks.count_truncated(task, config.split, lengths, config.max_examples)
@@ -491,12 +511,6 @@ def infer(
   predict = example_predict(
       model, partitioner, shardings, lengths["targets"], config.topk, config.topp, greedy
   )
-  output_dir = pathlib.Path(config.output_dir)
-  if gin_config is not None and multihost.is_writer():
-    output_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_writer(output_dir / CONFIG_FILE) as f:
-      f.write(gin_config)
-
   examples = _shard_examples(task, config, shard)
   records = []
   start = time.perf_counter()
@@ -569,16 +583,18 @@ def infer(
   written = not multihost.is_writer()
   try:
     if multihost.is_writer():
-      output_dir.mkdir(parents=True, exist_ok=True)
-      with atomic_writer(output_dir / PREDICTIONS_FILE) as out:
-        for record in records:
-          line = {key: record[key] for key in ("inputs", "targets", "prediction", "stats")}
-          out.write(json.dumps(line, ensure_ascii=False) + "\n")
-      with atomic_writer(output_dir / METRICS_FILE) as f:
-        f.write(json.dumps(result, indent=2) + "\n")
+      with outputs:
+        with outputs.stage(PREDICTIONS_FILE) as out:
+          for record in records:
+            line = {key: record[key] for key in ("inputs", "targets", "prediction", "stats")}
+            out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        outputs.stage_text(METRICS_FILE, json.dumps(result, indent=2) + "\n")
+        if gin_config is not None:
+          outputs.stage_text(CONFIG_FILE, gin_config)
+        outputs.commit()
       written = True
   finally:
-    multihost.all_succeeded(written, f"writing {output_dir} (process 0)")
+    multihost.all_succeeded(written, f"writing {outputs.path} (process 0)")
   logging.info("%s metrics: %s; decoding: %s", task.name, metrics, result["decoding"])
   return result
 

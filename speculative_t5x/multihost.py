@@ -34,10 +34,12 @@ on one CPU and on a pod slice.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import re
+import socket
 import sys
 import threading
 from typing import Any, Mapping, Sequence
@@ -169,6 +171,60 @@ def _join_failed(flags: ProcessFlags) -> None:
   os._exit(JOIN_FAILED_EXIT_STATUS)  # the runtime holds threads that would block a normal exit.
 
 
+def detected_cluster() -> str | None:
+  """The name of the cluster environment `jax.distributed.initialize` would detect the processes
+  from (a Cloud TPU pod slice, Slurm, Open MPI, Kubernetes), or None where there is none; where
+  JAX's detection cannot be asked, 'unknown'."""
+  try:
+    from jax._src import clusters  # pylint: disable=g-import-not-at-top
+
+    environments = clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
+  except (ImportError, AttributeError):
+    return "unknown"
+  for environment in environments:
+    if getattr(environment, "opt_in_only_method", False):
+      continue
+    try:
+      if environment.is_env_present():
+        return environment.__name__
+    except Exception:  # pylint: disable=broad-except  (a probe that fails detects nothing)
+      continue
+  return None
+
+
+def check_can_start(flags: ProcessFlags) -> None:
+  """What the machine decides, checked before `jax.distributed.initialize`: --multiprocess_gpu
+  alone needs an environment JAX detects the processes from (`detected_cluster`), and process 0
+  needs the --coordinator_address port free (it binds a socket to it, and closes it). Raises
+  `gin_utils.ConfigError` naming the flag or the port and the fix."""
+  if not flags.multiprocess_gpu:
+    return
+  if not flags.explicit:
+    if detected_cluster() is None:
+      raise gin_utils.ConfigError(
+          "--multiprocess_gpu alone asks JAX to detect the processes, and this machine is none "
+          "of the environments it detects them from (a Cloud TPU pod slice, Slurm, Open MPI, "
+          "Kubernetes): give --coordinator_address, --process_count and --process_index, or "
+          "drop --multiprocess_gpu for one process"
+      )
+    return
+  if flags.process_index != 0:
+    return
+  port = int(_ADDRESS.match(flags.coordinator_address).group("port"))
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the coordinator binds
+    try:
+      probe.bind(("", port))
+    except OSError as e:
+      if e.errno != errno.EADDRINUSE:
+        return  # not ours to judge (e.g. a port the system reserves): the runtime says
+      raise gin_utils.ConfigError(
+          f"--coordinator_address={flags.coordinator_address}: port {port} is in use on this "
+          "host, where process 0 starts the coordinator: give a free port (the same on every "
+          "process), or end what holds it"
+      ) from e
+
+
 def initialize(flags: ProcessFlags) -> None:
   """Joins this process to the others (`jax.distributed.initialize`) if `flags.multiprocess_gpu`;
   nothing otherwise. Must run before anything else uses JAX.
@@ -176,10 +232,13 @@ def initialize(flags: ProcessFlags) -> None:
   CPU processes exchange data through gloo (`jax_cpu_collectives_implementation`). A join that
   has not completed after `flags.timeout_seconds` ends this process with a message naming the
   processes it waited for (exit status `JOIN_FAILED_EXIT_STATUS`). Then every process checks
-  that the runtime's count and index are the flags' (`check_same_everywhere`).
+  that the runtime's count and index are the flags' (`check_same_everywhere`). First
+  `check_can_start`: --multiprocess_gpu alone where JAX detects no processes, and a coordinator
+  port in use, are errors naming the flag and the port.
   """
   if not flags.multiprocess_gpu:
     return
+  check_can_start(flags)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if flags.explicit:
     logging.info(

@@ -34,6 +34,7 @@ import os
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from absl import logging
 import flax
 import gin
 import jax
@@ -50,6 +51,7 @@ from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
+from speculative_t5x import run_dir
 from speculative_t5x import tasks
 from speculative_t5x import validation
 
@@ -59,6 +61,9 @@ SCHEDULES = ("constant", "cosine", "rsqrt", "wsd")
 CHECKPOINTS_DIR = "checkpoints"
 EXPORT_DIR = "model"
 SUMMARY_FILE = "train_summary.json"
+CONFIG_FILE = "config.gin"
+# What a run writes in model_dir beside its checkpoints, together (`run_dir.OutputDir`).
+OUTPUTS = (SUMMARY_FILE, CONFIG_FILE, EXPORT_DIR)
 SHUFFLE_BUFFER = 10_000
 # Cosine decay ends at this fraction of the peak learning rate.
 COSINE_FINAL_FRACTION = 0.1
@@ -445,7 +450,88 @@ def restore_latest(manager: ocp.CheckpointManager, state: TrainState) -> TrainSt
   if step is None:
     return state
   abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-  return manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  try:
+    return manager.restore(step, args=ocp.args.StandardRestore(abstract))
+  except ValueError as e:
+    raise gin_utils.ConfigError(
+        f"the checkpoint of step {step} in {manager.directory} does not fit this run's model "
+        f"and optimizer ({str(e).splitlines()[0][:300]}): resume it with the settings it was "
+        "written with (its config.gin), or give this run a new model_dir."
+    ) from e
+
+
+def checkpoint_steps(model_dir: str | os.PathLike) -> list[int]:
+  """The steps of the complete checkpoints under `model_dir/checkpoints` (orbax names each
+  after its step; one being written has a temporary name), read without orbax and without
+  creating anything."""
+  directory = os.path.join(os.fspath(model_dir), CHECKPOINTS_DIR)
+  if not os.path.isdir(directory):
+    return []
+  return sorted(
+      int(name)
+      for name in os.listdir(directory)
+      if name.isdigit() and os.path.isdir(os.path.join(directory, name))
+  )
+
+
+def _model_differences(recorded: Mapping, this_run: Mapping) -> list[str]:
+  """What makes the model recorded in a train_summary.json (its "model_config" and "drafter")
+  another model than this run's (the same entries): '<field> <recorded> vs <this run's>' for the
+  drafter's class and for every T5Config field, where the parameter shapes differ."""
+  differences = []
+  if recorded.get("drafter") != this_run.get("drafter"):
+    differences.append(f"drafter {recorded.get('drafter')} vs {this_run.get('drafter')}")
+  old, new = recorded.get("model_config"), this_run.get("model_config")
+  if (old is None) != (new is None):
+    differences.append(f"model_config {old} vs {new}")
+  elif old is not None:
+    try:
+      old_shapes = network.param_shapes(checkpoints.config_from_json(json.dumps(old)))
+    except ValueError as e:
+      return [f"model_config {old} (which no longer reads: {e}) vs {new}"]
+    if old_shapes != network.param_shapes(checkpoints.config_from_json(json.dumps(new))):
+      differences += [
+          f"{field} {old.get(field)!r} vs {new.get(field)!r}"
+          for field in sorted(set(old) | set(new))
+          if old.get(field) != new.get(field)
+      ]
+  return differences
+
+
+def check_resume(model_dir: str, num_steps: int, this_run: Mapping) -> tuple[int, dict]:
+  """Before anything is written: the run that `model_dir` holds, if any, is one this run may
+  resume -> (the step of its latest checkpoint, 0 for none; its train_summary.json).
+
+  this_run: the entries of this run's summary that name its model ("model_config", "drafter").
+  Raises gin_utils.ConfigError naming both values when num_steps is below the checkpoint's step,
+  when the recorded model is another one (`_model_differences`), and when the checkpoints have
+  no summary to say what they are."""
+  steps = checkpoint_steps(model_dir)
+  if not steps:
+    return 0, {}
+  step = steps[-1]
+  if not os.path.exists(os.path.join(model_dir, SUMMARY_FILE)):
+    raise gin_utils.ConfigError(
+        f"model_dir {model_dir} holds checkpoints (the latest of step {step}) but no "
+        f"{SUMMARY_FILE} saying which model they are of: give this run a new model_dir, or "
+        f"remove {os.path.join(model_dir, CHECKPOINTS_DIR)} to start over there."
+    )
+  recorded = _read_summary(model_dir)
+  if num_steps < step:
+    raise gin_utils.ConfigError(
+        f"training.train.num_steps (NUM_STEPS) = {num_steps} is below step {step}, the latest "
+        f"checkpoint in {model_dir}, which a rerun resumes from: give NUM_STEPS >= {step} to "
+        f"resume that run (NUM_STEPS = {step}: it is complete), or a new model_dir for a run "
+        f"of {num_steps} steps."
+    )
+  differences = _model_differences(recorded, this_run)
+  if differences:
+    raise gin_utils.ConfigError(
+        f"model_dir {model_dir} holds a run of another model (step {step}): "
+        f"{'; '.join(differences)} (recorded in its {SUMMARY_FILE} vs this run's): resume it "
+        "with its own settings (its config.gin), or give this run a new model_dir."
+    )
+  return step, recorded
 
 
 # ----------------------------------------------------------------------------------------------
@@ -468,8 +554,20 @@ def _read_summary(model_dir: str) -> dict:
   path = os.path.join(model_dir, SUMMARY_FILE)
   if not os.path.exists(path):
     return {}
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path) as f:
+      summary = json.load(f)
+  except (OSError, ValueError) as e:
+    raise gin_utils.ConfigError(
+        f"{path} cannot be read ({e}): it records the run in model_dir; give this run a new "
+        "model_dir."
+    ) from e
+  if not isinstance(summary, dict):
+    raise gin_utils.ConfigError(
+        f"{path} holds a JSON {type(summary).__name__}, not a run's summary: give this run a "
+        "new model_dir."
+    )
+  return summary
 
 
 def _distillation_settings(
@@ -602,9 +700,8 @@ def _check_run_settings(
   an absolute path. Raises gin_utils.ConfigError naming the setting and what to give."""
   if not isinstance(model_dir, (str, os.PathLike)) or not os.fspath(model_dir):
     raise gin_utils.ConfigError(f"model_dir must be a directory's path, got {model_dir!r}.")
+  run_dir.check_writable(model_dir, "model_dir")
   model_dir = os.path.abspath(os.fspath(model_dir))
-  if os.path.isfile(model_dir):
-    raise gin_utils.ConfigError(f"model_dir {model_dir} is a file: give a directory.")
   try:
     validation.check_feature_lengths(
         task_feature_lengths, "training.train.task_feature_lengths", ["inputs", "targets"]
@@ -648,7 +745,7 @@ def _checked_task(name: Any, eval_split: str | None) -> seqio.Task | seqio.Mixtu
   return task
 
 
-@gin.configurable(denylist=["model_dir", "on_checked"])
+@gin.configurable(denylist=["model_dir", "on_checked", "gin_config"])
 def train(
     model_dir: str | os.PathLike,
     model_config: network.T5Config | None = None,
@@ -675,6 +772,7 @@ def train(
     eval_before_training: bool = False,
     progress: bool = True,
     on_checked: Callable[[], None] | None = None,
+    gin_config: str | None = None,
 ) -> dict:
   """Trains on the task's train split up to `num_steps`; returns the summary.
 
@@ -697,8 +795,16 @@ def train(
   `model_dir/model` and writes `model_dir/train_summary.json` (config, distillation settings,
   steps, wall time, losses, eval metrics) with every checkpoint and at the end, so a run that is
   stopped keeps its history up to its last checkpoint. Settings are checked before anything is built
-  or written (gin_utils.ConfigError); then `on_checked()` is called, if given, before any work
-  (scripts/train.py checks the unused gin bindings there and writes config.gin).
+  or written (gin_utils.ConfigError), and so is the run `model_dir` holds (`check_resume`: a
+  num_steps below its checkpoint's step, another model); then `on_checked()` is called, if
+  given, before any work (scripts/train.py checks the unused gin bindings there). A rerun of a
+  complete run (num_steps its step) writes nothing and returns its summary, with
+  "already_complete": True.
+
+  gin_config: the run's gin configuration, written to `model_dir/config.gin` with each summary.
+  The summary, config.gin and the export are written under temporary names and renamed into
+  place together (`run_dir.OutputDir`), each checkpoint and its summary with SIGINT held back, so
+  an interrupted run leaves them describing one run at one checkpoint.
   """
   model_dir = _check_run_settings(
       model_dir,
@@ -728,8 +834,24 @@ def train(
         settings, drafter, model_config, pack, label_smoothing, vocabulary, lengths
     )
   optimizer = make_optimizer(num_steps)  # its settings are checked here too
+  if settings is None:
+    this_model = {"model_config": json.loads(checkpoints.config_to_json(model_config))}
+  else:
+    network_config = drafter.network_config
+    this_model = {
+        "model_config": (
+            json.loads(checkpoints.config_to_json(network_config)) if network_config else None
+        ),
+        "drafter": type(drafter).__name__,
+    }
+  start, summary = check_resume(model_dir, num_steps, this_model)
+  outputs = run_dir.OutputDir(model_dir, OUTPUTS, "model_dir")
   if on_checked is not None:
     on_checked()
+  exported = os.path.isdir(os.path.join(model_dir, EXPORT_DIR))
+  if start == num_steps and summary.get("steps") == num_steps and exported:
+    logging.warning("%s: the run is complete at step %d; nothing to train.", model_dir, start)
+    return {**summary, "already_complete": True}
   examples = (
       eval_set(mixture_or_task_name, eval_split, lengths, eval_batch_size, eval_examples)
       if eval_period
@@ -742,13 +864,13 @@ def train(
   else:
     trainee = distillation_trainee(settings, drafter, eos_id, lengths, examples, z_loss, seed)
 
-  manager = checkpoint_manager(model_dir, keep_checkpoints)
   params = trainee.init_params(jax.random.PRNGKey(seed))
-  if init_from is not None and manager.latest_step() is None:
+  if init_from is not None and not start:
     params = trainee.restore_params(gin_utils.resolve_path(init_from))
+  manager = checkpoint_manager(model_dir, keep_checkpoints)
   state = restore_latest(manager, init_state(params, optimizer))
   start = int(state.step)
-  summary = _read_summary(model_dir) if start else {}
+  summary = summary if start else {}
   # The summary is written with every checkpoint: entries past the restored step are from steps
   # this run repeats.
   history = [entry for entry in summary.get("history", []) if entry["step"] <= start]
@@ -766,7 +888,7 @@ def train(
       desc=os.path.basename(model_dir),
   )
 
-  def write_summary(params: Any, step: int, seconds: float) -> dict:
+  def write_summary(params: Any, step: int, seconds: float, export: bool = False) -> dict:
     summary = {
         **trainee.summary,
         "parameters": int(sum(np.size(x) for x in jax.tree.leaves(params))),
@@ -781,8 +903,13 @@ def train(
         "eval": last_eval,
         "history": history,
     }
-    with open(os.path.join(model_dir, SUMMARY_FILE), "w") as f:
-      json.dump(summary, f, indent=1)
+    with outputs:
+      if export:
+        trainee.export(os.fspath(outputs.stage_dir(EXPORT_DIR)), jax.device_get(params))
+      outputs.stage_text(SUMMARY_FILE, json.dumps(summary, indent=1))
+      if gin_config is not None:
+        outputs.stage_text(CONFIG_FILE, gin_config)
+      outputs.commit()
     return summary
 
   def run_eval(step: int, params: Any) -> dict:
@@ -807,10 +934,12 @@ def train(
     if trainee.evaluate is not None and (step % eval_period == 0 or step == num_steps):
       last_eval = run_eval(step, state.params)
     if step % checkpoint_period == 0 or step == num_steps:
-      save_state(manager, state)
-      write_summary(state.params, step, seconds + time.perf_counter() - started)
+      with run_dir.signals_held():  # the checkpoint and the summary that describes it
+        save_state(manager, state)
+        write_summary(state.params, step, seconds + time.perf_counter() - started)
   bar.close()
-  trainee.export(os.path.join(model_dir, EXPORT_DIR), jax.device_get(state.params))
-  summary = write_summary(state.params, int(state.step), seconds + time.perf_counter() - started)
+  summary = write_summary(
+      state.params, int(state.step), seconds + time.perf_counter() - started, export=True
+  )
   manager.close()
   return summary

@@ -284,10 +284,10 @@ def test_train_calls_on_checked_after_its_checks_and_before_any_work(tiny_task, 
   assert calls == [False] and not (tmp_path / "run").exists()
 
 
-def test_train_script_writes_config_gin_once_the_settings_pass_even_if_the_run_fails(tmp_path):
-  """config.gin records a run that passed its checks, whatever happens after (here init_from is a
-  directory but not a checkpoint, found only when it is read); a refused run writes nothing
-  (tests/test_bad_inputs.py)."""
+def test_a_train_script_run_that_fails_after_its_checks_writes_nothing(tmp_path):
+  """config.gin is written with the run's outputs, not before the work: a run that passed its
+  checks and failed after (here init_from is a directory but not a checkpoint, found only when it
+  is read) leaves model_dir as it was, here absent (a refused run: tests/test_bad_inputs.py)."""
   model_dir = tmp_path / "run"
   result = subprocess.run(
       [
@@ -307,5 +307,66 @@ def test_train_script_writes_config_gin_once_the_settings_pass_even_if_the_run_f
       timeout=300,
   )
   assert result.returncode == 1 and "holds no checkpoint" in result.stderr, result.stderr[-2000:]
-  config = (model_dir / "config.gin").read_text()
-  assert "train.init_from = " in config and "T5_1_1_TINY" in config
+  assert not model_dir.exists()
+
+
+def _recorded_run(model_dir, step, config=TINY, exported=True):
+  """model_dir as a run of `config` at checkpoint `step` leaves it (the files resume reads)."""
+  (model_dir / training.CHECKPOINTS_DIR / str(step)).mkdir(parents=True)
+  summary = {"model_config": json.loads(checkpoints.config_to_json(config)), "steps": step}
+  (model_dir / training.SUMMARY_FILE).write_text(json.dumps(summary))
+  (model_dir / training.CONFIG_FILE).write_text("NUM_STEPS = 4\n")
+  if exported:
+    (model_dir / training.EXPORT_DIR).mkdir()
+  return {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()}
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            dict(num_steps=2),
+            r"training.train.num_steps \(NUM_STEPS\) = 2 is below step 4, the latest checkpoint "
+            r"in .*: give NUM_STEPS >= 4 to resume that run \(NUM_STEPS = 4: it is complete\), or "
+            "a new model_dir for a run of 2 steps",
+        ),
+        (
+            dict(num_steps=8, model_config=dataclasses.replace(TINY, emb_dim=32)),
+            r"holds a run of another model \(step 4\): emb_dim 16 vs 32 \(recorded in its "
+            r"train_summary.json vs this run's\)",
+        ),
+    ],
+    ids=["fewer steps than the checkpoint", "another emb_dim"],
+)
+def test_a_resume_that_does_not_fit_the_recorded_run_is_refused_before_writing(
+    tiny_task, tmp_path, settings, message
+):
+  del tiny_task
+  before = _recorded_run(tmp_path, 4)
+  with pytest.raises(gin_utils.ConfigError, match=message):
+    run(tmp_path, **settings)
+  assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
+
+
+def test_checkpoints_without_a_summary_are_refused(tiny_task, tmp_path):
+  del tiny_task
+  (tmp_path / training.CHECKPOINTS_DIR / "4").mkdir(parents=True)
+  with pytest.raises(gin_utils.ConfigError, match="holds checkpoints .* but no train_summary.json"):
+    run(tmp_path, 8)
+
+
+def test_a_rerun_of_a_complete_run_writes_nothing(tiny_task, tmp_path):
+  del tiny_task
+  before = _recorded_run(tmp_path, 4)
+  summary = run(tmp_path, 4)
+  assert summary["already_complete"] and summary["steps"] == 4
+  assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
+
+
+def test_a_model_dir_that_cannot_be_written_is_refused(tiny_task, tmp_path):
+  del tiny_task
+  (tmp_path / "file").write_text("")
+  with pytest.raises(
+      gin_utils.ConfigError, match="model_dir .*/file/run is under .*file, which is a file"
+  ):
+    run(tmp_path / "file" / "run", 1)
