@@ -30,8 +30,10 @@ from absl import flags
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from speculative_t5x import gin_utils  # noqa: E402
 from speculative_t5x import paper  # noqa: E402
 from speculative_t5x import tpu_topology  # noqa: E402
+from speculative_t5x import run_dir  # noqa: E402
 
 GIB = 2**30
 FLAGS = flags.FLAGS
@@ -126,6 +128,7 @@ def markdown(reports: list[dict], meshes: list[tuple[str, int, int]]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
+  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
   meshes = [_mesh(entry) for entry in FLAGS.meshes]
   known = {row.config_name for row in paper.TABLE_2}
   for row in FLAGS.rows:
@@ -148,4 +151,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)

@@ -45,6 +45,7 @@ from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import report
+from speculative_t5x import run_dir
 from speculative_t5x import sweep
 from speculative_t5x import theory
 
@@ -165,6 +166,7 @@ def markdown(results: list[dict], command: str) -> str:
 
 def main(argv):
   del argv
+  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
   target_config = network.T5Config(
       vocab_size=FLAGS.vocab_size,
       emb_dim=FLAGS.emb_dim,

@@ -39,6 +39,7 @@ import numpy as np
 from speculative_t5x import benchmark
 from speculative_t5x import gin_utils
 from speculative_t5x import pairs
+from speculative_t5x import run_dir
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Directory for interference.json.")
@@ -71,6 +72,7 @@ def check_flags() -> list[float]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
   sizes = check_flags()
   load = benchmark.machine_load()
   warning = benchmark.busy_warning(load)

@@ -31,6 +31,7 @@ import jax
 from speculative_t5x import benchmark
 from speculative_t5x import network  # noqa: F401  (registers network.T5Config with gin)
 from speculative_t5x import gin_utils
+from speculative_t5x import run_dir
 
 MODEL_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs" / "models"
 SIZES = ("tiny", "small", "base", "large", "xl", "xxl")
@@ -95,6 +96,7 @@ def markdown(rows: list[dict], ks: list[int]) -> str:
 
 def main(argv):
   del argv
+  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
   ks = sorted({int(k) for k in FLAGS.ks})
   if 1 not in ks:
     raise ValueError(f"--ks={FLAGS.ks} must include 1: every ratio is time(k)/time(1).")

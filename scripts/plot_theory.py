@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 
 from speculative_t5x import paper  # noqa: E402
 from speculative_t5x import theory  # noqa: E402
+from speculative_t5x import run_dir  # noqa: E402
 from speculative_t5x import gin_utils
 
 FLAGS = flags.FLAGS
@@ -224,6 +225,7 @@ def plot_measured_vs_predicted(records, path):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
   output_dir = pathlib.Path(FLAGS.output_dir)
   output_dir.mkdir(parents=True, exist_ok=True)
   plot_expected_tokens(output_dir / "expected_tokens.png")

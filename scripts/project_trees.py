@@ -33,6 +33,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import paper
 from speculative_t5x import projection
 from speculative_t5x import roofline
+from speculative_t5x import run_dir
 from speculative_t5x import theory
 from speculative_t5x import trees
 
@@ -126,6 +127,7 @@ def _check_flags():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
+  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
   chip, ratios, measured = _check_flags()
   projector = projection.Projector(chip, FLAGS.context_length, FLAGS.encoder_length)
   result = projection.project_table(projector, FLAGS.max_nodes, FLAGS.c_source, ratios, measured)

@@ -38,9 +38,11 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from speculative_t5x import drafters  # noqa: E402
+from speculative_t5x import gin_utils  # noqa: E402
 from speculative_t5x import network  # noqa: E402
 from speculative_t5x import paper  # noqa: E402
 from speculative_t5x import roofline  # noqa: E402
+from speculative_t5x import run_dir  # noqa: E402
 from speculative_t5x import theory  # noqa: E402
 from speculative_t5x import tpu_costs  # noqa: E402
 from speculative_t5x import tpu_topology  # noqa: E402
@@ -200,6 +202,7 @@ def markdown(results: list[dict]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
+  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
   for name in FLAGS.slices:
     tpu_topology.get_slice(name)
   for task in FLAGS.tasks:
@@ -223,4 +226,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  gin_utils.run(main)
