@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import gin
 import jax
@@ -30,6 +30,7 @@ import numpy as np
 
 from speculative_t5x import sampling
 from speculative_t5x import trees
+from speculative_t5x import validation
 
 
 def valid_drafts(q: jax.Array, drafts: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -99,6 +100,37 @@ def _residual(r: jax.Array, q: jax.Array, fallback: jax.Array) -> jax.Array:
   return jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), fallback)
 
 
+def _check_chain(p: Any, q: Any, drafts: Any, target_tokens: Any = None) -> tuple[int, int]:
+  """A chain verifier's arrays: drafts [B, gamma] of integer ids, with p [B, gamma+1, V] and q
+  [B, gamma, V] (or, at temperature 0, target_tokens [B, gamma+1]) -> (B, gamma); else a
+  ValueError naming the shapes a verifier needs (shapes only: it runs once, while tracing)."""
+  if np.ndim(drafts) != 2 or not jnp.issubdtype(getattr(drafts, "dtype", np.float32), jnp.integer):
+    raise ValueError(
+        f"drafts must be [batch, gamma] integer token ids, got shape {np.shape(drafts)} and dtype "
+        f"{getattr(drafts, 'dtype', type(drafts).__name__)}."
+    )
+  batch, gamma = np.shape(drafts)
+  if target_tokens is not None:
+    if tuple(np.shape(target_tokens)) != (batch, gamma + 1):
+      raise ValueError(
+          f"target_tokens must be [batch, gamma + 1] = {[batch, gamma + 1]} (the target's argmax "
+          f"after each of the {gamma} drafts and after the last), got {np.shape(target_tokens)}."
+      )
+    return batch, gamma
+  vocab = np.shape(p)[-1] if np.ndim(p) == 3 else None
+  if vocab is None or tuple(np.shape(p)) != (batch, gamma + 1, vocab):
+    raise ValueError(
+        f"p must be [batch, gamma + 1, V] = [{batch}, {gamma + 1}, V] (the target's distribution "
+        f"at each draft and after the last), got {np.shape(p)}."
+    )
+  if tuple(np.shape(q)) != (batch, gamma, vocab):
+    raise ValueError(
+        f"q must be [batch, gamma, V] = {[batch, gamma, vocab]} (the distribution each draft was "
+        f"drawn from), got {np.shape(q)}."
+    )
+  return batch, gamma
+
+
 def accept(
     p: jax.Array,
     q: jax.Array,
@@ -122,7 +154,7 @@ def accept(
     token: [batch] int32, t ~ norm(max(0, p_{n+1} - q_{n+1})), or ~ p_{gamma+1} when n = gamma.
     beta: [batch, gamma] float32, sum_x min(p_i, q_i).
   """
-  batch, gamma = drafts.shape
+  batch, gamma = _check_chain(p, q, drafts)
   if u.shape != (batch, gamma + 1):
     raise ValueError(
         f"need uniforms of shape {(batch, gamma + 1)} (r_1..r_gamma and one for the "
@@ -151,7 +183,7 @@ def accept_greedy(
   Returns:
     n [batch], token [batch], beta [batch, gamma] as `accept`.
   """
-  gamma = drafts.shape[1]
+  _, gamma = _check_chain(None, None, drafts, target_tokens)
   matches = drafts == target_tokens[:, :gamma]
   n = jnp.sum(jnp.cumprod(matches.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
   token = jnp.take_along_axis(target_tokens, n[:, None], axis=1)[:, 0]
@@ -214,7 +246,7 @@ def accept_block(
   Args, returns: as `accept` (u: eta_1..eta_gamma, then the uniform of the token's draw; beta is
   Algorithm 1's sum_x min(p_i, q_i), so alpha means the same under both verifiers).
   """
-  batch, gamma = drafts.shape
+  batch, gamma = _check_chain(p, q, drafts)
   if u.shape != (batch, gamma + 1):
     raise ValueError(
         f"need uniforms of shape {(batch, gamma + 1)} (eta_1..eta_gamma and one for "
@@ -553,7 +585,7 @@ class LenientVerifier(Verifier):
   lenience: float = 1.0
 
   def __post_init__(self):
-    value = self.lenience
+    value = validation.scalar(self.lenience, "LenientVerifier.lenience")  # np / jax scalars too
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
       raise ValueError(
           f"LenientVerifier.lenience must be a number in (0, 1], got {value!r} "

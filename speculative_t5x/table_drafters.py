@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import Iterable, Mapping
 
 import gin
 import jax
@@ -33,7 +34,7 @@ from speculative_t5x import validation
 
 def _check_token_ids(tokens: np.ndarray, vocab_size: int, owner: str) -> np.ndarray:
   """The non-padding ids of one fitting sequence, refused where outside [0, vocab_size)."""
-  tokens = np.asarray(tokens)
+  tokens = np.asarray(validation.scalar(tokens, f"{owner}.fit's sequence"))
   if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
     raise ValueError(f"{owner}.fit needs integer token ids, got dtype {tokens.dtype}.")
   bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
@@ -43,6 +44,33 @@ def _check_token_ids(tokens: np.ndarray, vocab_size: int, owner: str) -> np.ndar
         "sequences of the target's vocabulary, with the target's vocab_size."
     )
   return tokens.ravel()
+
+
+def _sequences(token_arrays, owner: str, ordered: bool = True):
+  """The sequences `fit` counts, refused with the fix where `token_arrays` is not an iterable of
+  them (dataset features, a string, a number) and, where the order of the tokens counts
+  (`ordered`: bigrams), where one is not a 1-D array (one sequence alone, whose items are
+  numbers; a [N, L] array in a list, whose rows would be joined)."""
+  what = (
+      f"{owner}.fit takes an iterable of target sequences, 1-D token id arrays (e.g. the rows of "
+      "a [N, L] array, or [ex['targets'] for ex in dataset.as_numpy_iterator()])"
+  )
+  if isinstance(token_arrays, (str, bytes, Mapping)) or not isinstance(token_arrays, Iterable):
+    raise ValueError(f"{what}, got {type(token_arrays).__name__}.")
+  for index, tokens in enumerate(token_arrays):
+    if isinstance(tokens, Mapping):
+      raise ValueError(
+          f"{what}; item {index} is a mapping of features ({sorted(tokens)[:4]}): give its "
+          "'targets'."
+      )
+    if isinstance(tokens, (str, bytes)) or (ordered and np.ndim(tokens) != 1):
+      fix = (
+          "wrap one sequence in a list ([tokens])"
+          if np.ndim(tokens) == 0
+          else "give the rows of the array (list(array))"
+      )
+      raise ValueError(f"{what}; item {index} has shape {np.shape(tokens)}: {fix}.")
+    yield tokens
 
 
 def _ngram_logits(counts: np.ndarray, smoothing: float) -> np.ndarray:
@@ -132,7 +160,7 @@ class UnigramDrafter(_TableDrafter):
   def fit(token_arrays, vocab_size: int, smoothing: float = 1.0) -> dict:
     """Counts token ids (0 = padding, ignored) in an iterable of int arrays -> params."""
     counts = np.zeros(vocab_size, np.int64)
-    for tokens in token_arrays:
+    for tokens in _sequences(token_arrays, "UnigramDrafter", ordered=False):
       tokens = _check_token_ids(tokens, vocab_size, "UnigramDrafter")
       counts += np.bincount(tokens[tokens > 0], minlength=vocab_size)
     return {"logits": _ngram_logits(counts, smoothing)}
@@ -175,7 +203,7 @@ class BigramDrafter(_TableDrafter):
       raise ValueError(f"backoff must be in (0, 1), got {backoff}.")
     unigram = np.zeros(vocab_size, np.int64)
     pairs: dict[tuple[int, int], int] = {}
-    for tokens in token_arrays:
+    for tokens in _sequences(token_arrays, "BigramDrafter"):
       tokens = _check_token_ids(tokens, vocab_size, "BigramDrafter")
       tokens = tokens[tokens > 0]
       unigram += np.bincount(tokens, minlength=vocab_size)

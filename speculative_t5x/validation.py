@@ -63,7 +63,10 @@ def scalar(value: Any, name: str = "the value") -> Any:
       isinstance(value, jax.Array) and is_concrete(value)
   )
   if concrete and np.ndim(value) == 0:
-    return np.asarray(value).item()
+    value = np.asarray(value)[()]
+    if jnp.issubdtype(value.dtype, jnp.floating) and value.dtype.itemsize < 8:
+      return float(str(value))  # the number written: float32 0.9 -> 0.9, not 0.8999999761...
+    return value.item()
   return value
 
 
@@ -256,6 +259,8 @@ def check_batch(batch: Any, vocab_size: int, required: Sequence[str] = TOKEN_FEA
         f"batch lacks {missing} (it has {sorted(batch)}): give each of {list(required)}, a "
         "[batch, length] int32 array."
     )
+  for name, value in batch.items():  # what a tf.data iterator yields, unconverted
+    _refuse_tensorflow(value, str(name))
   text = [name for name, value in batch.items() if _holds_text(value)]
   if text and not set(text) & set(TOKEN_FEATURES):
     raise InvalidInputError(

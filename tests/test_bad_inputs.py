@@ -511,7 +511,7 @@ CASES = [
             (dict(eos_id=0), EOS + r".*PassThroughVocabulary\(size, eos_id=1\)"),
             (dict(eos_id=None), r"the output vocabulary has no EOS id \(eos_id None\)"),
             (dict(eos_id=V), r"eos_id 32 is not an id of the model \(vocab_size 32\)"),
-            (dict(size=V + 8), "output_vocabulary has 40 ids but the model's vocab_size is 32"),
+            (dict(size=V + 8), "input_vocabulary has 40 ids but the model's vocab_size is 32"),
         ],
     ),
     # ---- jit_predict and the function it returns
