@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from absl import app
 from absl import flags
@@ -520,3 +521,52 @@ def test_a_coordinator_port_in_use_is_named_before_jax_starts():
   multihost.check_can_start(
       multihost.ProcessFlags(True, f"localhost:{port}", process_count=2, process_index=0)
   )
+
+
+# ----------------------------------------------------------------------------- train.py
+
+
+def test_an_interrupted_training_leaves_a_checkpoint_and_the_summary_that_describes_it(tmp_path):
+  """SIGINT once the first checkpoint is in: the latest checkpoint, train_summary.json and
+  config.gin describe the same step of the same run, and no temporary is left."""
+  model_dir = tmp_path / "run"
+  process = subprocess.Popen(
+      [
+          sys.executable,
+          str(REPO_ROOT / "scripts" / "train.py"),
+          "--gin_file=configs/runs/train.gin",
+          "--gin_file=configs/models/t5_1_1_tiny.gin",
+          "--gin.MODEL_CONFIG=%T5_1_1_TINY",
+          "--gin.NUM_STEPS=100000",
+          "--gin.training.train.eval_period=0",
+          "--gin.training.train.checkpoint_period=2",
+          "--gin.training.train.progress=False",
+          f"--model_dir={model_dir}",
+      ],
+      cwd=REPO_ROOT,
+      env=SCRIPT_ENV,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+  )
+  try:
+    deadline = time.monotonic() + 240
+    while not (model_dir / "train_summary.json").exists() and time.monotonic() < deadline:
+      assert process.poll() is None, process.stderr.read().decode()[-3000:]
+      time.sleep(0.2)
+    assert (model_dir / "train_summary.json").exists()
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=60)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+  assert process.returncode != 0
+  summary = json.loads((model_dir / "train_summary.json").read_text())
+  steps = sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
+  assert summary["steps"] == steps[-1] and steps[-1] % 2 == 0
+  assert "NUM_STEPS = 100000" in (model_dir / "config.gin").read_text()
+  assert sorted(p.name for p in model_dir.iterdir()) == [
+      "checkpoints",
+      "config.gin",
+      "train_summary.json",
+  ]
