@@ -582,6 +582,13 @@ def _distillation_settings(
         f"training.train.distillation must be a distillation.Distillation (in gin, "
         f"@distillation.Distillation()), got {distillation!r}."
     )
+  if distill_from is not None and (
+      not isinstance(distill_from, (str, os.PathLike)) or not os.fspath(distill_from)
+  ):
+    raise gin_utils.ConfigError(
+        f"training.train.distill_from must be a checkpoints.save_model directory's path or "
+        f"None, got {distill_from!r}."
+    )
   if distill_from is None:
     if distill_temperature != 0.0:
       raise gin_utils.ConfigError(
@@ -695,6 +702,7 @@ def _check_run_settings(
     integers: Mapping[str, Any],
     switches: Mapping[str, Any],
     init_from: str | os.PathLike | None,
+    numbers: Mapping[str, tuple[Any, float | None, str]] | None = None,
 ) -> str:
   """The run's plain settings, checked before anything is read, built or written -> model_dir as
   an absolute path. Raises gin_utils.ConfigError naming the setting and what to give."""
@@ -713,6 +721,8 @@ def _check_run_settings(
       validation.check_integer(value, f"training.train.{name}", minimum, meaning=meaning)
     for name, value in switches.items():
       validation.check_boolean(value, f"training.train.{name}")
+    for name, (value, maximum, meaning) in (numbers or {}).items():
+      validation.check_number(value, f"training.train.{name}", 0, maximum, meaning=meaning)
   except validation.InvalidInputError as e:
     raise gin_utils.ConfigError(str(e)) from e
   if init_from is not None:
@@ -822,6 +832,10 @@ def train(
       ),
       dict(pack=pack, eval_before_training=eval_before_training, progress=progress),
       init_from,
+      dict(
+          z_loss=(z_loss, None, "the weight of the log-partition penalty"),
+          label_smoothing=(label_smoothing, 0.99, "the probability spread over the vocabulary"),
+      ),
   )
   lengths = dict(task_feature_lengths)
   task = _checked_task(mixture_or_task_name, eval_split if eval_period else None)

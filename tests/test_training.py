@@ -370,3 +370,22 @@ def test_a_model_dir_that_cannot_be_written_is_refused(tiny_task, tmp_path):
       gin_utils.ConfigError, match="model_dir .*/file/run is under .*file, which is a file"
   ):
     run(tmp_path / "file" / "run", 1)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(z_loss="x"), r"training.train.z_loss must be a finite number >= 0 .*got 'x' \(str\)"),
+        (dict(label_smoothing=[1]), r"training.train.label_smoothing must be a finite number"),
+        (dict(label_smoothing=1.5), r"label_smoothing must be .*<= 0.99 .*got 1.5"),
+        (dict(distill_from=5), "training.train.distill_from must be a checkpoints.save_model"),
+        (dict(task_feature_lengths=16), "training.train.task_feature_lengths must be a non-empty"),
+    ],
+)
+def test_train_refuses_a_setting_of_another_type_before_building_anything(
+    tiny_task, tmp_path, settings, message
+):
+  del tiny_task
+  with pytest.raises(gin_utils.ConfigError, match=message):
+    run(tmp_path / "run", 1, **settings)
+  assert not (tmp_path / "run").exists()
