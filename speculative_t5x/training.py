@@ -811,7 +811,10 @@ def train(
   complete run (num_steps its step) writes nothing and returns its summary, with
   "already_complete": True.
 
-  gin_config: the run's gin configuration, written to `model_dir/config.gin` with each summary.
+  gin_config: the run's gin configuration, written to `model_dir/config.gin` with each summary
+  (without it, an earlier run's config.gin goes with the first summary: it would not describe
+  this run). A resumed run's first checkpoint also removes the earlier export (model/), which
+  would describe an older step; the export of this run comes at its end.
   The summary, config.gin and the export are written under temporary names and renamed into
   place together (`run_dir.OutputDir`), each checkpoint and its summary with SIGINT held back, so
   an interrupted run leaves them describing one run at one checkpoint.
