@@ -349,13 +349,13 @@ def main(argv):
     files, bindings = files + row_files, row_bindings + bindings
   gin_utils.parse_gin_flags(files, bindings, default_files=[DEFAULT_GIN_FILE])
   setup = AotSetup()
+  output = run_dir.OutputDir(setup.output_dir, OUTPUTS, "AOT_OUTPUT_DIR", FLAGS.overwrite).check()
   tpu_slice, devices = _devices(FLAGS.topology, FLAGS.num_devices)
   partitioner = partitioning.Partitioner(devices=devices)
   # Before anything is built: a binding this run does not use (the model is built later).
   gin_utils.check_unused_bindings(
       later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)
   )
-  output = run_dir.OutputDir(setup.output_dir, OUTPUTS, "AOT_OUTPUT_DIR", FLAGS.overwrite).check()
   with output:
     hlo_path = output.stage_dir(OUTPUTS[2]) if tpu_slice and FLAGS.write_hlo else None
     report = check(setup, partitioner, tpu_slice, hlo_path)
