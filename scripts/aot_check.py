@@ -99,12 +99,7 @@ flags.DEFINE_string(
     "A row of the paper's Table 2, by its configs/paper/ name (e.g. ende_small_t0): its drafter, "
     "gamma, temperature and feature lengths.",
 )
-flags.DEFINE_bool(
-    "overwrite",
-    False,
-    "Replace another run's outputs in AOT_OUTPUT_DIR (aot_check.json, aot_check.md, "
-    "optimized_hlo.txt); without it such a directory is refused before anything is compiled.",
-)
+run_dir.define_overwrite_flag("AOT_OUTPUT_DIR")
 flags.DEFINE_boolean(
     "write_hlo", True, "With --topology, write the optimized HLO (optimized_hlo.txt)."
 )

@@ -29,7 +29,6 @@ Usage:
 from __future__ import annotations
 
 import json
-import pathlib
 import platform
 import sys
 
@@ -83,6 +82,8 @@ flags.DEFINE_integer("num_encoder_layers", 2, "Target encoder layers.")
 flags.DEFINE_integer("num_decoder_layers", 8, "Target decoder layers.")
 flags.DEFINE_integer("seed", 0, "Seed of the weights, inputs and decode rng.")
 flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/bench_batched", "Where results go.")
+run_dir.define_overwrite_flag()
+OUTPUTS = ("results.json", "results.md")
 
 
 def _spread(values: np.ndarray) -> dict:
@@ -166,7 +167,8 @@ def markdown(results: list[dict], command: str) -> str:
 
 def main(argv):
   del argv
-  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
+  output = run_dir.OutputDir(FLAGS.output_dir, OUTPUTS, "--output_dir", FLAGS.overwrite)
+  output.check()  # before any work
   target_config = network.T5Config(
       vocab_size=FLAGS.vocab_size,
       emb_dim=FLAGS.emb_dim,
@@ -209,27 +211,23 @@ def main(argv):
     ]
     costs[f"batch={batch_size}"] = report.costs_as_dict(measured.costs)
   command = " ".join(["python"] + sys.argv)
-  output_dir = pathlib.Path(FLAGS.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  (output_dir / "results.json").write_text(
-      json.dumps(
-          {
-              "command": command,
-              "machine": platform.processor() or platform.machine(),
-              "jax": jax.__version__,
-              "devices": [str(d) for d in jax.devices()],
-              "target_config": target_config.__dict__,
-              "drafter": DRAFTER,
-              "residual_scale": FLAGS.residual_scale,
-              "results": results,
-              "costs": costs,
-          },
-          indent=2,
-          default=str,
-      )
-  )
   table = markdown(results, command)
-  (output_dir / "results.md").write_text(table)
+  text = json.dumps(
+      {
+          "command": command,
+          "machine": platform.processor() or platform.machine(),
+          "jax": jax.__version__,
+          "devices": [str(d) for d in jax.devices()],
+          "target_config": target_config.__dict__,
+          "drafter": DRAFTER,
+          "residual_scale": FLAGS.residual_scale,
+          "results": results,
+          "costs": costs,
+      },
+      indent=2,
+      default=str,
+  )
+  output.write({"results.json": text, "results.md": table})
   print(table)
 
 

@@ -50,6 +50,9 @@ flags.DEFINE_integer("encoder_length", 32, "Encoder input length.", lower_bound=
 flags.DEFINE_integer("decode_length", 64, "Decode length.", lower_bound=1)
 flags.mark_flag_as_required("output_dir")
 
+run_dir.define_overwrite_flag()
+OUTPUTS = ("interference.json",)
+
 
 def _bytes(params) -> int:
   return int(sum(np.size(x) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))
@@ -72,7 +75,8 @@ def check_flags() -> list[float]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
+  written = run_dir.OutputDir(FLAGS.output_dir, OUTPUTS, "--output_dir", FLAGS.overwrite)
+  written.check()  # before any work
   sizes = check_flags()
   load = benchmark.machine_load()
   warning = benchmark.busy_warning(load)
@@ -125,9 +129,7 @@ def main(argv):
       "load_after": benchmark.machine_load(),
       "busy": warning is not None,
   }
-  output_dir = pathlib.Path(FLAGS.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  (output_dir / "interference.json").write_text(json.dumps(output, indent=2))
+  written.write({"interference.json": json.dumps(output, indent=2)})
   print(
       f"target step {target_ms:.3f} ms (parameters {output['target_megabytes']:.0f} MB); "
       f"1-minute load average before {load['load_1m']:.2f}, after "

@@ -64,6 +64,10 @@ def model_config(config=gin.REQUIRED):
   return config
 
 
+run_dir.define_overwrite_flag()
+OUTPUTS = ("bench_network.json", "bench_network.md")
+
+
 def load_config(size: str) -> network.T5Config:
   """T5Config of configs/models/t5_1_1_<size>.gin."""
   if size not in SIZES:
@@ -96,7 +100,8 @@ def markdown(rows: list[dict], ks: list[int]) -> str:
 
 def main(argv):
   del argv
-  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
+  output = run_dir.OutputDir(FLAGS.output_dir, OUTPUTS, "--output_dir", FLAGS.overwrite)
+  output.check()  # before any work
   ks = sorted({int(k) for k in FLAGS.ks})
   if 1 not in ks:
     raise ValueError(f"--ks={FLAGS.ks} must include 1: every ratio is time(k)/time(1).")
@@ -136,15 +141,15 @@ def main(argv):
       "jax": jax.__version__,
       "machine": platform.platform(),
   }
-  output_dir = pathlib.Path(FLAGS.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  (output_dir / "bench_network.json").write_text(json.dumps({"run": run, "rows": rows}, indent=2))
-  (output_dir / "bench_network.md").write_text(
-      f"Per-step time of one cached decode of k tokens, batch 1, random weights; encoder length "
-      f"{geometry.encoder_length}, cache length {geometry.cache_length}, steps from position "
-      f"{geometry.position}; marginal time per step (calls of {geometry.steps_per_call} and "
-      f"{(1 + benchmark.EXTRA_PASSES) * geometry.steps_per_call} steps), median over "
-      f"{FLAGS.repeats} rounds ({jax.default_backend()}).\n\n{table}"
+  output.write(
+      {
+          "bench_network.json": json.dumps({"run": run, "rows": rows}, indent=2),
+          "bench_network.md": f"Per-step time of one cached decode of k tokens, batch 1, random weights; encoder length "
+          f"{geometry.encoder_length}, cache length {geometry.cache_length}, steps from position "
+          f"{geometry.position}; marginal time per step (calls of {geometry.steps_per_call} and "
+          f"{(1 + benchmark.EXTRA_PASSES) * geometry.steps_per_call} steps), median over "
+          f"{FLAGS.repeats} rounds ({jax.default_backend()}).\n\n{table}",
+      }
   )
   print(table)
 

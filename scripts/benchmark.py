@@ -112,12 +112,7 @@ flags.DEFINE_integer(
     "server bucketing requests would, so a short input does not pay a long one's encoder.",
     lower_bound=0,
 )
-flags.DEFINE_bool(
-    "overwrite",
-    False,
-    "Replace another run's outputs in --output_dir (results.* and costs.*, all of them); "
-    "without it such a directory is refused before anything loads.",
-)
+run_dir.define_overwrite_flag()
 flags.DEFINE_bool(
     "costs_only",
     False,

@@ -49,6 +49,7 @@ from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import multihost
 from speculative_t5x import partitioning
+from speculative_t5x import run_dir
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string(
@@ -70,12 +71,7 @@ flags.DEFINE_bool(
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator.")
 flags.DEFINE_integer("process_count", None, "Number of processes.")
 flags.DEFINE_integer("process_index", None, "Index of this process, 0 .. process_count - 1.")
-flags.DEFINE_bool(
-    "overwrite",
-    False,
-    "Replace another run's outputs in INFER_OUTPUT_DIR (all of them); without it such a "
-    "directory is refused before anything loads.",
-)
+run_dir.define_overwrite_flag("INFER_OUTPUT_DIR")
 flags.DEFINE_integer(
     "multiprocess_timeout_seconds",
     multihost.DEFAULT_TIMEOUT_SECONDS,

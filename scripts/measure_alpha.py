@@ -45,12 +45,7 @@ DEFAULT_GIN_FILE = "configs/runs/measure_alpha.gin"
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None, f"Gin files (default {DEFAULT_GIN_FILE}).")
 flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings; --gin.NAME=value is a shorthand.")
-flags.DEFINE_bool(
-    "overwrite",
-    False,
-    "Replace another run's outputs in ALPHA_OUTPUT_DIR (alpha.json, alpha.md, config.gin); "
-    "without it such a directory is refused before anything loads.",
-)
+run_dir.define_overwrite_flag("ALPHA_OUTPUT_DIR")
 OUTPUTS = ("alpha.json", "alpha.md", "config.gin")
 
 

@@ -24,7 +24,6 @@ Writes project_trees.json and project_trees.md into --output_dir and prints the 
 from __future__ import annotations
 
 import json
-import pathlib
 
 from absl import app
 from absl import flags
@@ -64,6 +63,9 @@ flags.DEFINE_list(
     "measured_tree", [], "k_1,...,k_D: the branching --measured_depth_acceptance is for."
 )
 flags.mark_flag_as_required("output_dir")
+
+run_dir.define_overwrite_flag()
+OUTPUTS = ("project_trees.json", "project_trees.md")
 
 
 def _floats(name: str, values: list[str]) -> tuple[float, ...]:
@@ -127,15 +129,13 @@ def _check_flags():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
-  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
+  output = run_dir.OutputDir(FLAGS.output_dir, OUTPUTS, "--output_dir", FLAGS.overwrite)
+  output.check()  # before any work
   chip, ratios, measured = _check_flags()
   projector = projection.Projector(chip, FLAGS.context_length, FLAGS.encoder_length)
   result = projection.project_table(projector, FLAGS.max_nodes, FLAGS.c_source, ratios, measured)
   table = projection.markdown(result)
-  output_dir = pathlib.Path(FLAGS.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  (output_dir / "project_trees.json").write_text(json.dumps(result, indent=2))
-  (output_dir / "project_trees.md").write_text(table)
+  output.write({"project_trees.json": json.dumps(result, indent=2), "project_trees.md": table})
   print(table, end="")
 
 

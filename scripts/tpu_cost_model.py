@@ -57,6 +57,9 @@ GEOMETRY = {"CNNDM": (512, 128), "EnDe": (64, 64)}  # (encoder length, decoded l
 VOCAB = 32128
 GAMMAS = (3, 5, 7)
 
+run_dir.define_overwrite_flag()
+OUTPUTS = ("tpu_costs.json", "tpu_costs.md")
+
 
 def t5_config(size: str, decoder_layers: int | None = None) -> network.T5Config:
   shape = roofline.T5_1_1[size]
@@ -202,7 +205,8 @@ def markdown(results: list[dict]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
-  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
+  output = run_dir.OutputDir(FLAGS.output_dir, OUTPUTS, "--output_dir", FLAGS.overwrite)
+  output.check()  # before any work
   for name in FLAGS.slices:
     tpu_topology.get_slice(name)
   for task in FLAGS.tasks:
@@ -212,16 +216,16 @@ def main(argv):
   if 1 not in ks or min(ks) < 1:
     raise app.UsageError(f"--ks={FLAGS.ks}: give positive k values including 1 (the unit).")
   tpu_topology.check_libtpu()
-  output_dir = pathlib.Path(FLAGS.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
   results = []
   for name in FLAGS.slices:
     for task in FLAGS.tasks:
       results.append(measure(name, task, ks))
       for result in results:
         result["projection"] = project(result)
-      (output_dir / "tpu_costs.json").write_text(json.dumps(results, indent=2))
-      (output_dir / "tpu_costs.md").write_text(markdown(results))
+      # The tables so far, both at once: a run that stops keeps the rows it has measured.
+      output.write(
+          {"tpu_costs.json": json.dumps(results, indent=2), "tpu_costs.md": markdown(results)}
+      )
   print(markdown(results))
 
 

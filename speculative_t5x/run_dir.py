@@ -33,7 +33,9 @@ import shutil
 import signal
 import tempfile
 import threading
-from typing import IO, Iterator, Sequence
+from typing import IO, Iterator, Mapping, Sequence
+
+from absl import flags
 
 from speculative_t5x import gin_utils
 
@@ -55,6 +57,16 @@ def _remove(path: pathlib.Path) -> None:
   else:
     with contextlib.suppress(FileNotFoundError):
       path.unlink()
+
+
+def define_overwrite_flag(where: str = "--output_dir") -> None:
+  """The --overwrite flag of a script whose outputs go to `where` (a flag or macro)."""
+  flags.DEFINE_bool(
+      "overwrite",
+      False,
+      f"Replace another run's outputs in {where} (all of them); without it a directory holding "
+      "them is refused before any work.",
+  )
 
 
 def check_writable(path: str | os.PathLike, what: str) -> None:
@@ -172,6 +184,13 @@ class OutputDir:
     """Output `name` holding `text`, in place at `commit`."""
     with self.stage(name) as f:
       f.write(text)
+
+  def write(self, texts: Mapping[str, str]) -> None:
+    """Outputs {name: text}, staged and committed together (`commit`): the run's whole output."""
+    with self:
+      for name, text in texts.items():
+        self.stage_text(name, text)
+      self.commit()
 
   def stage_dir(self, name: str) -> pathlib.Path:
     """A path (not yet existing) to write output directory `name` to, in place at `commit`."""
