@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from speculative_t5x import gin_utils  # noqa: E402
 from speculative_t5x import paper  # noqa: E402
-from speculative_t5x import tpu_topology  # noqa: E402
 from speculative_t5x import run_dir  # noqa: E402
+from speculative_t5x import tpu_topology  # noqa: E402
 
 GIB = 2**30
 FLAGS = flags.FLAGS
@@ -41,6 +41,8 @@ flags.DEFINE_string("output_dir", "/tmp/speculative_t5x/aot_table2", "Where the 
 flags.DEFINE_list(
     "meshes", ["v4-8:1:1", "v4-8:4:4", "v4-16:8:8"], "SLICE:CHIPS:MODEL_PARTITIONS entries."
 )
+run_dir.define_overwrite_flag()
+TABLES = ("table2_tpu.json", "table2_tpu.md")
 flags.DEFINE_list(
     "rows", [row.config_name for row in paper.TABLE_2], "Table 2 rows (configs/paper/ names)."
 )
@@ -68,6 +70,7 @@ def _run(row: str, mesh: tuple[str, int, int], directory: pathlib.Path) -> dict:
       f"--gin.NUM_PARTITIONS={partitions}",
       f"--gin.AOT_OUTPUT_DIR='{directory}'",
       "--nowrite_hlo",
+      *(["--overwrite"] if FLAGS.overwrite else []),
   ]
   start = time.perf_counter()
   done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
@@ -128,23 +131,28 @@ def markdown(reports: list[dict], meshes: list[tuple[str, int, int]]) -> str:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}; all options are --flags")
-  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
   meshes = [_mesh(entry) for entry in FLAGS.meshes]
   known = {row.config_name for row in paper.TABLE_2}
   for row in FLAGS.rows:
     if row not in known:
       raise app.UsageError(f"--rows: {row!r} is not a Table 2 row: use some of {sorted(known)}.")
+  cells = {
+      (mesh, row): f"{row}_{mesh[0]}_{mesh[1]}x{mesh[2]}" for mesh in meshes for row in FLAGS.rows
+  }
+  # Before any work: writable, and no other run's table or compile reports unless --overwrite
+  # (which the compiles are given too: each replaces its own reports whole).
+  run_dir.OutputDir(
+      FLAGS.output_dir, (*TABLES, *cells.values()), "--output_dir", FLAGS.overwrite
+  ).check()
+  table = run_dir.OutputDir(FLAGS.output_dir, TABLES, "--output_dir")
   tpu_topology.check_libtpu()
   output_dir = pathlib.Path(FLAGS.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
   reports = []
-  for mesh in meshes:
-    for row in FLAGS.rows:
-      directory = output_dir / f"{row}_{mesh[0]}_{mesh[1]}x{mesh[2]}"
-      reports.append(_run(row, mesh, directory))
-      print(f"{row} {mesh}: {_cell(reports[-1])}", flush=True)
-      (output_dir / "table2_tpu.json").write_text(json.dumps(reports, indent=2))
-      (output_dir / "table2_tpu.md").write_text(markdown(reports, meshes))
+  for (mesh, row), cell in cells.items():
+    reports.append(_run(row, mesh, output_dir / cell))
+    print(f"{row} {mesh}: {_cell(reports[-1])}", flush=True)
+    # The table so far, both files at once: a run that stops keeps the rows it has compiled.
+    table.write({TABLES[0]: json.dumps(reports, indent=2), TABLES[1]: markdown(reports, meshes)})
   print(markdown(reports, meshes))
   if any("error" in r for r in reports):
     sys.exit(1)

@@ -56,6 +56,13 @@ flags.DEFINE_string(
     "measured_vs_predicted.png.",
 )
 flags.mark_flag_as_required("output_dir")
+run_dir.define_overwrite_flag()
+PLOTS = (
+    "expected_tokens.png",
+    "optimal_gamma.png",
+    "speedup_operations.png",
+    "measured_vs_predicted.png",
+)
 
 FIGURE_2_GAMMAS = (1, 2, 3, 5, 7, 10, math.inf)
 FIGURE_3_COSTS = (0.01, 0.02, 0.05, 0.1, 0.2)
@@ -73,7 +80,7 @@ def _gamma_label(gamma):
 
 def _save(fig, path):
   fig.tight_layout()
-  fig.savefig(path, dpi=DPI)
+  fig.savefig(path, dpi=DPI, format="png")  # path may be a temporary name (run_dir.OutputDir)
   plt.close(fig)
   logging.info("Wrote %s", path)
   return path
@@ -225,15 +232,15 @@ def plot_measured_vs_predicted(records, path):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  run_dir.check_writable(FLAGS.output_dir, "--output_dir")  # before any work
-  output_dir = pathlib.Path(FLAGS.output_dir)
-  output_dir.mkdir(parents=True, exist_ok=True)
-  plot_expected_tokens(output_dir / "expected_tokens.png")
-  plot_optimal_gamma(output_dir / "optimal_gamma.png")
-  plot_speedup_operations(output_dir / "speedup_operations.png")
-  if FLAGS.benchmark_json:
-    records = load_benchmark(FLAGS.benchmark_json)
-    plot_measured_vs_predicted(records, output_dir / "measured_vs_predicted.png")
+  output = run_dir.OutputDir(FLAGS.output_dir, PLOTS, "--output_dir", FLAGS.overwrite).check()
+  records = load_benchmark(FLAGS.benchmark_json) if FLAGS.benchmark_json else None
+  with output:  # every plot under a temporary name, then all of them at once
+    plot_expected_tokens(output.stage_dir("expected_tokens.png"))
+    plot_optimal_gamma(output.stage_dir("optimal_gamma.png"))
+    plot_speedup_operations(output.stage_dir("speedup_operations.png"))
+    if records is not None:
+      plot_measured_vs_predicted(records, output.stage_dir("measured_vs_predicted.png"))
+    output.commit()
 
 
 if __name__ == "__main__":
