@@ -8,13 +8,20 @@ the run's own statistics; c and the verification cost from compiled decode steps
 the examples; the speedups beside Theorem 3.8's prediction; see speculative_t5x/report.py). It
 checks that the greedy output is identical to the baseline's, and exits with status 1 if not.
 
+The draft shape is chosen on the machine it runs on (--gamma=auto, the default;
+`auto_shape.Auto`): per temperature, alpha is measured on the first --alpha_examples sentences
+and the target's k-token steps and a draft's price in the loop are timed, then the chain with the
+highest predicted speedup is decoded. Where none is predicted faster than the baseline the demo
+says so, with the figures, and still decodes the best one, to show it and check it.
+
 A --pair_dir that is missing or incomplete is an error (exit status 1), never replaced: a tiny
 pair of random weights, for the mechanics only (its alpha says nothing about real drafters), is
 the explicit --random_pair. Every flag is checked before anything loads.
 
   python scripts/demo.py [--pair_dir=demo_models] [--drafter=feature_drafter_128x1+source]
-    [--num_examples=48] [--gamma=3 [--verifier=token,block] | --draft_tree=2,2,1]
-    [--input_bucket=24] [--verbose]
+    [--num_examples=48] [--gamma=auto [--max_gamma=4] | --gamma=3 [--verifier=token,block] |
+     --draft_tree=2,2,1]
+    [--input_bucket=0] [--verbose]
   python scripts/demo.py --random_pair
 """
 
@@ -29,8 +36,10 @@ import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, i
 from absl import flags
 from absl import logging
 import jax
+import numpy as np
 import seqio
 
+from speculative_t5x import auto_shape
 from speculative_t5x import benchmark
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters
@@ -87,12 +96,28 @@ _NUM_EXAMPLES = flags.DEFINE_integer(
     lower_bound=1,
 )
 _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
-_GAMMA = flags.DEFINE_integer(
+_GAMMA = flags.DEFINE_string(
     "gamma",
-    3,
-    "Drafted tokens per target call. With the shipped feature_drafter_128x1, gamma 3 and 4 tie "
-    "and chains beat trees on this CPU (docs/results_cpu.md 16.15): a draft costs 0.07-0.11 "
-    "target steps in the loop and verifying 4-5 tokens 1.1-1.3 steps.",
+    "auto",
+    "Drafted tokens per target call, or 'auto': chosen per temperature from alpha and the costs "
+    "measured on this machine (auto_shape.Auto; the chain of 1..--max_gamma drafts with the "
+    "highest predicted speedup). Machines of one kind differ: a verification of 4 tokens costs "
+    "1.2 target steps on one 2-core machine and 2.4 on another, so no fixed gamma serves both.",
+)
+_MAX_GAMMA = flags.DEFINE_integer(
+    "max_gamma", 4, "With --gamma=auto: the longest chain tried.", lower_bound=1
+)
+_AUTO_BUDGET = flags.DEFINE_float(
+    "auto_budget_s",
+    3.0,
+    "With --gamma=auto: seconds of timing rounds per temperature (compilation apart).",
+    lower_bound=0.0,
+)
+_ALPHA_EXAMPLES = flags.DEFINE_integer(
+    "alpha_examples",
+    16,
+    "With --gamma=auto: alpha is measured on the target's own outputs for this many of the "
+    "first sentences (about 15 tokens each), at each temperature (auto_shape.measure_alpha).",
     lower_bound=1,
 )
 _DRAFT_TREE = flags.DEFINE_list(
@@ -113,7 +138,17 @@ _VERBOSE = flags.DEFINE_bool(
 )
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Temperatures to run.")
 _REPEATS = flags.DEFINE_integer(
-    "repeats", 3, "Timed repeats per example (median is used).", lower_bound=1
+    "repeats",
+    0,
+    "Timed repeats per example (median is used); 0: with --gamma=auto, as many (1 to 3) as fit "
+    "--timing_budget_s by the measured step time, else 3.",
+    lower_bound=0,
+)
+_TIMING_BUDGET = flags.DEFINE_float(
+    "timing_budget_s",
+    12.0,
+    "With --repeats=0 and --gamma=auto: seconds of timed decodes per temperature, estimated.",
+    lower_bound=0.0,
 )
 _COST_REPEATS = flags.DEFINE_integer(
     "cost_repeats",
@@ -125,12 +160,13 @@ _COST_REPEATS = flags.DEFINE_integer(
 )
 _INPUT_BUCKET = flags.DEFINE_integer(
     "input_bucket",
-    24,
+    0,
     "Pad each sentence's input to its own multiple of this many tokens (sweep.pad_to_buckets), so "
-    "a short sentence does not pay the longest one's encoder; 0 pads every sentence to the "
-    "longest. Each length compiles its own decodes, about 10 s here: the demo's 48 sentences "
-    "fall into 2 lengths at 24 and 3 at 16, which gained 0.03x more in docs/results_cpu.md "
-    "16.21 but took `make demo` past two minutes.",
+    "a short sentence does not pay the longest one's encoder; 0 (the default) pads every "
+    "sentence to the longest: one length, one set of compiled decodes. Each length compiles its "
+    "own, about 10 s on a fast 2-core machine: the demo's 48 sentences fall into 2 lengths at 24 "
+    "(47 and 1 sentences), which gained 0.03x in docs/results_cpu.md 16.21 but keeps `make demo` "
+    "from finishing in two minutes on a slower machine.",
     lower_bound=0,
 )
 _DECODE_LENGTH = flags.DEFINE_integer(
@@ -151,11 +187,11 @@ def check_flags() -> tuple[float, ...]:
   except validation.InvalidInputError as e:
     raise gin_utils.ConfigError(str(e)) from e
   if _RANDOM_PAIR.value:
-    for name in ("pair_dir", "drafter"):
+    for name in ("pair_dir", "drafter", "test_file"):
       if flags.FLAGS[name].present:
         raise gin_utils.ConfigError(
-            f"--random_pair decodes with random weights, --{name} names a trained pair's "
-            "member: give one"
+            f"--random_pair decodes random inputs with random weights, and --{name} belongs "
+            "to the trained pair's run: give one of the two"
         )
     return temperatures
   pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
@@ -267,10 +303,11 @@ def read_test_pairs() -> list[tuple[str, str]]:
   pairs_read = []
   for number, line in enumerate(lines, 1):
     fields = line.split("\t")
-    if len(fields) < 2 or not fields[0].strip():
+    if len(fields) != 2 or not fields[0].strip():
       raise gin_utils.ConfigError(
-          f"{given}: non-empty line {number} is not English<TAB>German ({line[:60]!r}): give one "
-          "pair per line, e.g. data/demo_ende/test.tsv"
+          f"{given}: non-empty line {number} is not English<TAB>German ({line[:60]!r}, "
+          f"{len(fields)} tab-separated field(s)): give one pair per line, e.g. "
+          "data/demo_ende/test.tsv"
       )
     pairs_read.append((fields[0], fields[1]))
   return pairs_read
@@ -307,6 +344,113 @@ def _verifiers() -> dict[str, speculative.Verifier]:
   return {name: VERIFIERS[name] for name in _VERIFIER.value}
 
 
+AUTO_FLAGS = ("max_gamma", "auto_budget_s", "alpha_examples")
+
+
+def _gamma() -> int | None:
+  """--gamma -> the fixed gamma, or None for 'auto' (a chain chosen per temperature); a tree
+  (--draft_tree) takes neither. Flags only auto reads are refused beside a fixed shape."""
+  if flags.FLAGS["gamma"].present and _DRAFT_TREE.value:
+    raise gin_utils.ConfigError(
+        f"--gamma={_GAMMA.value} with --draft_tree={','.join(_DRAFT_TREE.value)}: a tree sets "
+        "its own drafts per call; give one of the two flags"
+    )
+  gamma = None
+  if _GAMMA.value != "auto":
+    try:
+      gamma = validation.check_integer(int(_GAMMA.value), "--gamma", 1)
+    except (ValueError, validation.InvalidInputError) as e:
+      raise gin_utils.ConfigError(
+          f"--gamma={_GAMMA.value}: give a number of drafts per target call (an integer >= 1) "
+          "or auto"
+      ) from e
+  if gamma is not None or _DRAFT_TREE.value:
+    given = [name for name in AUTO_FLAGS if flags.FLAGS[name].present]
+    if given:
+      raise gin_utils.ConfigError(
+          f"--{given[0]} applies to --gamma=auto only, and the draft shape is fixed here "
+          f"({'--draft_tree' if _DRAFT_TREE.value else f'--gamma={gamma}'}): drop it"
+      )
+  return gamma
+
+
+def _auto_settings(
+    loaded: dict[str, pairs.Pair],
+    temperature: float,
+    encoder_tokens: np.ndarray,
+    examples: list,
+    decode_length: int,
+    eos_id: int,
+    verifiers: dict[str, speculative.Verifier],
+    geometry: benchmark.DecodeGeometry,
+) -> tuple[list[sweep.SweepSetting], dict[str, auto_shape.Choice], float]:
+  """--gamma=auto at one temperature: for each drafter, the acceptance per position along the
+  target's own outputs for the first --alpha_examples of encoder_tokens [examples, Le] (one
+  batch), then `auto_shape.Auto.choose` on this machine -> (the sweep's
+  settings: the chosen chain, or the best one when the baseline is chosen, so that speculative
+  decoding is still shown and checked; drafter -> its Choice; tokens per sentence the target
+  generated)."""
+  auto = auto_shape.Auto(max_gamma=_MAX_GAMMA.value, budget_s=_AUTO_BUDGET.value)
+  first = encoder_tokens[: _ALPHA_EXAMPLES.value]
+  settings, choices, tokens = [], {}, []
+  for name, pair in loaded.items():
+    positions = auto_shape.measure_acceptance(
+        pair, [first], decode_length, temperature, eos_id, num_tokens=decode_length * len(first)
+    )
+    tokens.append(positions.count / len(first))
+    choice = auto.choose(
+        pair.target_config,
+        pair.target_params,
+        pair.drafter,
+        pair.drafter_params,
+        geometry,
+        temperature,
+        positions,
+        f"measured on the {positions.count} tokens the target generated for {len(first)} "
+        "sentences",
+    )
+    print(f"[demo] {name}: {choice.summary()}")
+    choices[name] = choice
+    gamma = (choice.shape or choice.best.shape).gamma
+    settings += sweep.grid_settings([name], [gamma], verifiers)
+  return settings, choices, float(np.mean(tokens))
+
+
+def _timing_repeats(choices: dict[str, auto_shape.Choice], tokens: float, examples: int) -> int:
+  """--repeats, or with --repeats=0 as many (1 to 3) as fit --timing_budget_s at one
+  temperature: each example's baseline and speculative decodes are estimated from the target's
+  measured step and the predicted speedup."""
+  if _REPEATS.value:
+    return _REPEATS.value
+  per_repeat = 0.0
+  for choice in choices.values():
+    step_s = choice.costs.target_step.median_ms / 1e3
+    per_repeat += examples * tokens * step_s * (1 + 1 / max(choice.best.speedup, 0.1))
+  return int(np.clip(_TIMING_BUDGET.value // max(per_repeat, 1e-9), 1, 3))
+
+
+def _auto_outcome(rows, choices: dict[float, dict[str, auto_shape.Choice]]) -> str:
+  """--gamma=auto: each row's predicted speedup beside the measured one, the loop's (prefill
+  taken off, what the prediction models), and what the paper's hardware changes."""
+  lines = []
+  for row in rows:
+    choice = choices[row.temperature][row.drafter.split(", ")[0]]
+    predicted = next(p for p in choice.predictions if p.shape == row.shape)
+    taken = "chosen" if choice.shape is not None else "not chosen: the baseline is"
+    lines.append(
+        f"  auto, temperature {row.temperature:g}, {predicted.label} ({taken}): predicted "
+        f"{predicted.speedup:.2f}x, measured {row.loop_speedup:.2f}x in the loop "
+        f"({row.loop_speedup / predicted.speedup:.2f} of the prediction; the loop's own work, "
+        "acceptance and writes, is not in the costs)"
+    )
+  lines.append(
+      "  Where verifying k tokens costs about one target step, as on the paper's TPUs "
+      "(docs/tpu.md: XLA:TPU's cost model gives 1.3-1.4 steps for 2-8 tokens of T5-XXL on v4), "
+      "longer drafts pay."
+  )
+  return "\n".join(lines) + "\n"
+
+
 def main(argv):
   if len(argv) > 1:
     raise gin_utils.ConfigError(f"unexpected arguments {argv[1:]}: all options are --flags")
@@ -333,11 +477,15 @@ def main(argv):
   if _INPUT_BUCKET.value:
     examples = sweep.pad_to_buckets(examples, _INPUT_BUCKET.value)
   lengths = sweep.encoder_lengths(examples)
-  shape = (
-      f"gamma {_GAMMA.value}, {' and '.join(verifiers)} verification"
-      if draft_trees is None
-      else f"draft tree {_DRAFT_TREE.value}"
-  )
+  gamma = _gamma()
+  if draft_trees is not None:
+    shape = f"draft tree {_DRAFT_TREE.value}"
+  elif gamma is None:
+    shape = f"draft shape chosen here (chains of 1-{_MAX_GAMMA.value} drafts)"
+  else:
+    shape = f"gamma {gamma}"
+  if draft_trees is None:
+    shape += f", {' and '.join(verifiers)} verification"
   print(
       f"[demo] {label}: target {target.emb_dim}d x {target.num_decoder_layers} decoder layers, "
       f"drafters {', '.join(f'{name} ({type(p.drafter).__name__})' for name, p in loaded.items())}"
@@ -345,28 +493,55 @@ def main(argv):
       f"{', '.join(f'{n}: {count}' for n, count in lengths.items())}), backend "
       f"{jax.default_backend()}"
   )
-
-  result = sweep.sweep(
-      target,
-      pair.target_params,
-      {name: (p.drafter, p.drafter_params) for name, p in loaded.items()},
-      sweep.grid_settings(
-          loaded, [_GAMMA.value] if draft_trees is None else [], verifiers, None, draft_trees
-      ),
-      list(temperatures),
-      examples,
-      _DECODE_LENGTH.value,
-      vocabulary=vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID),
-      task="demo_ende" if vocabulary else sweep.RANDOM_TASK,
-      repeats=_REPEATS.value,
-      cost_repeats=_COST_REPEATS.value,
-  )
-  rows = result.rows
+  vocabulary = vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID)
+  runs, choices, repeats = [], {}, _REPEATS.value or 3
+  geometry = None  # the sweep's own
+  if gamma is None and draft_trees is None:
+    # Auto's steps and the sweep's costs timed in one geometry: their programs compile once.
+    geometry = benchmark.DecodeGeometry.for_decoding(
+        sweep.most_common_length(examples), _DECODE_LENGTH.value, _MAX_GAMMA.value + 1
+    )
+    for temperature in temperatures:
+      settings, choices[temperature], tokens = _auto_settings(
+          loaded,
+          temperature,
+          encoder_tokens,
+          examples,
+          _DECODE_LENGTH.value,
+          vocabulary.eos_id,
+          verifiers,
+          geometry,
+      )
+      repeats = _timing_repeats(choices[temperature], tokens, len(examples))
+      runs.append((settings, [temperature], repeats))
+  else:
+    settings = sweep.grid_settings(
+        loaded, [gamma] if draft_trees is None else [], verifiers, None, draft_trees
+    )
+    runs.append((settings, list(temperatures), repeats))
+  rows, results = [], {}
+  for settings, run_temperatures, repeats in runs:
+    result = sweep.sweep(
+        target,
+        pair.target_params,
+        {name: (p.drafter, p.drafter_params) for name, p in loaded.items()},
+        settings,
+        run_temperatures,
+        examples,
+        _DECODE_LENGTH.value,
+        vocabulary=vocabulary,
+        task="demo_ende" if sources else sweep.RANDOM_TASK,
+        repeats=repeats,
+        cost_repeats=_COST_REPEATS.value,
+        cost_geometry=geometry,
+    )
+    rows += result.rows
+    results.update(result.results)
   greedy = [row for row in rows if sampling.is_greedy(row.temperature)]
-  if greedy and vocabulary is not None and _SHOW.value:
+  if greedy and sources and _SHOW.value:
     print("\nTranslations (temperature 0, speculative decoding):")
     key = greedy[0].drafter, greedy[0].gamma
-    outputs = result.results[greedy[0].temperature][key]
+    outputs = results[greedy[0].temperature][key]
     for source, reference, output in list(zip(sources, references, outputs))[: _SHOW.value]:
       print(
           f"  EN  {source}\n  DE  {vocabulary.decode(output.decodes[0].tolist())}\n"
@@ -374,10 +549,12 @@ def main(argv):
       )
   print(
       f"Speculative against baseline decoding, {len(encoder_tokens)} examples at batch 1 "
-      f"(median of {_REPEATS.value} runs each; before the run: 1-minute load average "
+      f"(median of {repeats} run(s) each; before the run: 1-minute load average "
       f"{load['load_1m']:.2f}, other processes running {load['runnable_others']}):"
   )
   print(report.plain_summary(rows), end="")
+  if choices:
+    print(_auto_outcome(rows, choices), end="")
   warning = benchmark.busy_warning(load)
   if warning:
     print(f"\n{warning}")

@@ -423,6 +423,11 @@ class Stage:
     return self.k + self.repeats - 1
 
   @property
+  def init_key(self) -> Hashable:
+    """What its cache depends on (not k, not the parameters' values)."""
+    return type(self).__name__, self.config, self.encoder_emb_dim
+
+  @property
   def module(self) -> network.Transformer | network.SharedEncoderDecoder:
     if self.encoder_emb_dim is None:
       return network.Transformer(self.config)
@@ -494,6 +499,10 @@ class ProposalStage:
     return self.gamma
 
   @property
+  def init_key(self) -> Hashable:
+    return type(self).__name__, self.drafter, self.target_emb_dim
+
+  @property
   def span(self) -> int:
     return self.gamma + 1
 
@@ -542,6 +551,8 @@ class StreamStage:
     rows = max(1, int(megabytes * 2**20 / (4 * STREAM_WIDTH)))
     weights = jax.random.normal(jax.random.PRNGKey(seed), (rows, STREAM_WIDTH), jnp.float32)
     return cls(weights * 1e-3, vocab_size)
+
+  init_key = "stream"
 
   def init_cache(self, params, encoder_tokens, cache_length, rng):
     del params, encoder_tokens, cache_length, rng
@@ -608,39 +619,67 @@ def _stage_loop(
     )
   encoder_tokens = random_tokens(rng_encoder, vocab, (batch, geometry.encoder_length))
   tokens = random_tokens(rng_tokens, vocab, (batch, width))
-
-  @jax.jit
-  def prepare(params):
-    return [
-        stage.init_cache(
-            p, encoder_tokens, geometry.cache_length, jax.random.fold_in(rng_encoder, 1)
-        )
-        for stage, p in zip(stages, params)
-    ]
-
+  # The stages without their parameters (passed as arguments): the programs' static structure.
+  templates = tuple(dataclasses.replace(stage, params=None) for stage in stages)
   steps = geometry.steps_per_call
   # One pass's uniforms [steps, batch, width], drawn again by every later pass.
   u = sampling.uniforms(jax.random.PRNGKey(seed), (steps, batch, width))
   # As in the loops: a greedy temperature is static (argmax only), any other one is traced.
   greedy = temperature is None or sampling.is_greedy(temperature)
 
-  @jax.jit
-  def run(params, caches, tokens, u, temp, passes):
-    standardize = sampling.Standardizer(0.0 if greedy else temp)
+  def make_prepare():
+    def prepare(params, encoder_tokens, rng):
+      return [
+          stage.init_cache(p, encoder_tokens, geometry.cache_length, rng)
+          for stage, p in zip(templates, params)
+      ]
 
-    def step(i, carry):
-      caches, tokens = list(carry[0]), carry[1]
-      position = jnp.full((batch,), geometry.position, jnp.int32) + i % steps
-      for s, stage in enumerate(stages):
-        tokens, caches[s] = stage.run(
-            params[s], caches[s], tokens, position, u[i % steps], standardize, temperature
-        )
-      return caches, tokens
+    return jax.jit(prepare)
 
-    return jax.lax.fori_loop(0, passes * steps, step, (caches, tokens))[1]
+  def make_run():
+    def run(params, caches, tokens, u, temp, passes):
+      standardize = sampling.Standardizer(0.0 if greedy else temp)
 
+      def step(i, carry):
+        caches, tokens = list(carry[0]), carry[1]
+        position = jnp.full((batch,), geometry.position, jnp.int32) + i % steps
+        for s, stage in enumerate(templates):
+          tokens, caches[s] = stage.run(
+              params[s], caches[s], tokens, position, u[i % steps], standardize, temperature
+          )
+        return caches, tokens
+
+      return jax.lax.fori_loop(0, passes * steps, step, (caches, tokens))[1]
+
+    return jax.jit(run)
+
+  # A target timed on 1, 2, ... tokens prepares one kind of cache: one program for all.
+  prepare = _shared(
+      ("prepare", tuple(t.init_key for t in templates), geometry.cache_length), make_prepare
+  )
+  mode = None if temperature is None else greedy
+  run = _shared(("run", templates, geometry, batch, mode), make_run)
   params = [stage.params for stage in stages]
-  return run, (params, prepare(params), tokens, u, jnp.float32(temperature or 0.0))
+  caches = prepare(params, encoder_tokens, jax.random.fold_in(rng_encoder, 1))
+  return run, (params, caches, tokens, u, jnp.float32(temperature or 0.0))
+
+
+# Compiled step programs, kept per process (`_shared`).
+_PROGRAMS: dict[Hashable, Callable[..., Any]] = {}
+
+
+def _shared(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+  """The jitted function kept under `key` (made by `make` the first time), so timings of the same
+  steps in one process (`auto_shape` before a sweep, a sweep per temperature) compile once. The
+  key holds the stages without their parameters, which stay out of it; a key that is not hashable
+  (a drafter holding arrays) gets a fresh function."""
+  try:
+    hash(key)
+  except TypeError:
+    return make()
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = make()
+  return _PROGRAMS[key]
 
 
 def decode_step_calls(

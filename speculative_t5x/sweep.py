@@ -447,6 +447,7 @@ def sweep(
     warmup: int = benchmark.DEFAULT_WARMUP,
     cost_repeats: int = benchmark.DEFAULT_REPEATS,
     steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
+    cost_geometry: benchmark.DecodeGeometry | None = None,
     progress: bool = False,
 ) -> Sweep:
   """Measures every setting at every temperature against the baseline (the module docstring).
@@ -466,6 +467,10 @@ def sweep(
     decode_length: tokens decoded per row (the decoder input length).
     vocabulary: the models' output vocabulary (its eos_id ends the decodes).
     task: the rows' task label.
+    cost_geometry: where the decode steps behind the costs are timed; None: the examples' most
+      common encoder length, a cache for decode_length and the longest block, steps_per_call
+      steps. Give the geometry an earlier timing used (`auto_shape.Auto.choose`) and its
+      compiled step programs are reused (`benchmark.decode_step_calls`).
     progress: show a progress bar over the examples.
   Returns:
     The rows, the costs, every example's results and the cost rounds.
@@ -484,9 +489,10 @@ def sweep(
   examples = len(encoder_inputs)
   batch_size = np.shape(encoder_inputs[0])[0]
   timed = cost_gammas(settings)
-  geometry = benchmark.DecodeGeometry.for_decoding(
+  geometry = cost_geometry or benchmark.DecodeGeometry.for_decoding(
       most_common_length(encoder_inputs), decode_length, max(timed) + 1, steps_per_call
   )
+  geometry.check(max(timed) + 1)
   decoders = build_settings(target_config, target_params, drafters, settings, vocabulary)
   used = {setting.drafter: drafters[setting.drafter] for setting in settings}
   steps = benchmark.cost_steps(target_config, target_params, used, timed)

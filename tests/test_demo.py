@@ -1,14 +1,17 @@
 """scripts/demo.py, the README's main command: the shipped demo pair end to end, and every bad
 flag refused before anything loads."""
 
+import re
+
 from conftest import ScriptRuns, make_demo_process, require_demo_pair
 
-GAMMA = 3  # scripts/demo.py's default
+MAX_GAMMA = 2
 
 
 def test_demo_translates_and_checks_greedy_equality():
   """As `make demo` runs it: through scripts/run_without_tensorflow.py, where seqio, TensorFlow
-  and the other dependencies requirements-decoding.txt leaves out cannot be imported."""
+  and the other dependencies requirements-decoding.txt leaves out cannot be imported; the draft
+  shape chosen on this machine (--gamma=auto, the default) and decoded with both verifiers."""
   require_demo_pair()
   completed = make_demo_process(
       "demo.py",
@@ -17,18 +20,39 @@ def test_demo_translates_and_checks_greedy_equality():
       "--repeats=1",
       "--cost_repeats=8",  # 4 rounds per example: 32 drafter steps take about 2 ms, one round can hide them
       "--decode_length=24",
+      f"--max_gamma={MAX_GAMMA}",
+      "--alpha_examples=2",
+      "--auto_budget_s=0",
       "--verifier=token,block",  # both exact: the greedy check covers both
   )
   assert completed.returncode == 0, completed.stderr[-4000:]
   out = completed.stdout
   assert "trained demo pair" in out
-  assert f"gamma {GAMMA}, token and block verification, 2 examples" in out
+  assert (
+      f"draft shape chosen here (chains of 1-{MAX_GAMMA} drafts), token and block verification, "
+      "2 examples" in out
+  )
   assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2
   assert "before the run: 1-minute load average" in out
   for temperature in (0, 1):
+    decision = re.search(
+        rf"auto draft shape at temperature {temperature}: (gamma \d|baseline), .*\n"
+        r"  measured on cpu: target step [\d.]+ ms; verifying k tokens, in target steps: 2: [\d.]+, "
+        r"3: [\d.]+; a draft in the loop [\d.]+; alpha [\d.]+ \(measured on the \d+ tokens the "
+        r"target generated for 2 sentences\)\n"
+        r"  predicted: gamma 1 [\d.]+x, gamma 2 [\d.]+x\n"
+        r"  measuring took [\d.]+ s compiling, [\d.]+ s timing \(3 rounds\)",
+        out,
+    )
+    assert decision, out
     for verifier in ("token", "block"):
-      row = f"  feature_drafter_128x1+source, {verifier} verification, gamma {GAMMA}, temperature"
-      assert f"{row} {temperature}: " in out
+      row = f"  feature_drafter_128x1+source, {verifier} verification, gamma "
+      assert re.search(rf"{re.escape(row)}\d, temperature {temperature}: ", out)
+      assert re.search(
+          rf"  auto, temperature {temperature}, gamma \d \((chosen|not chosen: the baseline "
+          rf"is)\): predicted [\d.]+x, measured [\d.]+x in the loop",
+          out,
+      )
   assert out.count("tokens per target call\n    in target steps: a verification of") == 4
   assert "speedup" in out and "x per token" in out
   assert "--verbose" in out and "| task |" not in out  # the full table only when asked
@@ -41,6 +65,7 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
   (tmp_path / "forks").mkdir()
   (tmp_path / "incomplete" / "target").mkdir(parents=True)
   (tmp_path / "no_tab.tsv").write_text("Open\tÖffnen\nonly English\n")
+  (tmp_path / "three.tsv").write_text("Open\tÖffnen\tOuvrir\n")
   cases = {
       f"--pair_dir={tmp_path / 'nowhere'}": f"--pair_dir={tmp_path / 'nowhere'} does not exist: "
       "give a directory written by pairs.save_pair with its sentencepiece.model (the "
@@ -50,7 +75,21 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       "feature_drafter_128x1, sentencepiece.model: give a directory",
       "--temperatures=0,-1": "--temperatures=0,-1 (0.0, -1.0): temperature must be >= 0 and finite",
       f"--test_file={tmp_path / 'no_tab.tsv'}": f"--test_file={tmp_path / 'no_tab.tsv'}: "
-      "non-empty line 2 is not English<TAB>German ('only English'): give one pair per line",
+      "non-empty line 2 is not English<TAB>German ('only English', 1 tab-separated field(s)): "
+      "give one pair per line",
+      f"--test_file={tmp_path / 'three.tsv'}": f"--test_file={tmp_path / 'three.tsv'}: "
+      "non-empty line 1 is not English<TAB>German ('Open\\tÖffnen\\tOuvrir', 3 tab-separated "
+      "field(s))",
+      "--gamma=two": "--gamma=two: give a number of drafts per target call (an integer >= 1) or "
+      "auto",
+      "--gamma=0": "--gamma=0: give a number of drafts per target call",
+      "--gamma=3 --draft_tree=2,1": "--gamma=3 with --draft_tree=2,1: a tree sets its own drafts "
+      "per call; give one of the two flags",
+      "--gamma=3 --max_gamma=5": "--max_gamma applies to --gamma=auto only, and the draft shape "
+      "is fixed here (--gamma=3): drop it",
+      "--draft_tree=2,1 --alpha_examples=4": "--alpha_examples applies to --gamma=auto only",
+      f"--random_pair --test_file={tmp_path / 'three.tsv'}": "--random_pair decodes random inputs "
+      "with random weights, and --test_file belongs to the trained pair's run: give one of the two",
       f"--test_file={tmp_path / 'absent.tsv'}": f"--test_file={tmp_path / 'absent.tsv'}: ",
       "--draft_tree=2,0": "--draft_tree=2,0: ",
       "--drafter=drafter,drafter": "--drafter=drafter,drafter: give one or more distinct drafter "

@@ -1,0 +1,407 @@
+"""The draft shape chosen from the hardware's measured costs: `Auto`.
+
+How many drafts pay is a property of the hardware as much as of the pair. Two 2-core machines of
+one kind, same code and weights, verify 4 tokens in 1.2 and in 2.4 target steps, and the demo's
+tuned gamma gave 1.3x on one and 0.83x on the other (issue 53). `Auto.choose` measures, on the
+device it runs on and before decoding, the figures Theorem 3.8's hardware-aware form needs, and
+picks the candidate with the highest predicted speedup, or the baseline when none is predicted
+faster. Only the draft shape changes, so the output law is the target's whatever is chosen.
+
+For each candidate, with the acceptance of the pair at the temperature, either alpha alone or
+measured per position (`calibration.Positions`: beta_t = sum_x min(p_t, q_t) along the target's
+own outputs, alpha their mean):
+
+  chain of gamma drafts:  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)              (Eq. 1)
+                          or, per position, mean_j sum_{i<=gamma} prod_{l<i} beta_{j+l} + 1
+                          (`calibration.predict`: acceptances that come in runs, as they do)
+                          cost      = gamma c_loop + verify(gamma)
+  tree of M drafts, depth D, branching (k_1..k_D):
+                          E[tokens] = theory.tree_expected_tokens(
+                                        theory.branching_acceptance(alpha, branching))
+                          cost      = D c_loop + verify(M)
+  predicted speedup = E[tokens] / cost   (the baseline: 1)
+
+in units of the target's single-token step, timed on this device: verify(M) is the target on
+M + 1 tokens over one step (`benchmark.DecodeCosts.verify_cost`); c_loop is a draft's price
+inside the loop (`DecodeCosts.c_in_loop`): G drafter steps and the target on G + 1 tokens timed
+together in one loop step, less the verification, over G, at the longest chain G = max_gamma,
+where the two networks evict each other's weights from the caches as in the loop. A chain's
+acceptance is Eq. (1) or its per-position form; a tree's a model (`theory.branching_acceptance`),
+an over-estimate for sampled siblings. The loop's own work (acceptance, writes) is not in the
+costs: a measured speedup falls short of the prediction by it (`report.SpeedupRow`'s efficiency
+in situ).
+
+The timing rounds are budgeted by the measured round time (`Auto.budget_s`); compilation is
+reported apart. A decision is cached per process, keyed by the device kind, the pair (configs and
+a fingerprint of the weights), the geometry, the temperature and the acceptance; not on disk, since
+machines of one kind differ by 2-4x in what k tokens cost.
+
+Shapes: B = 1 (the timed steps' batch), V the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any, Hashable, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from speculative_t5x import benchmark
+from speculative_t5x import calibration
+from speculative_t5x import draft_shapes
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import network
+from speculative_t5x import theory
+from speculative_t5x import trees as trees_lib
+from speculative_t5x import validation
+
+DRAFTER = "drafter"  # the drafter's name in `benchmark.cost_steps`' step names.
+BASELINE = "baseline"
+MIN_ROUNDS = 3  # timing rounds at least, whatever the budget: a median needs a few.
+MAX_ROUNDS = 30
+
+if TYPE_CHECKING:  # pairs loads every model; measure_acceptance only reads a loaded pair.
+  from speculative_t5x import pairs
+
+_DECISIONS: dict[Hashable, "Choice"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  """One candidate: its shape (None: the baseline), label, expected tokens per target call,
+  cost per target call in target steps, and the predicted speedup (their ratio)."""
+
+  shape: draft_shapes.DraftShape | None
+  label: str
+  expected_tokens: float
+  cost: float
+  speedup: float
+
+  def as_dict(self) -> dict:
+    return {
+        "label": self.label,
+        "shape": None if self.shape is None else self.shape.describe(),
+        "expected_tokens": self.expected_tokens,
+        "cost_target_steps": self.cost,
+        "predicted_speedup": self.speedup,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+  """What `Auto` measures, per step of the loop, on one device.
+
+  target_step: the target on 1 token; verify: M -> the target on M + 1 tokens; iteration: G
+  drafts then the target on G + 1 tokens in one loop step, G = `gamma` (the longest chain tried).
+  """
+
+  target_step: benchmark.Timing
+  verify: dict[int, benchmark.Timing]
+  iteration: benchmark.Timing
+  gamma: int
+
+  def verify_cost(self, drafts: int) -> float:
+    """The target on drafts + 1 tokens over its single-token step."""
+    return self.verify[drafts].median_ms / self.target_step.median_ms
+
+  @property
+  def c_loop(self) -> float:
+    """A draft's price inside the loop, in target steps: (iteration - verification) / G, at
+    least 0 (`benchmark.DecodeCosts.c_in_loop`, taken to hold at every gamma)."""
+    drafting = self.iteration.median_ms - self.verify[self.gamma].median_ms
+    return max(drafting / self.gamma / self.target_step.median_ms, 0.0)
+
+  def as_dict(self) -> dict:
+    return {
+        "target_step_ms": self.target_step.as_dict(),
+        "verify_cost": {str(m + 1): self.verify_cost(m) for m in sorted(self.verify)},
+        "c_in_loop": self.c_loop,
+        "iteration_gamma": self.gamma,
+        "iteration_ms": self.iteration.as_dict(),
+        "verify_ms": {str(m + 1): t.as_dict() for m, t in sorted(self.verify.items())},
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """What `Auto.choose` decided and every number behind it.
+
+  chosen: the best prediction, or the baseline's when no candidate reaches `Auto.min_speedup`;
+  best: the best speculative candidate (chosen or not); predictions: every candidate, in order;
+  costs: what was measured; alpha and where it came from; compile_seconds and timing_seconds:
+  what the measurement cost; rounds: timing rounds run; device_kind; cached: whether this
+  process had made the decision before (no time spent then).
+  """
+
+  chosen: Prediction
+  best: Prediction
+  predictions: list[Prediction]
+  costs: Costs
+  alpha: float
+  alpha_source: str
+  temperature: float
+  compile_seconds: float
+  timing_seconds: float
+  rounds: int
+  device_kind: str
+  cached: bool = False
+
+  @property
+  def shape(self) -> draft_shapes.DraftShape | None:
+    """The chosen draft shape, None for the baseline."""
+    return self.chosen.shape
+
+  def reason(self) -> str:
+    """One line: why the choice is what it is, with the figures."""
+    if self.chosen.shape is not None:
+      return (
+          f"{self.chosen.expected_tokens:.2f} tokens per target call at alpha {self.alpha:.2f} "
+          f"for {self.chosen.cost:.2f} target steps per call here: predicted "
+          f"{self.chosen.speedup:.2f}x"
+      )
+    return (
+        f"no draft shape is predicted faster than the baseline here (the best, "
+        f"{self.best.label}, {self.best.speedup:.2f}x): a verification of "
+        f"{self.costs.gamma + 1} tokens costs {self.costs.verify_cost(self.costs.gamma):.2f} "
+        "target steps on this device, and speculative decoding pays where it costs about 1"
+    )
+
+  def summary(self) -> str:
+    """Lines for a terminal: the decision, the measured costs, every candidate."""
+    verify = ", ".join(
+        f"{m + 1}: {self.costs.verify_cost(m):.2f}" for m in sorted(self.costs.verify)
+    )
+    lines = [
+        f"auto draft shape at temperature {self.temperature:g}: {self.chosen.label}, "
+        f"{self.reason()}.",
+        f"  measured on {self.device_kind}: target step {self.costs.target_step.median_ms:.2f} "
+        f"ms; verifying k tokens, in target steps: {verify}; a draft in the loop "
+        f"{self.costs.c_loop:.3f}; alpha {self.alpha:.3f} ({self.alpha_source})",
+        "  predicted: " + ", ".join(f"{p.label} {p.speedup:.2f}x" for p in self.predictions),
+        f"  measuring took {self.compile_seconds:.1f} s compiling, {self.timing_seconds:.1f} s "
+        f"timing ({self.rounds} rounds)"
+        + (" (decided before in this process: reused)" if self.cached else ""),
+    ]
+    return "\n".join(lines)
+
+  def as_dict(self) -> dict:
+    return {
+        "chosen": self.chosen.as_dict(),
+        "best_speculative": self.best.as_dict(),
+        "reason": self.reason(),
+        "predictions": [p.as_dict() for p in self.predictions],
+        "alpha": self.alpha,
+        "alpha_source": self.alpha_source,
+        "temperature": self.temperature,
+        "costs": self.costs.as_dict(),
+        "measurement": {
+            "compile_seconds": self.compile_seconds,
+            "timing_seconds": self.timing_seconds,
+            "rounds": self.rounds,
+            "device_kind": self.device_kind,
+            "cached": self.cached,
+        },
+    }
+
+
+@gin.configurable(module="auto_shape")
+@dataclasses.dataclass(frozen=True)
+class Auto:
+  """The candidates and the measurement's budget.
+
+  max_gamma: chains of 1..max_gamma drafts are candidates. trees: draft trees that are candidates
+  too, for a drafter that proposes trees, each its branching (children per node at each depth,
+  e.g. (2, 2, 1), `trees.DraftTree.from_branching`). budget_s: seconds of timing rounds (compilation apart), at least
+  MIN_ROUNDS rounds. min_speedup: a candidate is chosen only when predicted at least this fast;
+  below it the baseline is.
+  """
+
+  max_gamma: int = 4
+  trees: Sequence[Any] = ()
+  budget_s: float = 4.0
+  min_speedup: float = 1.0
+
+  def __post_init__(self):
+    validation.check_integer(self.max_gamma, "max_gamma", 1, meaning="the longest chain tried")
+    validation.check_number(self.budget_s, "budget_s", 0, meaning="seconds of timing rounds")
+    validation.check_number(
+        self.min_speedup, "min_speedup", 0, meaning="the predicted speedup a shape must reach"
+    )
+    if isinstance(self.trees, (str, bytes)):
+      raise validation.InvalidInputError(
+          f"trees must be a sequence of branchings, e.g. ((2, 2, 1),), got {self.trees!r}."
+      )
+    object.__setattr__(self, "trees", tuple(_branching(t) for t in self.trees))
+
+  def candidates(self) -> list[draft_shapes.DraftShape]:
+    """Chains of 1..max_gamma drafts, then the trees."""
+    chains = [draft_shapes.Chain(g) for g in range(1, self.max_gamma + 1)]
+    return chains + [draft_shapes.Tree(branching) for branching in self.trees]
+
+  def choose(
+      self,
+      target_config: network.T5Config,
+      target_params: Any,
+      drafter: drafters_lib.Drafter,
+      drafter_params: Any,
+      geometry: benchmark.DecodeGeometry,
+      temperature: float,
+      acceptance: float | calibration.Positions,
+      acceptance_source: str = "given",
+  ) -> Choice:
+    """Measures the costs on the default device (`benchmark.cost_steps` at `geometry`, with the
+    temperature's standardization and draw) and predicts every candidate (the module docstring)
+    at `acceptance`, alpha or the betas per position (`measure_acceptance`) -> the Choice. The
+    same arguments again in one process return the cached decision."""
+    benchmark.check_drafter(drafter)
+    if isinstance(acceptance, calibration.Positions):
+      alpha = float(np.mean(np.concatenate(acceptance.beta)))
+      acceptance_key = hashlib.sha256(np.concatenate(acceptance.beta).tobytes()).hexdigest()
+    else:
+      alpha = validation.check_number(
+          acceptance, "acceptance", 0, 1, meaning="alpha, the acceptance rate"
+      )
+      acceptance, acceptance_key = None, alpha
+    temperature = validation.check_number(temperature, "temperature", 0)
+    if self.trees and type(drafter).propose_tree is drafters_lib.Drafter.propose_tree:
+      raise validation.InvalidInputError(
+          f"{type(drafter).__name__} proposes chains only: give Auto(trees=()) for it."
+      )
+    device_kind = jax.devices()[0].device_kind
+    key = (
+        self,
+        device_kind,
+        _fingerprint(target_config, target_params, drafter, drafter_params),
+        geometry,
+        temperature,
+        acceptance_key,
+    )
+    if key in _DECISIONS:
+      return dataclasses.replace(_DECISIONS[key], cached=True)
+    costs, compile_seconds, timing_seconds, rounds = self.measure(
+        target_config, target_params, drafter, drafter_params, geometry, temperature
+    )
+    predictions = self.predictions(costs, alpha, acceptance)
+    best = max(predictions, key=lambda p: p.speedup)
+    baseline = Prediction(None, BASELINE, 1.0, 1.0, 1.0)
+    _DECISIONS[key] = Choice(
+        chosen=best if best.speedup >= self.min_speedup else baseline,
+        best=best,
+        predictions=predictions,
+        costs=costs,
+        alpha=alpha,
+        alpha_source=acceptance_source,
+        temperature=temperature,
+        compile_seconds=compile_seconds,
+        timing_seconds=timing_seconds,
+        rounds=rounds,
+        device_kind=device_kind,
+    )
+    return _DECISIONS[key]
+
+  def measure(
+      self, target_config, target_params, drafter, drafter_params, geometry, temperature
+  ) -> tuple[Costs, float, float, int]:
+    """Times the target on 1..max_gamma + 1 tokens (and each tree's M + 1) and one iteration of
+    max_gamma drafts, side by side (`benchmark.time_rounds`, marginal step times) -> (Costs,
+    seconds compiling, seconds timing, rounds). One round runs first; the rest fill `budget_s`
+    (MIN_ROUNDS to MAX_ROUNDS rounds in all)."""
+    gamma = self.max_gamma
+    widths = sorted(
+        {*range(1, gamma + 2)} | {draft_shapes.Tree(b).num_drafts + 1 for b in self.trees}
+    )
+    steps = {("target", k): [benchmark.Stage(target_config, target_params, k)] for k in widths}
+    steps["iteration"] = benchmark.cost_steps(
+        target_config, target_params, {DRAFTER: (drafter, drafter_params)}, [gamma]
+    )["iteration", DRAFTER, gamma]
+    calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature)
+    start = time.perf_counter()
+    first = benchmark.time_rounds(calls, repeats=1, warmup=0)
+    round_seconds = sum(float(s[0]) for s in first.values())
+    compile_seconds = time.perf_counter() - start - round_seconds
+    rounds = int(np.clip(self.budget_s // max(round_seconds, 1e-9), MIN_ROUNDS, MAX_ROUNDS))
+    start = time.perf_counter()
+    more = benchmark.time_rounds(calls, repeats=rounds - 1, warmup=0, compiled=True)
+    timing_seconds = round_seconds + time.perf_counter() - start
+    timings = benchmark.marginal_step_timings(
+        {name: np.concatenate([first[name], more[name]]) for name in calls}, geometry
+    )
+    costs = Costs(
+        target_step=timings["target", 1],
+        verify={k - 1: timings["target", k] for k in widths if k > 1},
+        iteration=timings["iteration"],
+        gamma=gamma,
+    )
+    return costs, compile_seconds, timing_seconds, rounds
+
+  def predictions(
+      self, costs: Costs, alpha: float, positions: calibration.Positions | None = None
+  ) -> list[Prediction]:
+    """The module docstring's prediction of every candidate, chains first: a chain's tokens per
+    call from the betas per position where given, else from alpha."""
+    predictions = []
+    for gamma in range(1, self.max_gamma + 1):
+      if positions is None:
+        tokens = float(theory.expected_tokens(alpha, gamma))
+      else:
+        tokens = calibration.predict(positions, gamma, 0.0, 0.0, 1.0).tokens_per_call
+      cost = gamma * costs.c_loop + costs.verify_cost(gamma)
+      predictions.append(
+          Prediction(draft_shapes.Chain(gamma), f"gamma {gamma}", tokens, cost, tokens / cost)
+      )
+    for branching in self.trees:
+      shape = draft_shapes.Tree(branching)
+      tokens = float(theory.tree_expected_tokens(theory.branching_acceptance(alpha, branching)))
+      cost = shape.depth * costs.c_loop + costs.verify_cost(shape.num_drafts)
+      label = f"tree {','.join(map(str, branching))}"
+      predictions.append(Prediction(shape, label, tokens, cost, tokens / cost))
+    return predictions
+
+
+def _branching(tree: Any) -> tuple[int, ...]:
+  """A branching (k_1, ..., k_D), children per node at each depth -> it as a tuple, checked by
+  `trees.DraftTree.from_branching` (an InvalidInputError naming the entry otherwise)."""
+  try:
+    branching = tuple(int(k) for k in tree)
+    trees_lib.DraftTree.from_branching(branching)
+  except (TypeError, ValueError) as e:
+    raise validation.InvalidInputError(
+        f"each of trees must be a branching, children per depth, e.g. (2, 2, 1), got {tree!r}: "
+        f"{e}"
+    ) from e
+  return branching
+
+
+def _fingerprint(target_config, target_params, drafter, drafter_params) -> str:
+  """The pair's identity for the decision cache: configs, and every parameter's path, shape,
+  dtype and a few of its values."""
+  digest = hashlib.sha256(repr((target_config, drafter)).encode())
+  for params in (target_params, drafter_params):
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+      values = np.asarray(jax.device_get(leaf)).reshape(-1)
+      digest.update(f"{jax.tree_util.keystr(path)}{values.shape}{values.dtype}".encode())
+      digest.update(values[:16].tobytes() + values[-16:].tobytes())
+  return digest.hexdigest()
+
+
+def measure_acceptance(
+    pair: pairs.Pair,
+    encoder_batches,
+    decode_length: int,
+    temperature: float,
+    eos_id: int,
+    num_tokens: int,
+) -> calibration.Positions:
+  """beta per position along about `num_tokens` tokens the target generates itself from
+  `encoder_batches` (arrays [B, Le]) at `temperature` (`calibration.measure_positions`), for a
+  loaded pair with a drafter."""
+  positions = calibration.measure_positions(
+      pair, encoder_batches, decode_length, temperature, eos_id, num_tokens
+  )
+  if not positions.count:
+    raise ValueError("the target generated no token to measure acceptance on: give inputs.")
+  return positions

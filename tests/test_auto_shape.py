@@ -1,0 +1,191 @@
+"""auto_shape: the draft shape chosen from measured costs. The predictions against hand-computed
+values, the decision (a shape, or the baseline with the figures that rule the others out), its
+cache, the input checks, and one real measurement on a tiny pair."""
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from speculative_t5x import auto_shape
+from speculative_t5x import benchmark
+from speculative_t5x import calibration
+from speculative_t5x import draft_shapes
+from speculative_t5x import drafters
+from speculative_t5x import table_drafters
+from speculative_t5x import validation
+
+
+def ms(value: float) -> benchmark.Timing:
+  return benchmark.Timing(value, value, value, 0.0, 3)
+
+
+def costs(verify_ms: dict[int, float], iteration_ms: float, gamma: int, step_ms: float = 2.0):
+  """Costs of a target step of `step_ms`, the target on M + 1 tokens taking verify_ms[M], and an
+  iteration of `gamma` drafts taking iteration_ms."""
+  return auto_shape.Costs(
+      ms(step_ms), {m: ms(t) for m, t in verify_ms.items()}, ms(iteration_ms), gamma
+  )
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+  """Eq. (1), summed term by term: 1 + alpha + ... + alpha^gamma."""
+  return sum(alpha**i for i in range(gamma + 1))
+
+
+# Verification of M + 1 tokens: 2.4, 2.8, 3.2 ms against a 2 ms step (1.2, 1.4, 1.6 steps); an
+# iteration of 3 drafts 3.8 ms: 3 drafts cost 0.6 ms, a draft 0.1 target steps.
+CHEAP_VERIFY = costs({1: 2.4, 2: 2.8, 3: 3.2}, 3.8, 3)
+# Verification of 2-4 tokens costing 2.4 steps, as on the slow machine of issue 53.
+DEAR_VERIFY = costs({1: 4.8, 2: 4.8, 3: 4.8}, 5.4, 3)
+
+
+def test_chain_predictions_are_expected_tokens_over_drafts_and_verification():
+  auto = auto_shape.Auto(max_gamma=3)
+  predictions = auto.predictions(CHEAP_VERIFY, alpha=0.7)
+  assert [p.label for p in predictions] == ["gamma 1", "gamma 2", "gamma 3"]
+  assert CHEAP_VERIFY.c_loop == pytest.approx(0.1)
+  for gamma, p in enumerate(predictions, 1):
+    cost = gamma * 0.1 + (1.0 + 0.2 * gamma)
+    assert p.shape == draft_shapes.Chain(gamma)
+    assert p.expected_tokens == pytest.approx(expected_tokens(0.7, gamma))
+    assert p.cost == pytest.approx(cost)
+    assert p.speedup == pytest.approx(expected_tokens(0.7, gamma) / cost)
+
+
+def test_tree_prediction_uses_the_branching_model_and_its_verification():
+  """A tree (2, 1) of 4 drafts, depth 2: a_1 = 1 - (1 - alpha)^2, a_2 = alpha; E[tokens] =
+  1 + a_1 + a_1 a_2; cost: 2 drafts' rounds and the target on 5 tokens."""
+  auto = auto_shape.Auto(max_gamma=2, trees=[(2, 1)])
+  verify = costs({1: 2.4, 2: 2.8, 4: 3.6}, 3.0, 2)
+  tree = auto.predictions(verify, alpha=0.6)[-1]
+  a1 = 1 - 0.4**2
+  assert tree.label == "tree 2,1" and tree.shape == draft_shapes.Tree((2, 1))
+  assert tree.expected_tokens == pytest.approx(1 + a1 + a1 * 0.6)
+  assert tree.cost == pytest.approx(2 * verify.c_loop + 1.8)
+
+
+def test_per_position_acceptance_counts_runs_of_acceptances():
+  """Betas that come in runs (1, 1, 0, 1, 1, 0, ...) give more tokens per call at gamma 2 than
+  their mean alpha = 2/3 does under Eq. (1): the per-position model follows the runs."""
+  beta = np.tile([1.0, 1.0, 0.0], 200)
+  positions = calibration.Positions([np.full(600, 0.5)], [beta])
+  auto = auto_shape.Auto(max_gamma=2)
+  runs = auto.predictions(CHEAP_VERIFY, float(beta.mean()), positions)[1]
+  iid = auto.predictions(CHEAP_VERIFY, float(beta.mean()))[1]
+  # Starting at each of the three phases: 2 + 1 (accepted: 1, 1), 1 + 1 (1, then 0), 0 + 1.
+  assert runs.expected_tokens == pytest.approx(2.0, abs=0.01)
+  assert iid.expected_tokens == pytest.approx(expected_tokens(2 / 3, 2))
+
+
+@pytest.fixture
+def measured(monkeypatch):
+  """Auto.measure replaced by given costs; -> a list recording every call."""
+  calls = []
+
+  def install(fixed):
+    def measure(self, *args):
+      calls.append(args)
+      return fixed, 1.5, 0.5, 3
+
+    monkeypatch.setattr(auto_shape.Auto, "measure", measure)
+    return calls
+
+  return install
+
+
+CONFIG = tiny_config(vocab_size=32)
+DRAFTER = drafters.T5Drafter(tiny_config(vocab_size=32, num_decoder_layers=1))
+GEOMETRY = benchmark.DecodeGeometry.for_decoding(8, 16, 4, 2)
+
+
+def choose(auto, acceptance, params=None, temperature=0.0):
+  params = params if params is not None else {"w": np.zeros(3, np.float32)}
+  return auto.choose(CONFIG, params, DRAFTER, params, GEOMETRY, temperature, acceptance)
+
+
+def test_the_best_predicted_shape_is_chosen_and_cached(measured):
+  calls = measured(CHEAP_VERIFY)
+  auto = auto_shape.Auto(max_gamma=3)
+  choice = choose(auto, 0.8)
+  best = max(auto.predictions(CHEAP_VERIFY, 0.8), key=lambda p: p.speedup)
+  assert choice.shape == best.shape and choice.chosen == choice.best == best
+  assert best.speedup > 1 and not choice.cached
+  assert f"predicted {best.speedup:.2f}x" in choice.reason()
+  record = choice.as_dict()
+  assert record["chosen"]["label"] == best.label and len(record["predictions"]) == 3
+  assert record["measurement"]["compile_seconds"] == 1.5
+  assert record["costs"]["verify_cost"] == {"2": 1.2, "3": 1.4, "4": 1.6}
+  again = choose(auto, 0.8)
+  assert again.cached and again.chosen == choice.chosen and len(calls) == 1
+  assert "reused" in again.summary()
+  choose(auto, 0.8, temperature=1.0)  # another temperature: measured again
+  choose(auto, 0.8, params={"w": np.ones(3, np.float32)})  # other weights: measured again
+  assert len(calls) == 3
+
+
+def test_the_baseline_is_chosen_where_verification_is_dear(measured):
+  """Where 2-4 tokens cost 2.4 steps no chain reaches 1x: the baseline, and the reason names the
+  verification's cost; the best speculative shape is still reported (the demo decodes it)."""
+  measured(DEAR_VERIFY)
+  choice = choose(auto_shape.Auto(max_gamma=3), 0.65)
+  assert choice.shape is None and choice.chosen.label == auto_shape.BASELINE
+  assert choice.best.shape is not None and choice.best.speedup < 1
+  assert "a verification of 4 tokens costs 2.40 target steps" in choice.reason()
+  assert "about 1" in choice.reason()
+
+
+def test_a_minimum_speedup_keeps_marginal_shapes_out(measured):
+  measured(CHEAP_VERIFY)
+  best = max(auto_shape.Auto(max_gamma=3).predictions(CHEAP_VERIFY, 0.5), key=lambda p: p.speedup)
+  assert 1 < best.speedup < 1.2
+  assert choose(auto_shape.Auto(max_gamma=3, min_speedup=1.2), 0.5).shape is None
+  assert choose(auto_shape.Auto(max_gamma=3, min_speedup=1.0), 0.5).shape == best.shape
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_gamma=0), "max_gamma must be"),
+        (dict(max_gamma=2.5), "max_gamma must be"),
+        (dict(budget_s=-1), "budget_s must be"),
+        (dict(min_speedup=float("nan")), "min_speedup must be"),
+        (dict(trees="2,2,1"), "trees must be a sequence of branchings"),
+        (dict(trees=[(2, 0)]), r"each of trees must be a branching, .* got \(2, 0\)"),
+        (dict(trees=[5]), "each of trees must be a branching"),
+    ],
+)
+def test_bad_settings_are_refused_at_construction(kwargs, message):
+  with pytest.raises(validation.InvalidInputError, match=message):
+    auto_shape.Auto(**kwargs)
+
+
+def test_bad_acceptance_and_a_chain_only_drafter_with_trees_are_refused(measured):
+  measured(CHEAP_VERIFY)
+  for acceptance in (1.5, -0.1, float("nan"), "0.5"):
+    with pytest.raises(validation.InvalidInputError, match="acceptance must be"):
+      choose(auto_shape.Auto(), acceptance)
+  with pytest.raises(validation.InvalidInputError, match="proposes chains only"):
+    auto_shape.Auto(trees=[(2, 1)]).choose(
+        CONFIG, {}, table_drafters.PromptLookupDrafter(), {}, GEOMETRY, 0.0, 0.5
+    )
+
+
+def test_a_real_measurement_on_a_tiny_pair():
+  """The steps are compiled and timed on this machine: every cost is a positive time, the
+  rounds fill the budget (at least MIN_ROUNDS), and the shared step programs compile once."""
+  target_params = benchmark.random_params(CONFIG, 0)
+  drafter_params = benchmark.random_params(DRAFTER.config, 1)
+  auto = auto_shape.Auto(max_gamma=2, budget_s=1.0)
+  geometry = benchmark.DecodeGeometry.for_decoding(8, 32, 3, 8)  # tiny steps: 8 per call
+  measured, compile_s, timing_s, rounds = auto.measure(
+      CONFIG, target_params, DRAFTER, drafter_params, geometry, 1.0
+  )
+  assert auto_shape.MIN_ROUNDS <= rounds <= auto_shape.MAX_ROUNDS
+  assert compile_s > 0 and timing_s > 0
+  assert sorted(measured.verify) == [1, 2] and measured.gamma == 2
+  assert measured.target_step.median_ms > 0 and measured.target_step.repeats == rounds
+  assert all(measured.verify_cost(m) > 0 for m in (1, 2)) and measured.c_loop >= 0
+  steps = {("target", 2): [benchmark.Stage(CONFIG, target_params, 2)]}
+  first = benchmark.decode_step_calls(steps, geometry, temperature=1.0)
+  again = benchmark.decode_step_calls(steps, geometry, temperature=1.0)
+  assert all(first[name][0] is again[name][0] for name in first)  # one compiled program
