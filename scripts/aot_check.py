@@ -65,6 +65,7 @@ from speculative_t5x import aot
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import gin_utils
 from speculative_t5x import hlo_report
+from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import pairs
@@ -346,7 +347,7 @@ def main(argv):
   setup = AotSetup()
   output = run_dir.OutputDir(setup.output_dir, OUTPUTS, "AOT_OUTPUT_DIR", FLAGS.overwrite).check()
   tpu_slice, devices = _devices(FLAGS.topology, FLAGS.num_devices)
-  partitioner = partitioning.Partitioner(devices=devices)
+  partitioner = inference.configured_partitioner(devices=devices)
   # Before anything is built: a binding this run does not use (the model is built later).
   gin_utils.check_unused_bindings(
       later=(models.EncoderDecoderModel, models.SpeculativeEncoderDecoderModel)

@@ -394,6 +394,18 @@ def _summary(stats: Sequence[Mapping[str, float]], speculative: bool) -> dict:
 # ----------------------------------------------------------------------------- decoding
 
 
+def configured_partitioner(**kwargs) -> partitioning.Partitioner:
+  """`partitioning.Partitioner(**kwargs)` as gin configures it (NUM_PARTITIONS,
+  configs/runs/partitioning.gin), a setting it refuses as a gin_utils.ConfigError."""
+  try:
+    return partitioning.Partitioner(**kwargs)
+  except (TypeError, ValueError) as e:
+    raise gin_utils.ConfigError(
+        f"partitioning.Partitioner (NUM_PARTITIONS, configs/runs/partitioning.gin): "
+        f"{str(e).splitlines()[0]}"
+    ) from e
+
+
 def example_keys(decode_seed: jax.Array, index: jax.Array) -> jax.Array:
   """Each example's PRNG key, fold_in(PRNGKey(decode_seed), its index in the split) -> [B, 2]:
   the same whatever the process, the batch or the row that decodes it."""
@@ -485,7 +497,7 @@ def infer(
       truncation,
       config.split,
   )
-  partitioner = partitioner or partitioning.Partitioner()
+  partitioner = partitioner or configured_partitioner()
   try:
     layout = partitioner.get_data_layout(config.batch_size)
   except ValueError as e:

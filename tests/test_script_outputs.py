@@ -134,6 +134,20 @@ def test_infer_refuses_a_wrong_type_as_a_configuration_error(
     _main(infer, "infer", *_INFER_TINY, f"--gin.INFER_OUTPUT_DIR='{tmp_path}/out'", binding)
 
 
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(num_partitions=3), "num_partitions=3 does not divide"),
+        (dict(logical_axis_rules=5), "'int' object is not iterable"),
+    ],
+)
+def test_a_partitioner_setting_it_refuses_is_a_configuration_error(settings, message):
+  with pytest.raises(
+      CONFIG_ERROR, match=r"partitioning.Partitioner \(NUM_PARTITIONS, .*" + message
+  ):
+    inference.configured_partitioner(**settings)
+
+
 def test_infer_refuses_another_runs_outputs_before_any_model_loads(script, tmp_path, monkeypatch):
   monkeypatch.setattr(inference, "infer", _never)
   old = _old_run(tmp_path, ["metrics.json", "predictions.jsonl"])
