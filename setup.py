@@ -26,6 +26,9 @@ setuptools.setup(
     name="speculative_t5x",
     version="0.1.0",
     description="Exact speculative decoding (Leviathan et al. 2023) for T5 1.1 in JAX/Flax, T5X-compatible.",
+    # Apache License 2.0, as T5X (LICENSE).
+    license="Apache-2.0",
+    license_files=["LICENSE"],
     # The gin configs and the demo task's data ship inside the package (speculative_t5x/configs,
     # speculative_t5x/data), so an installed package finds them from any working directory.
     packages=setuptools.find_packages(include=["speculative_t5x", "speculative_t5x.*"])
