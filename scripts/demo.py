@@ -42,6 +42,7 @@ import seqio
 from speculative_t5x import auto_shape
 from speculative_t5x import benchmark
 from speculative_t5x import checkpoints
+from speculative_t5x import draft_shapes
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
@@ -106,6 +107,18 @@ _GAMMA = flags.DEFINE_string(
 )
 _MAX_GAMMA = flags.DEFINE_integer(
     "max_gamma", 4, "With --gamma=auto: the longest chain tried.", lower_bound=1
+)
+_AUTO_TREES = flags.DEFINE_multi_string(
+    "auto_tree",
+    [],
+    "With --gamma=auto: a draft tree that is a candidate too, as children per depth (e.g. "
+    "2,2,1); repeat the flag for several.",
+)
+_EVERY_CANDIDATE = flags.DEFINE_bool(
+    "every_candidate",
+    False,
+    "With --gamma=auto: decode and time every candidate, not only the chosen one, to set each "
+    "prediction beside its measurement (the auto choice marked).",
 )
 _AUTO_BUDGET = flags.DEFINE_float(
     "auto_budget_s",
@@ -344,7 +357,7 @@ def _verifiers() -> dict[str, speculative.Verifier]:
   return {name: VERIFIERS[name] for name in _VERIFIER.value}
 
 
-AUTO_FLAGS = ("max_gamma", "auto_budget_s", "alpha_examples")
+AUTO_FLAGS = ("max_gamma", "auto_tree", "auto_budget_s", "alpha_examples", "every_candidate")
 
 
 def _gamma() -> int | None:
@@ -390,7 +403,17 @@ def _auto_settings(
   settings: the chosen chain, or the best one when the baseline is chosen, so that speculative
   decoding is still shown and checked; drafter -> its Choice; tokens per sentence the target
   generated)."""
-  auto = auto_shape.Auto(max_gamma=_MAX_GAMMA.value, budget_s=_AUTO_BUDGET.value)
+  try:
+    auto = auto_shape.Auto(
+        max_gamma=_MAX_GAMMA.value,
+        trees=[[int(k) for k in tree.split(",")] for tree in _AUTO_TREES.value],
+        budget_s=_AUTO_BUDGET.value,
+    )
+  except (ValueError, validation.InvalidInputError) as e:
+    raise gin_utils.ConfigError(
+        f"--auto_tree={' --auto_tree='.join(_AUTO_TREES.value)}: {e}: give children per depth, "
+        "e.g. --auto_tree=2,2,1"
+    ) from e
   first = encoder_tokens[: _ALPHA_EXAMPLES.value]
   settings, choices, tokens = [], {}, []
   for name, pair in loaded.items():
@@ -411,8 +434,14 @@ def _auto_settings(
     )
     print(f"[demo] {name}: {choice.summary()}")
     choices[name] = choice
-    gamma = (choice.shape or choice.best.shape).gamma
-    settings += sweep.grid_settings([name], [gamma], verifiers)
+    shown = choice.predictions if _EVERY_CANDIDATE.value else [choice.best]
+    chains = [p.shape.gamma for p in shown if isinstance(p.shape, draft_shapes.Chain)]
+    trees = {
+        p.label.removeprefix("tree "): p.shape.tree
+        for p in shown
+        if isinstance(p.shape, draft_shapes.Tree)
+    }
+    settings += sweep.grid_settings([name], chains, verifiers, None, trees)
   return settings, choices, float(np.mean(tokens))
 
 
@@ -436,7 +465,10 @@ def _auto_outcome(rows, choices: dict[float, dict[str, auto_shape.Choice]]) -> s
   for row in rows:
     choice = choices[row.temperature][row.drafter.split(", ")[0]]
     predicted = next(p for p in choice.predictions if p.shape == row.shape)
-    taken = "chosen" if choice.shape is not None else "not chosen: the baseline is"
+    if predicted == choice.chosen:
+      taken = "the auto choice"
+    else:
+      taken = "not chosen" + (": the baseline is" if choice.shape is None else "")
     lines.append(
         f"  auto, temperature {row.temperature:g}, {predicted.label} ({taken}): predicted "
         f"{predicted.speedup:.2f}x, measured {row.loop_speedup:.2f}x in the loop "
@@ -445,8 +477,8 @@ def _auto_outcome(rows, choices: dict[float, dict[str, auto_shape.Choice]]) -> s
     )
   lines.append(
       "  Where verifying k tokens costs about one target step, as on the paper's TPUs "
-      "(docs/tpu.md: XLA:TPU's cost model gives 1.3-1.4 steps for 2-8 tokens of T5-XXL on v4), "
-      "longer drafts pay."
+      "(docs/tpu.md: XLA:TPU's cost model puts 2 and 8 tokens of T5-XXL on a v4 chip at 1.34 and "
+      "1.33 steps), longer drafts pay."
   )
   return "\n".join(lines) + "\n"
 

@@ -49,7 +49,7 @@ def test_demo_translates_and_checks_greedy_equality():
       row = f"  feature_drafter_128x1+source, {verifier} verification, gamma "
       assert re.search(rf"{re.escape(row)}\d, temperature {temperature}: ", out)
       assert re.search(
-          rf"  auto, temperature {temperature}, gamma \d \((chosen|not chosen: the baseline "
+          rf"  auto, temperature {temperature}, gamma \d \((the auto choice|not chosen: the baseline "
           rf"is)\): predicted [\d.]+x, measured [\d.]+x in the loop",
           out,
       )
