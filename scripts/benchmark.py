@@ -52,8 +52,10 @@ import gin
 import jax
 import numpy as np
 
+from speculative_t5x import auto_shape
 from speculative_t5x import benchmark
 from speculative_t5x import benchmark_config
+from speculative_t5x import draft_shapes
 from speculative_t5x import gin_utils
 from speculative_t5x import multihost
 from speculative_t5x import report
@@ -63,6 +65,7 @@ from speculative_t5x import validation
 
 DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
 EOS_ID = 1
+AUTO_EXAMPLES = 16  # BenchmarkSetup.auto: inputs whose target outputs the acceptance is measured on
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", None, f"Gin run files (default {DEFAULT_GIN_FILE}).")
@@ -282,14 +285,26 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
   if FLAGS.input_bucket:
     examples = sweep.pad_to_buckets(examples, FLAGS.input_bucket)
   encoder_lengths = sweep.encoder_lengths(examples)
+  decode_length = int(setup.task_feature_lengths["targets"])
+  choices, geometry, trees = {}, None, dict(setup.draft_trees or {})
+  if setup.auto is not None:
+    choices, geometry = choose_shapes(setup, pair, drafters, inputs, examples, gammas)
+    for by_drafter in choices.values():
+      for choice in by_drafter.values():
+        print(choice.summary())
+        shape = choice.best.shape
+        if isinstance(shape, draft_shapes.Tree):
+          trees.setdefault(choice.best.label, shape.tree)
+        else:
+          gammas = sorted({*gammas, shape.gamma})
   result = sweep.sweep(
       pair.target_config,
       pair.target_params,
       drafters,
-      sweep.grid_settings(drafters, gammas, setup.verifiers, setup.draft_stops, setup.draft_trees),
+      sweep.grid_settings(drafters, gammas, setup.verifiers, setup.draft_stops, trees or None),
       temperatures,
       examples,
-      int(setup.task_feature_lengths["targets"]),
+      decode_length,
       vocabulary=vocabulary,
       task=task,
       seed=setup.seed,
@@ -297,6 +312,7 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
       warmup=FLAGS.warmup,
       cost_repeats=FLAGS.cost_repeats,
       steps_per_call=FLAGS.steps_per_call,
+      cost_geometry=geometry,
       progress=True,
   )
 
@@ -346,15 +362,63 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
               "run": run_info,
               "rows": [row.as_dict() for row in result.rows],
               "costs": report.costs_as_dict(result.costs),
+              "auto_shape": {
+                  str(t): {name: choice.as_dict() for name, choice in by_drafter.items()}
+                  for t, by_drafter in choices.items()
+              },
           },
           indent=2,
       ),
   )
   table = report.results_markdown(result.rows, result.costs, header)
+  if choices:
+    table += (
+        "\n## Auto draft shape\n\n"
+        + "\n\n".join(
+            choice.summary() for by_drafter in choices.values() for choice in by_drafter.values()
+        )
+        + "\n"
+    )
   output.stage_text("results.md", table)
   output.commit()
   print(table)
   logging.info("Wrote %s and %s.", output.path / "results.json", output.path / "results.md")
+
+
+def choose_shapes(setup, pair, drafters, inputs, examples, gammas):
+  """BenchmarkSetup.auto: per temperature and drafter, the acceptance per position along the
+  target's own outputs for the first AUTO_EXAMPLES inputs, then `auto_shape.Auto.choose` ->
+  ({temperature: {drafter: Choice}}, the geometry its steps were timed in, which the sweep's
+  costs reuse)."""
+  auto = setup.auto
+  decode_length = int(setup.task_feature_lengths["targets"])
+  widths = [auto.max_gamma + 1, max(gammas) + 1] + [
+      draft_shapes.Tree(b).num_drafts + 1 for b in auto.trees
+  ]
+  geometry = benchmark.DecodeGeometry.for_decoding(
+      sweep.most_common_length(examples), decode_length, max(widths), FLAGS.steps_per_call
+  )
+  first = inputs[:AUTO_EXAMPLES]
+  choices = {}
+  for temperature in setup.temperatures:
+    choices[temperature] = {}
+    for name, (drafter, params) in drafters.items():
+      member = dataclasses.replace(pair, drafter=drafter, drafter_params=params)
+      positions = auto_shape.measure_acceptance(
+          member, [first], decode_length, temperature, EOS_ID, decode_length * len(first)
+      )
+      choices[temperature][name] = auto.choose(
+          pair.target_config,
+          pair.target_params,
+          drafter,
+          params,
+          geometry,
+          temperature,
+          positions,
+          f"measured on the {positions.count} tokens the target generated for {len(first)} "
+          "inputs",
+      )
+  return choices, geometry
 
 
 if __name__ == "__main__":

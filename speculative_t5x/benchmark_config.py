@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 import gin
 
+from speculative_t5x import auto_shape
 from speculative_t5x import benchmark
 from speculative_t5x import draft_length
 from speculative_t5x import drafters as drafters_lib
@@ -50,6 +51,10 @@ class BenchmarkSetup:
   draft_trees: label -> a draft tree's branching (k_1, ..., k_D) or `trees.DraftTree`, each
     measured with every drafter at its depth, beside the chains (None: chains alone), e.g.
     configs/runs/benchmark_trees.gin.
+  auto: an `auto_shape.Auto`, or None: per temperature and drafter, the draft shape chosen from
+    the acceptance per position and the costs measured on this machine before the sweep, its
+    decision recorded (results.json 'auto_shape') and its shape swept beside the gammas, e.g.
+    configs/runs/benchmark_auto.gin.
   """
 
   pair: pairs.PairConfig
@@ -61,6 +66,7 @@ class BenchmarkSetup:
   verifiers: Mapping[str, speculative.Verifier] | None = None
   draft_stops: Mapping[str, draft_length.DraftStop | None] | None = None
   draft_trees: Mapping[str, trees.DraftTree | tuple[int, ...]] | None = None
+  auto: auto_shape.Auto | None = None
 
   def checked(
       self, gammas: Sequence[int] | None = None, temperatures: Sequence[float] | None = None
@@ -100,6 +106,11 @@ class BenchmarkSetup:
               f"benchmark_config.BenchmarkSetup.{name} must be a mapping label -> setting, or "
               f"None, got {value!r}."
           )
+      if setup.auto is not None and not isinstance(setup.auto, auto_shape.Auto):
+        raise validation.InvalidInputError(
+            f"benchmark_config.BenchmarkSetup.auto must be an @auto_shape.Auto() or None, got "
+            f"{setup.auto!r}."
+        )
     except validation.InvalidInputError as e:
       raise gin_utils.ConfigError(str(e)) from e
     try:

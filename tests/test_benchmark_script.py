@@ -39,10 +39,14 @@ def test_benchmark_script_end_to_end(tmp_path):
   in tests/test_demo.py, and its step costs in test_benchmark_costs_only). A step of the tiny networks takes
   tens of microseconds, so the step costs are resolved from 64 extra steps (16 per call, the most
   a 16-token decode's cache admits) in 5 rounds: 16 extra steps were lost in the noise of a
-  loaded machine."""
+  loaded machine. The draft shape is also chosen on this machine (BenchmarkSetup.auto, chains of
+  1-2 drafts) and swept beside gamma 2, its decision recorded."""
   run_script(
       "benchmark.py",
       f"--output_dir={tmp_path}",
+      "--gin.benchmark_config.BenchmarkSetup.auto=@auto_shape.Auto()",
+      "--gin.auto_shape.Auto.max_gamma=2",
+      "--gin.auto_shape.Auto.budget_s=0",
       "--num_examples=1",
       "--repeats=3",
       "--warmup=1",
@@ -55,7 +59,17 @@ def test_benchmark_script_end_to_end(tmp_path):
   )
 
   results = json.loads((tmp_path / "results.json").read_text())
-  assert set(results) == {"run", "costs", "rows"}
+  assert set(results) == {"run", "costs", "rows", "auto_shape"}
+  chosen = {}
+  for name, choice in results["auto_shape"]["0.0"].items():
+    assert [p["label"] for p in choice["predictions"]] == ["gamma 1", "gamma 2"]
+    assert choice["measurement"]["rounds"] >= 3 and set(choice["costs"]["verify_cost"]) == {
+        "2",
+        "3",
+    }
+    assert choice["chosen"]["label"] in ("baseline", "gamma 1", "gamma 2") and choice["reason"]
+    chosen[name] = choice["best_speculative"]["shape"]["gamma"]
+  assert set(chosen) == {"random, independent", "random, copy of target"}
   assert results["run"]["task_feature_lengths"] == {"inputs": 8, "targets": 16}
   run = results["run"]
   assert run["input_bucket"] == 0 and run["encoder_lengths"] == {"8": 1}  # the feature length
@@ -67,7 +81,7 @@ def test_benchmark_script_end_to_end(tmp_path):
       (d, t, g)
       for d in ("random, independent", "random, copy of target")
       for t in (0.0,)
-      for g in (2,)
+      for g in {2, *chosen.values()}  # the sweep's gammas and auto's best shapes
   }
   for row in rows:
     assert ROW_KEYS <= set(row)
@@ -90,9 +104,11 @@ def test_benchmark_script_end_to_end(tmp_path):
     if row["drafter"] == "random, copy of target":
       assert row["alpha"] > 0.9  # the drafter is the target: its argmax is the target's.
   assert set(results["costs"]) == {"t=0"}
-  assert set(results["costs"]["t=0"]["random, copy of target"]["verify_cost"]) == {"2"}
+  gammas = {str(g) for g in {2, *chosen.values()}}
+  assert set(results["costs"]["t=0"]["random, copy of target"]["verify_cost"]) == gammas
   table = (tmp_path / "results.md").read_text()
   assert "| task | drafter | temp | gamma | alpha |" in table
+  assert "## Auto draft shape" in table and "auto draft shape at temperature 0:" in table
 
 
 def test_benchmark_costs_only(tmp_path):
