@@ -58,6 +58,8 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+import speculative_t5x  # noqa: F401  (first: TensorFlow, if installed, is imported quietly)
+
 from absl import app
 from absl import flags
 import jax

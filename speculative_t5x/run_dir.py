@@ -31,6 +31,7 @@ import pathlib
 import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from typing import IO, Iterator, Mapping, Sequence
@@ -60,12 +61,14 @@ def _remove(path: pathlib.Path) -> None:
 
 
 def define_overwrite_flag(where: str = "--output_dir") -> None:
-  """The --overwrite flag of a script whose outputs go to `where` (a flag or macro)."""
+  """The --overwrite flag of a script whose outputs go to `where` (a flag or macro), defined as
+  the calling script's own flag (its module's, as `flags.DEFINE_bool` in the script would)."""
   flags.DEFINE_bool(
       "overwrite",
       False,
       f"Replace another run's outputs in {where} (all of them); without it a directory holding "
       "them is refused before any work.",
+      module_name=sys._getframe(1).f_globals["__name__"],  # pylint: disable=protected-access
   )
 
 

@@ -141,6 +141,7 @@ OVERLAYS = {
     "configs/runs/benchmark_verifiers.gin": BENCHMARK_GIN,
     "configs/runs/benchmark_draft_length.gin": BENCHMARK_GIN,
     "configs/runs/benchmark_trees.gin": BENCHMARK_GIN,
+    "configs/runs/benchmark_auto.gin": BENCHMARK_GIN,
 }
 
 

@@ -197,9 +197,10 @@ def test_check_max_decode_steps_rejects(steps):
 
 
 def test_traced_max_decode_steps_is_checked_for_its_dtype_only():
-  jax.jit(lambda s: validation.check_max_decode_steps(s, 4) or s)(9)
+  """A traced count passes its dtype check and comes back as it is (its value is unknown)."""
+  assert int(jax.jit(lambda s: validation.check_max_decode_steps(s, 4))(9)) == 9
   with pytest.raises(InvalidInputError, match="max_decode_steps"):
-    jax.jit(lambda s: validation.check_max_decode_steps(s, 4) or s)(2.0)
+    jax.jit(lambda s: validation.check_max_decode_steps(s, 4))(2.0)
 
 
 def test_check_eos_id():
