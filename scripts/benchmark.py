@@ -392,11 +392,11 @@ def choose_shapes(setup, pair, drafters, inputs, examples, gammas):
   costs reuse)."""
   auto = setup.auto
   decode_length = int(setup.task_feature_lengths["targets"])
-  widths = [auto.max_gamma + 1, max(gammas) + 1] + [
-      draft_shapes.Tree(b).num_drafts + 1 for b in auto.trees
-  ]
   geometry = benchmark.DecodeGeometry.for_decoding(
-      sweep.most_common_length(examples), decode_length, max(widths), FLAGS.steps_per_call
+      sweep.most_common_length(examples),
+      decode_length,
+      max(auto.max_block, max(gammas) + 1),
+      FLAGS.steps_per_call,
   )
   first = inputs[:AUTO_EXAMPLES]
   choices = {}

@@ -357,6 +357,9 @@ def _verifiers() -> dict[str, speculative.Verifier]:
   return {name: VERIFIERS[name] for name in _VERIFIER.value}
 
 
+# Steps per timed call of auto's costs and the sweep's: shorter rounds, more of them in the budget
+# (a median of several rounds holds against a slow spell better than a few long ones).
+AUTO_STEPS_PER_CALL = 4
 AUTO_FLAGS = ("max_gamma", "auto_tree", "auto_budget_s", "alpha_examples", "every_candidate")
 
 
@@ -387,7 +390,23 @@ def _gamma() -> int | None:
   return gamma
 
 
+def _auto() -> auto_shape.Auto:
+  """--gamma=auto's candidates and budget (--max_gamma, --auto_tree, --auto_budget_s)."""
+  try:
+    return auto_shape.Auto(
+        max_gamma=_MAX_GAMMA.value,
+        trees=[[int(k) for k in tree.split(",")] for tree in _AUTO_TREES.value],
+        budget_s=_AUTO_BUDGET.value,
+    )
+  except (ValueError, validation.InvalidInputError) as e:
+    raise gin_utils.ConfigError(
+        f"--auto_tree={' --auto_tree='.join(_AUTO_TREES.value)}: {e}: give children per depth, "
+        "e.g. --auto_tree=2,2,1"
+    ) from e
+
+
 def _auto_settings(
+    auto: auto_shape.Auto,
     loaded: dict[str, pairs.Pair],
     temperature: float,
     encoder_tokens: np.ndarray,
@@ -403,17 +422,6 @@ def _auto_settings(
   settings: the chosen chain, or the best one when the baseline is chosen, so that speculative
   decoding is still shown and checked; drafter -> its Choice; tokens per sentence the target
   generated)."""
-  try:
-    auto = auto_shape.Auto(
-        max_gamma=_MAX_GAMMA.value,
-        trees=[[int(k) for k in tree.split(",")] for tree in _AUTO_TREES.value],
-        budget_s=_AUTO_BUDGET.value,
-    )
-  except (ValueError, validation.InvalidInputError) as e:
-    raise gin_utils.ConfigError(
-        f"--auto_tree={' --auto_tree='.join(_AUTO_TREES.value)}: {e}: give children per depth, "
-        "e.g. --auto_tree=2,2,1"
-    ) from e
   first = encoder_tokens[: _ALPHA_EXAMPLES.value]
   settings, choices, tokens = [], {}, []
   for name, pair in loaded.items():
@@ -489,6 +497,8 @@ def main(argv):
   temperatures = check_flags()
   draft_trees = _draft_trees()
   verifiers = _verifiers()
+  gamma = _gamma()
+  auto = _auto() if gamma is None and draft_trees is None else None
   test_pairs = None if _RANDOM_PAIR.value else read_test_pairs()
   load = benchmark.machine_load()
   logging.set_verbosity(logging.WARNING)
@@ -509,7 +519,6 @@ def main(argv):
   if _INPUT_BUCKET.value:
     examples = sweep.pad_to_buckets(examples, _INPUT_BUCKET.value)
   lengths = sweep.encoder_lengths(examples)
-  gamma = _gamma()
   if draft_trees is not None:
     shape = f"draft tree {_DRAFT_TREE.value}"
   elif gamma is None:
@@ -528,13 +537,17 @@ def main(argv):
   vocabulary = vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID)
   runs, choices, repeats = [], {}, _REPEATS.value or 3
   geometry = None  # the sweep's own
-  if gamma is None and draft_trees is None:
+  if auto is not None:
     # Auto's steps and the sweep's costs timed in one geometry: their programs compile once.
     geometry = benchmark.DecodeGeometry.for_decoding(
-        sweep.most_common_length(examples), _DECODE_LENGTH.value, _MAX_GAMMA.value + 1
+        sweep.most_common_length(examples),
+        _DECODE_LENGTH.value,
+        auto.max_block,
+        AUTO_STEPS_PER_CALL,
     )
     for temperature in temperatures:
       settings, choices[temperature], tokens = _auto_settings(
+          auto,
           loaded,
           temperature,
           encoder_tokens,

@@ -237,6 +237,12 @@ class Auto:
       )
     object.__setattr__(self, "trees", tuple(_branching(t) for t in self.trees))
 
+  @property
+  def max_block(self) -> int:
+    """The most tokens one target call of a candidate scores: M + 1, M its drafts (the k a
+    `benchmark.DecodeGeometry` must admit)."""
+    return max(shape.num_drafts for shape in self.candidates()) + 1
+
   def candidates(self) -> list[draft_shapes.DraftShape]:
     """Chains of 1..max_gamma drafts, then the trees."""
     chains = [draft_shapes.Chain(g) for g in range(1, self.max_gamma + 1)]
@@ -308,25 +314,26 @@ class Auto:
   ) -> tuple[Costs, float, float, int]:
     """Times the target on 1..max_gamma + 1 tokens (and each tree's M + 1) and one iteration of
     max_gamma drafts, side by side (`benchmark.time_rounds`, marginal step times) -> (Costs,
-    seconds compiling, seconds timing, rounds). One round runs first; the rest fill `budget_s`
-    (MIN_ROUNDS to MAX_ROUNDS rounds in all)."""
+    seconds compiling (with each program's first run), seconds timing, rounds). After a warm-up
+    round, one timed round runs; the rest fill `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
     gamma = self.max_gamma
-    widths = sorted(
-        {*range(1, gamma + 2)} | {draft_shapes.Tree(b).num_drafts + 1 for b in self.trees}
-    )
+    widths = sorted({1} | {shape.num_drafts + 1 for shape in self.candidates()})
     steps = {("target", k): [benchmark.Stage(target_config, target_params, k)] for k in widths}
     steps["iteration"] = benchmark.cost_steps(
         target_config, target_params, {DRAFTER: (drafter, drafter_params)}, [gamma]
     )["iteration", DRAFTER, gamma]
     calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature)
     start = time.perf_counter()
-    first = benchmark.time_rounds(calls, repeats=1, warmup=0)
-    round_seconds = sum(float(s[0]) for s in first.values())
-    compile_seconds = time.perf_counter() - start - round_seconds
-    rounds = int(np.clip(self.budget_s // max(round_seconds, 1e-9), MIN_ROUNDS, MAX_ROUNDS))
+    for fn, args in calls.values():  # compilation, and each program's first run
+      jax.block_until_ready(fn(*args))
+    compile_seconds = time.perf_counter() - start
+    # A warm-up round, untimed (a first run after compiling is slower: cold caches and buffers).
     start = time.perf_counter()
+    first = benchmark.time_rounds(calls, repeats=1, warmup=1, compiled=True)
+    round_seconds = sum(float(s[0]) for s in first.values())
+    rounds = int(np.clip(self.budget_s // max(round_seconds, 1e-9), MIN_ROUNDS, MAX_ROUNDS))
     more = benchmark.time_rounds(calls, repeats=rounds - 1, warmup=0, compiled=True)
-    timing_seconds = round_seconds + time.perf_counter() - start
+    timing_seconds = time.perf_counter() - start
     timings = benchmark.marginal_step_timings(
         {name: np.concatenate([first[name], more[name]]) for name in calls}, geometry
     )
