@@ -229,12 +229,11 @@ def check_flags() -> tuple[float, ...]:
     if not copy_source:
       continue
     drafter = drafters.read_drafter(pair_dir / member)
-    if not (isinstance(drafter, feature_drafter.FeatureDrafter) and drafter.draft_vocab):
+    if not drafter.can_copy_source:
       raise gin_utils.ConfigError(
           f"--drafter={entry}: {COPY_SOURCE} adds each sentence's source ids to a feature "
-          f"drafter's draft vocabulary, and {member} is a {type(drafter).__name__}"
-          f"{' without one' if isinstance(drafter, feature_drafter.FeatureDrafter) else ''}: "
-          f"drop {COPY_SOURCE}"
+          f"drafter's draft vocabulary, and {member} is a {type(drafter).__name__} that has "
+          f"none (Drafter.can_copy_source): drop {COPY_SOURCE}"
       )
   return temperatures
 

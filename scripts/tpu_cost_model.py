@@ -100,8 +100,9 @@ def measure(slice_name: str, task: str, ks: list[int]) -> dict:
   out["drafters"] = {}
   for name, make in DRAFTERS.items():
     drafter = make()
-    width = 4096 if isinstance(drafter, drafters.SharedEncoderDrafter) else None
-    cost = tpu_costs.decode_cost(drafter, 1, device, encoder_length, decoded, width)
+    cost = tpu_costs.decode_cost(
+        drafter, 1, device, encoder_length, decoded, drafter.network_encoder_emb_dim
+    )
     out["drafters"][name] = cost.as_dict()
     print(slice_name, task, name, cost, flush=True)
   out["verifier"] = {

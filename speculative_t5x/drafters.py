@@ -400,6 +400,13 @@ class Drafter(abc.ABC):
     return None
 
   @property
+  def can_copy_source(self) -> bool:
+    """Whether `feature_drafter.copying_source` can add each sentence's source ids to what it
+    drafts: a drafter that scores a draft vocabulary smaller than the target's. False by
+    default."""
+    return False
+
+  @property
   def network_encoder_emb_dim(self) -> int | None:
     """E_target, when the network of `network_config` has no encoder of its own and cross-attends
     to the target's encoder output [B, Le, E_target] (a `network.SharedEncoderDecoder`); None

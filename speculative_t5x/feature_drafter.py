@@ -597,6 +597,11 @@ class FeatureDrafter(drafters.Drafter):
     object.__setattr__(self, "copy_source", bool(self.copy_source))
 
   @property
+  def can_copy_source(self) -> bool:
+    """With a draft vocabulary (`copying_source` adds each row's source ids to it)."""
+    return bool(self.draft_vocab)
+
+  @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
 

@@ -608,3 +608,13 @@ def test_frequent_tokens_counts_a_split_once_and_breaks_ties_to_the_lower_id():
       feature_drafter.frequent_tokens(name, 13)
   finally:
     seqio.TaskRegistry.remove(name)
+
+
+def test_only_a_feature_drafter_with_a_draft_vocabulary_can_copy_the_source():
+  """`Drafter.can_copy_source`, which the demo asks before `copying_source`: a draft vocabulary
+  is what the source ids are added to."""
+  head = tiny_config(vocab_size=32, num_decoder_layers=1)
+  assert feature_drafter.FeatureDrafter(head, feature_dim=16, draft_vocab=(2, 3)).can_copy_source
+  assert not feature_drafter.FeatureDrafter(head, feature_dim=16).can_copy_source
+  assert not drafters.T5Drafter(head).can_copy_source
+  assert not drafters.SharedEncoderDrafter(head, encoder_emb_dim=16).can_copy_source

@@ -1,4 +1,4 @@
-"""The README's Python snippets run, on a tiny random pair, so they cannot rot.
+"""The README's and docs/'s Python snippets run, on a tiny random pair, so they cannot rot.
 
 Each ```python block of README.md is executed in turn in one namespace, after three rewrites that
 shrink what the README names to a size a test can run (each rewrite must apply where the README
@@ -86,17 +86,38 @@ def test_the_readme_has_snippets_and_every_rewrite_applies():
     assert pattern.search(text), f"{pattern.pattern} no longer matches a README snippet"
 
 
-def test_the_readme_snippets_run_on_a_tiny_pair():
-  namespace = _Given()
-  for i, snippet in enumerate(python_snippets(README.read_text())):
+def run_snippets(page: pathlib.Path):
+  """Every ```python block of `page`, rewritten, in order in one namespace -> the namespace after
+  each block (a list)."""
+  namespace, after = _Given(), []
+  for i, snippet in enumerate(python_snippets(page.read_text())):
     for pattern, replacement in REWRITES:
       snippet = pattern.sub(replacement, snippet)
     try:
-      exec(compile(snippet, f"README.md python snippet {i}", "exec"), {}, namespace)  # noqa: S102
+      exec(compile(snippet, f"{page.name} python snippet {i}", "exec"), {}, namespace)  # noqa: S102
     except Exception as e:  # noqa: BLE001  (the snippet's number and text in the failure)
-      pytest.fail(f"README snippet {i} fails: {type(e).__name__}: {e}\n{snippet}")
+      pytest.fail(f"{page.name} snippet {i} fails: {type(e).__name__}: {e}\n{snippet}")
+    after.append(dict(namespace))
+  return after
+
+
+def test_the_readme_snippets_run_on_a_tiny_pair():
+  for i, namespace in enumerate(run_snippets(README)):
     if i == 0:
       decodes, aux = namespace["decodes"], namespace["aux"]
       assert decodes.shape == (2, 4) and np.all((decodes >= 0) & (decodes < V))
       assert np.all(np.asarray(aux["speculative_stats"]["target_calls"]) >= 1)
       assert 0.0 <= float(namespace["stats"].alpha) <= 1.0
+
+
+DOCS = sorted((README.parent / "docs").glob("*.md"))
+
+
+def test_the_docs_have_snippets():
+  assert len([page for page in DOCS if python_snippets(page.read_text())]) >= 3
+
+
+@pytest.mark.parametrize("page", [page.name for page in DOCS if python_snippets(page.read_text())])
+def test_every_docs_page_s_snippets_run_on_a_tiny_pair(page):
+  """Each page of docs/ runs alone, in a namespace of its own, with the README's rewrites."""
+  assert run_snippets(README.parent / "docs" / page)
