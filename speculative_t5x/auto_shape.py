@@ -332,11 +332,24 @@ class Auto:
     first = benchmark.time_rounds(calls, repeats=1, warmup=1, compiled=True)
     round_seconds = sum(float(s[0]) for s in first.values())
     rounds = int(np.clip(self.budget_s // max(round_seconds, 1e-9), MIN_ROUNDS, MAX_ROUNDS))
-    more = benchmark.time_rounds(calls, repeats=rounds - 1, warmup=0, compiled=True)
+    seconds, done = {name: [first[name]] for name in calls}, 1
+    while True:
+      if rounds > done:
+        for name, times in benchmark.time_rounds(
+            calls, repeats=rounds - done, warmup=0, compiled=True
+        ).items():
+          seconds[name].append(times)
+        done = rounds
+      try:
+        timings = benchmark.marginal_step_timings(
+            {name: np.concatenate(times) for name, times in seconds.items()}, geometry
+        )
+        break
+      except ValueError:  # steps too short for the noise: up to MAX_ROUNDS, then give up
+        if done >= MAX_ROUNDS:
+          raise
+        rounds = MAX_ROUNDS
     timing_seconds = time.perf_counter() - start
-    timings = benchmark.marginal_step_timings(
-        {name: np.concatenate([first[name], more[name]]) for name in calls}, geometry
-    )
     costs = Costs(
         target_step=timings["target", 1],
         verify={k - 1: timings["target", k] for k in widths if k > 1},

@@ -61,6 +61,8 @@ import numpy as np
 import seqio
 import tqdm
 
+from speculative_t5x import auto_shape
+from speculative_t5x import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
 from speculative_t5x import models
@@ -74,6 +76,8 @@ from speculative_t5x import tasks
 from speculative_t5x import validation
 
 DECODERS = ("speculative", "baseline")
+AUTO = "auto"  # GAMMA: the draft shape chosen on the device (`auto_shape.Auto`)
+AUTO_EXAMPLES = 16  # GAMMA 'auto': examples whose target outputs the acceptance is measured on
 FEATURES = ("inputs", "targets")
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
@@ -94,7 +98,10 @@ class InferConfig:
   pair: the target, the drafter and their weights (`pairs.PairConfig`).
   decoder: 'speculative' (needs pair.drafter) or 'baseline' (T5X's temperature_sample, the target
     alone; pair.drafter is ignored).
-  gamma: drafts per target call. temperature, topk, topp: the sampling distribution (0: greedy).
+  gamma: drafts per target call, or 'auto': the draft shape chosen on this device before decoding
+    (`auto`, one process only), its decision and every number behind it in metrics.json
+    ('auto_shape'). auto: the `auto_shape.Auto` of gamma 'auto' (None: `auto_shape.Auto()`,
+    chains of 1-4 drafts). temperature, topk, topp: the sampling distribution (0: greedy).
   batch_size, split, max_examples: which examples, how many per call (None: the whole split).
   decode_seed: example i of the split decodes with rng fold_in(PRNGKey(decode_seed), i)
     (`example_keys`), whatever its batch, its row or the process that decodes it.
@@ -107,7 +114,7 @@ class InferConfig:
   output_dir: str
   pair: pairs.PairConfig
   decoder: str = "speculative"
-  gamma: int = 4
+  gamma: int | str = 4
   temperature: float = 0.0
   topk: int = 0
   topp: float = 0.0
@@ -117,6 +124,7 @@ class InferConfig:
   decode_seed: int = 0
   ngram_fit_split: str = "train"
   ngram_fit_examples: int = 10000
+  auto: auto_shape.Auto | None = None
 
   def __post_init__(self):
     unset = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is gin.REQUIRED]
@@ -153,9 +161,18 @@ class InferConfig:
           "positive integer lengths for exactly 'inputs' and 'targets', "
           "e.g. {'inputs': 64, 'targets': 64}"
       )
+    if self.auto is not None and not isinstance(self.auto, auto_shape.Auto):
+      raise gin_utils.ConfigError(
+          f"InferConfig.auto must be an @auto_shape.Auto() or None, got {self.auto!r}"
+      )
+    if self.auto is not None and self.gamma != AUTO:
+      raise gin_utils.ConfigError(
+          f"InferConfig.auto is set but GAMMA is {self.gamma!r}: set GAMMA = '{AUTO}' to choose "
+          "the draft shape on the device, or drop InferConfig.auto"
+      )
     for name, value, low in (
         ("BATCH_SIZE", self.batch_size, 1),
-        ("GAMMA", self.gamma, 1),
+        ("GAMMA", None if self.gamma == AUTO else self.gamma, 1),
         ("max_examples", self.max_examples, 1),
         ("ngram_fit_examples", self.ngram_fit_examples, 1),
         ("decode_seed", self.decode_seed, 0),
@@ -163,7 +180,11 @@ class InferConfig:
       if value is not None and (
           not isinstance(value, int) or isinstance(value, bool) or value < low
       ):
-        raise gin_utils.ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise gin_utils.ConfigError(
+            f"{name} must be an integer >= {low}"
+            + (f" or '{AUTO}'" if name == "GAMMA" else "")
+            + f", got {value!r}"
+        )
     try:
       for name, value in (
           ("MIXTURE_OR_TASK_NAME", self.mixture_or_task_name),
@@ -198,10 +219,12 @@ class InferConfig:
 
 def build_model(
     config: InferConfig, task: seqio.Task
-) -> tuple[models.EncoderDecoderModel, pairs.Pair]:
-  """-> (model, its loaded pair: params on the device and their sources). With several
-  processes the target's checkpoint is left unread (`t5x_checkpoints.LazyArray`s): each process
-  reads only its devices' slices of it (`partitioning.Partitioner.place_params_per_process`)."""
+) -> tuple[models.EncoderDecoderModel, pairs.Pair, auto_shape.Choice | None]:
+  """-> (model, its loaded pair: params on the device and their sources, the draft shape's
+  `auto_shape.Choice` where GAMMA is 'auto', else None). With several processes the target's
+  checkpoint is left unread (`t5x_checkpoints.LazyArray`s): each process reads only its
+  devices' slices of it (`partitioning.Partitioner.place_params_per_process`). Where auto
+  chooses the baseline, the model is the baseline's."""
   vocabulary = task.output_features["targets"].vocabulary
   pair = pairs.load_pair(
       config.loaded_pair,
@@ -210,14 +233,62 @@ def build_model(
       lazy_target=jax.process_count() > 1,
   )
   module = network.Transformer(pair.target_config)
+  baseline = models.EncoderDecoderModel(module, vocabulary, vocabulary)
   if pair.drafter is None:
-    return models.EncoderDecoderModel(module, vocabulary, vocabulary), pair
-  return (
-      models.SpeculativeEncoderDecoderModel(
-          module, pair.drafter, vocabulary, vocabulary, gamma=config.gamma
-      ),
-      pair,
+    return baseline, pair, None
+  choice, shape = None, {"gamma": config.gamma}
+  if config.gamma == AUTO:
+    choice = choose_draft_shape(config, task, pair)
+    if choice.shape is None:
+      return baseline, pair, choice
+    shape = {"draft_shape": choice.shape}
+  model = models.SpeculativeEncoderDecoderModel(
+      module, pair.drafter, vocabulary, vocabulary, **shape
   )
+  return model, pair, choice
+
+
+def choose_draft_shape(
+    config: InferConfig, task: seqio.Task, pair: pairs.Pair
+) -> auto_shape.Choice:
+  """GAMMA 'auto': the acceptance per position along the target's own outputs for the split's
+  first AUTO_EXAMPLES examples, then `auto_shape.Auto.choose` on this process's default device,
+  at the run's lengths and temperature (printed, and logged)."""
+  auto = config.auto or auto_shape.Auto()
+  lengths = dict(config.task_feature_lengths)
+  shard = seqio.ShardInfo(index=0, num_shards=1)
+  first = [
+      example
+      for _, example in itertools.islice(_shard_examples(task, config, shard), AUTO_EXAMPLES)
+  ]
+  tokens = model_batch(first, len(first), lengths, pair.target_config.vocab_size)
+  encoder_tokens = np.asarray(tokens["encoder_input_tokens"])
+  eos_id = task.output_features["targets"].vocabulary.eos_id
+  positions = auto_shape.measure_acceptance(
+      pair,
+      [encoder_tokens],
+      lengths["targets"],
+      config.temperature,
+      eos_id,
+      lengths["targets"] * len(first),
+  )
+  geometry = benchmark.DecodeGeometry.for_decoding(
+      lengths["inputs"], lengths["targets"], auto.max_block
+  )
+  choice = auto.choose(
+      pair.target_config,
+      pair.target_params,
+      pair.drafter,
+      pair.drafter_params,
+      geometry,
+      config.temperature,
+      positions,
+      f"measured on the {positions.count} tokens the target generated for the first "
+      f"{len(first)} examples of {config.split}",
+  )
+  logging.info("%s", choice.summary())
+  print(choice.summary())
+  return choice
 
 
 def _fit_targets(task: seqio.Task, config: InferConfig) -> np.ndarray:
@@ -484,6 +555,12 @@ def infer(
   outputs = output_dir(config, overwrite)
   if multihost.is_writer():
     outputs.check()
+  if config.speculative and config.gamma == AUTO and jax.process_count() > 1:
+    raise gin_utils.ConfigError(
+        f"GAMMA '{AUTO}' times the draft shape's costs on one process's device, and this run has "
+        f"{jax.process_count()} processes, which could choose differently: run it once on one "
+        "process (its metrics.json records the choice), then give that GAMMA"
+    )
   task = get_task(config)
   lengths = dict(config.task_feature_lengths)
   truncation = tasks.count_truncated(task, config.split, lengths, config.max_examples)
@@ -510,12 +587,15 @@ def infer(
       {"examples": truncation.examples, "batch_size": config.batch_size, "steps": steps}
   )
 
-  model, pair = build_model(config, task)
+  model, pair, choice = build_model(config, task)
   vocabulary = task.output_features["targets"].vocabulary
   shardings = partitioner.params_shardings(model)
   placed = False
   try:
-    params = partitioner.place_params_per_process(model, pair.params, shardings)
+    speculative = isinstance(model, models.SpeculativeEncoderDecoderModel)
+    params = partitioner.place_params_per_process(
+        model, pair.params if speculative else pair.target_params, shardings
+    )
     placed = True
   finally:  # a process whose slices cannot be read (damaged, NaN or inf) stops every process
     multihost.all_succeeded(placed, "reading its slices of the parameters")
@@ -571,7 +651,10 @@ def infer(
       "split": config.split,
       "examples": len(predictions),
       "metrics": metrics,
-      "decoding": _summary([record["stats"] for record in records], config.speculative),
+      "decoding": _summary(
+          [record["stats"] for record in records],
+          isinstance(model, models.SpeculativeEncoderDecoderModel),
+      ),
       "truncated": {"examples": truncation.examples, **truncation.truncated},
       "weights": pair.sources,
       "random_weights": pair.random_weights,
@@ -580,6 +663,11 @@ def infer(
           "drafter": None if drafter is None else type(drafter).__name__,
           "drafter_repr": None if drafter is None else repr(drafter),
           "gamma": config.gamma if config.speculative else None,
+          "draft_shape": (
+              model.draft_shape.describe()
+              if isinstance(model, models.SpeculativeEncoderDecoderModel)
+              else None
+          ),
           "temperature": config.temperature,
           "topk": config.topk,
           "topp": config.topp,
@@ -591,6 +679,7 @@ def infer(
           "mesh": dict(partitioner.mesh.shape),
       },
       "seconds": {"decoding_incl_compile": seconds},
+      "auto_shape": None if choice is None else choice.as_dict(),
   }
   written = not multihost.is_writer()
   try:

@@ -22,6 +22,7 @@ import seqio
 import tensorflow_datasets as tfds
 
 from conftest import tiny_config
+from speculative_t5x import auto_shape
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
@@ -107,12 +108,24 @@ def test_speculative_and_baseline_greedy_predictions_are_identical(tmp_path, wmt
           ),
       ),
   }
+  # The draft shape chosen on this machine (GAMMA 'auto', chains of 1-2 drafts): whatever it
+  # chooses, the greedy output is the baseline's.
+  runs["auto"] = _config(
+      tmp_path / "auto", wmt_task, gamma="auto", auto=auto_shape.Auto(max_gamma=2, budget_s=0)
+  )
   results = {name: inference.infer(config) for name, config in runs.items()}
+  choice = results["auto"]["auto_shape"]
+  assert [p["label"] for p in choice["predictions"]] == ["gamma 1", "gamma 2"]
+  chosen = results["auto"]["settings"]["draft_shape"]
+  assert (chosen is None) == (choice["chosen"]["shape"] is None)
+  assert chosen is None or chosen == choice["chosen"]["shape"]
+  assert results["speculative"]["auto_shape"] is None
   lines = {name: _lines(config.output_dir) for name, config in runs.items()}
 
-  assert [line["prediction"] for line in lines["speculative"]] == [
-      line["prediction"] for line in lines["baseline"]
-  ]
+  for name in ("speculative", "auto"):
+    assert [line["prediction"] for line in lines[name]] == [
+        line["prediction"] for line in lines["baseline"]
+    ]
   truncated = tasks.count_truncated(wmt_task, "test", LENGTHS)
   for name, result in results.items():
     assert result == json.loads((tmp_path / name / inference.METRICS_FILE).read_text())
@@ -251,7 +264,10 @@ def test_unknown_task_names_close_matches(tmp_path, wmt_task):
         ({}, {"pair": "ende_small"}, "InferConfig.pair must be a pairs.PairConfig"),
         ({}, {"decoder": "beam"}, "DECODER 'beam'"),
         ({}, {"task_feature_lengths": {"inputs": 16}}, "exactly 'inputs' and 'targets'"),
-        ({}, {"gamma": 0}, "GAMMA must be an integer >= 1"),
+        ({}, {"gamma": 0}, "GAMMA must be an integer >= 1 or 'auto', got 0"),
+        ({}, {"gamma": "two"}, "GAMMA must be an integer >= 1 or 'auto', got 'two'"),
+        ({}, {"auto": auto_shape.Auto()}, "InferConfig.auto is set but GAMMA is 3: set GAMMA"),
+        ({}, {"gamma": "auto", "auto": 4}, "InferConfig.auto must be an @auto_shape.Auto"),
         ({}, {"ngram_fit_examples": 0}, "ngram_fit_examples must be an integer >= 1"),
     ],
 )
