@@ -52,7 +52,6 @@ import gin
 import jax
 import numpy as np
 
-from speculative_t5x import auto_shape
 from speculative_t5x import benchmark
 from speculative_t5x import benchmark_config
 from speculative_t5x import draft_shapes
@@ -404,19 +403,8 @@ def choose_shapes(setup, pair, drafters, inputs, examples, gammas):
     choices[temperature] = {}
     for name, (drafter, params) in drafters.items():
       member = dataclasses.replace(pair, drafter=drafter, drafter_params=params)
-      positions = auto_shape.measure_acceptance(
-          member, [first], decode_length, temperature, EOS_ID, decode_length * len(first)
-      )
-      choices[temperature][name] = auto.choose(
-          pair.target_config,
-          pair.target_params,
-          drafter,
-          params,
-          geometry,
-          temperature,
-          positions,
-          f"measured on the {positions.count} tokens the target generated for {len(first)} "
-          "inputs",
+      choices[temperature][name] = auto.choose_for_pair(
+          member, first, decode_length, geometry, temperature, EOS_ID
       )
   return choices, geometry
 

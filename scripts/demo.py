@@ -409,7 +409,6 @@ def _auto_settings(
     loaded: dict[str, pairs.Pair],
     temperature: float,
     encoder_tokens: np.ndarray,
-    examples: list,
     decode_length: int,
     eos_id: int,
     verifiers: dict[str, speculative.Verifier],
@@ -417,28 +416,17 @@ def _auto_settings(
 ) -> tuple[list[sweep.SweepSetting], dict[str, auto_shape.Choice], float]:
   """--gamma=auto at one temperature: for each drafter, the acceptance per position along the
   target's own outputs for the first --alpha_examples of encoder_tokens [examples, Le] (one
-  batch), then `auto_shape.Auto.choose` on this machine -> (the sweep's
+  batch), then `auto_shape.Auto.choose` on this machine (`Auto.choose_for_pair`) -> (the sweep's
   settings: the chosen chain, or the best one when the baseline is chosen, so that speculative
   decoding is still shown and checked; drafter -> its Choice; tokens per sentence the target
   generated)."""
   first = encoder_tokens[: _ALPHA_EXAMPLES.value]
   settings, choices, tokens = [], {}, []
   for name, pair in loaded.items():
-    positions = auto_shape.measure_acceptance(
-        pair, [first], decode_length, temperature, eos_id, num_tokens=decode_length * len(first)
+    choice = auto.choose_for_pair(
+        pair, first, decode_length, geometry, temperature, eos_id, "sentences"
     )
-    tokens.append(positions.count / len(first))
-    choice = auto.choose(
-        pair.target_config,
-        pair.target_params,
-        pair.drafter,
-        pair.drafter_params,
-        geometry,
-        temperature,
-        positions,
-        f"measured on the {positions.count} tokens the target generated for {len(first)} "
-        "sentences",
-    )
+    tokens.append(choice.acceptance_tokens / len(first))
     print(f"[demo] {name}: {choice.summary()}")
     choices[name] = choice
     shown = choice.predictions if _EVERY_CANDIDATE.value else [choice.best]
@@ -550,7 +538,6 @@ def main(argv):
           loaded,
           temperature,
           encoder_tokens,
-          examples,
           _DECODE_LENGTH.value,
           vocabulary.eos_id,
           verifiers,

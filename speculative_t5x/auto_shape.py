@@ -133,7 +133,8 @@ class Choice:
   chosen: the best prediction, or the baseline's when no candidate reaches `Auto.min_speedup`;
   best: the best speculative candidate (chosen or not); predictions: every candidate, in order;
   costs: what was measured; alpha and where it came from; compile_seconds and timing_seconds:
-  what the measurement cost; rounds: timing rounds run; device_kind; cached: whether this
+  what the measurement cost; rounds: timing rounds run; device_kind; acceptance_tokens: the
+  positions the acceptance was measured at (0 for a given alpha); cached: whether this
   process had made the decision before (no time spent then).
   """
 
@@ -148,6 +149,7 @@ class Choice:
   timing_seconds: float
   rounds: int
   device_kind: str
+  acceptance_tokens: int = 0
   cached: bool = False
 
   @property
@@ -196,6 +198,7 @@ class Choice:
         "predictions": [p.as_dict() for p in self.predictions],
         "alpha": self.alpha,
         "alpha_source": self.alpha_source,
+        "acceptance_tokens": self.acceptance_tokens,
         "temperature": self.temperature,
         "costs": self.costs.as_dict(),
         "measurement": {
@@ -306,8 +309,42 @@ class Auto:
         timing_seconds=timing_seconds,
         rounds=rounds,
         device_kind=device_kind,
+        acceptance_tokens=0 if acceptance is None else acceptance.count,
     )
     return _DECISIONS[key]
+
+  def choose_for_pair(
+      self,
+      pair: pairs.Pair,
+      encoder_tokens: np.ndarray,
+      decode_length: int,
+      geometry: benchmark.DecodeGeometry,
+      temperature: float,
+      eos_id: int,
+      inputs: str = "inputs",
+  ) -> Choice:
+    """`choose` for a loaded pair with a drafter: the acceptance per position measured along
+    the target's own outputs of up to decode_length tokens for encoder_tokens [N, Le] (one
+    batch, `measure_acceptance`), then the costs. `inputs` names them in the Choice."""
+    positions = measure_acceptance(
+        pair,
+        [encoder_tokens],
+        decode_length,
+        temperature,
+        eos_id,
+        decode_length * len(encoder_tokens),
+    )
+    return self.choose(
+        pair.target_config,
+        pair.target_params,
+        pair.drafter,
+        pair.drafter_params,
+        geometry,
+        temperature,
+        positions,
+        f"measured on the {positions.count} tokens the target generated for "
+        f"{len(encoder_tokens)} {inputs}",
+    )
 
   def measure(
       self, target_config, target_params, drafter, drafter_params, geometry, temperature

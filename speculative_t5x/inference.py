@@ -262,29 +262,17 @@ def choose_draft_shape(
       for _, example in itertools.islice(_shard_examples(task, config, shard), AUTO_EXAMPLES)
   ]
   tokens = model_batch(first, len(first), lengths, pair.target_config.vocab_size)
-  encoder_tokens = np.asarray(tokens["encoder_input_tokens"])
-  eos_id = task.output_features["targets"].vocabulary.eos_id
-  positions = auto_shape.measure_acceptance(
-      pair,
-      [encoder_tokens],
-      lengths["targets"],
-      config.temperature,
-      eos_id,
-      lengths["targets"] * len(first),
-  )
   geometry = benchmark.DecodeGeometry.for_decoding(
       lengths["inputs"], lengths["targets"], auto.max_block
   )
-  choice = auto.choose(
-      pair.target_config,
-      pair.target_params,
-      pair.drafter,
-      pair.drafter_params,
+  choice = auto.choose_for_pair(
+      pair,
+      np.asarray(tokens["encoder_input_tokens"]),
+      lengths["targets"],
       geometry,
       config.temperature,
-      positions,
-      f"measured on the {positions.count} tokens the target generated for the first "
-      f"{len(first)} examples of {config.split}",
+      task.output_features["targets"].vocabulary.eos_id,
+      f"examples of the {config.split} split",
   )
   logging.info("%s", choice.summary())
   print(choice.summary())
