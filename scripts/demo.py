@@ -390,18 +390,20 @@ def _gamma() -> int | None:
 
 
 def _auto() -> auto_shape.Auto:
-  """--gamma=auto's candidates and budget (--max_gamma, --auto_tree, --auto_budget_s)."""
-  try:
-    return auto_shape.Auto(
-        max_gamma=_MAX_GAMMA.value,
-        trees=[[int(k) for k in tree.split(",")] for tree in _AUTO_TREES.value],
-        budget_s=_AUTO_BUDGET.value,
-    )
-  except (ValueError, validation.InvalidInputError) as e:
-    raise gin_utils.ConfigError(
-        f"--auto_tree={' --auto_tree='.join(_AUTO_TREES.value)}: {e}: give children per depth, "
-        "e.g. --auto_tree=2,2,1"
-    ) from e
+  """--gamma=auto's candidates and budget (--max_gamma, --auto_tree, --auto_budget_s), each tree
+  checked first (`trees.DraftTree.from_branching`)."""
+  branchings = []
+  for tree in _AUTO_TREES.value:
+    try:
+      branching = [int(k) for k in tree.split(",")]
+      trees.DraftTree.from_branching(branching)
+    except ValueError as e:
+      raise gin_utils.ConfigError(
+          f"--auto_tree={tree}: {e}: give children per depth, integers >= 1, e.g. "
+          "--auto_tree=2,2,1"
+      ) from e
+    branchings.append(branching)
+  return auto_shape.Auto(max_gamma=_MAX_GAMMA.value, trees=branchings, budget_s=_AUTO_BUDGET.value)
 
 
 def _auto_settings(

@@ -88,7 +88,7 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       "--gamma=3 --max_gamma=5": "--max_gamma applies to --gamma=auto only, and the draft shape "
       "is fixed here (--gamma=3): drop it",
       "--draft_tree=2,1 --alpha_examples=4": "--alpha_examples applies to --gamma=auto only",
-      "--auto_tree=2,0": "--auto_tree=2,0: each of trees must be a branching",
+      "--auto_tree=2,0": "--auto_tree=2,0: a draft tree's branching must hold integers >= 1",
       f"--random_pair --test_file={tmp_path / 'three.tsv'}": "--random_pair decodes random inputs "
       "with random weights, and --test_file belongs to the trained pair's run: give one of the two",
       f"--test_file={tmp_path / 'absent.tsv'}": f"--test_file={tmp_path / 'absent.tsv'}: ",

@@ -129,7 +129,7 @@ with out:
   out.stage_text("b.txt", "new")
   with run_dir.signals_held():
     print("holding", flush=True)
-    time.sleep(1.0)
+    sys.stdin.readline()  # the test sends SIGINT, then this line: the signal lands while held
     out.commit()
   print("not reached", flush=True)
 """
@@ -140,6 +140,7 @@ def test_sigint_during_a_commit_waits_for_it_and_then_ends_the_run(tmp_path):
     (tmp_path / name).write_text("old")
   process = subprocess.Popen(
       [sys.executable, "-c", _HOLDER, str(tmp_path)],
+      stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
@@ -149,7 +150,8 @@ def test_sigint_during_a_commit_waits_for_it_and_then_ends_the_run(tmp_path):
     assert process.stdout.readline() == "holding\n"
     process.send_signal(signal.SIGINT)
     start = time.monotonic()
-    stdout, stderr = process.communicate(timeout=60)
+    time.sleep(0.5)  # the child's handler records the signal (it is blocked reading stdin)
+    stdout, stderr = process.communicate("commit now\n", timeout=60)
   finally:
     if process.poll() is None:
       process.kill()
