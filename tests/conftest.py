@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -105,6 +106,14 @@ FIXTURES = REPO_ROOT.parent / "shared" / "fixtures" / "t5x"
 
 
 SCRIPT_ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def default_sigint() -> None:
+  """A child process's `preexec_fn`: SIGINT at its default, so the child's Python raises
+  KeyboardInterrupt on it. A suite started in the background by a non-interactive shell (`make
+  test &`, `nohup`) ignores SIGINT, and children inherit that: a test that interrupts a child
+  would otherwise test nothing, or wait forever."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def script_process(script: str, *flags: str, cwd=None, timeout: int = 600):

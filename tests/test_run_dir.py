@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from conftest import default_sigint
 from speculative_t5x import gin_utils
 from speculative_t5x import run_dir
 
@@ -141,6 +142,7 @@ def test_sigint_during_a_commit_waits_for_it_and_then_ends_the_run(tmp_path):
   process = subprocess.Popen(
       [sys.executable, "-c", _HOLDER, str(tmp_path)],
       stdin=subprocess.PIPE,
+      preexec_fn=default_sigint,
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,

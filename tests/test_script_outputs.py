@@ -25,7 +25,7 @@ from absl import flags
 import gin
 import pytest
 
-from conftest import SCRIPT_ENV, SEQIO_TEST_VOCABULARY, SMALL_CONFIG, tiny_config
+from conftest import SCRIPT_ENV, SEQIO_TEST_VOCABULARY, SMALL_CONFIG, default_sigint, tiny_config
 from speculative_t5x import benchmark_config
 from speculative_t5x import checkpoints
 from speculative_t5x import drafters
@@ -220,6 +220,7 @@ def test_an_interrupted_infer_rerun_leaves_the_old_run_untouched(tmp_path):
       env=dict(SCRIPT_ENV, **{tasks.DEMO_DATA_ENV: str(corpus)}),
       stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,
+      preexec_fn=default_sigint,
   )
   try:
     seen = _read_until(process, "speculative demo_ende", timeout=240)
@@ -561,6 +562,7 @@ def test_an_interrupted_training_leaves_a_checkpoint_and_the_summary_that_descri
       env=SCRIPT_ENV,
       stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,
+      preexec_fn=default_sigint,
   )
   try:
     deadline = time.monotonic() + 240
