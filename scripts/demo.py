@@ -130,7 +130,7 @@ _ALPHA_EXAMPLES = flags.DEFINE_integer(
     "alpha_examples",
     16,
     "With --gamma=auto: alpha is measured on the target's own outputs for this many of the "
-    "first sentences (about 15 tokens each), at each temperature (auto_shape.measure_alpha).",
+    "first sentences (about 15 tokens each), at each temperature (auto_shape.measure_acceptance).",
     lower_bound=1,
 )
 _DRAFT_TREE = flags.DEFINE_list(
