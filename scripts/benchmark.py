@@ -287,7 +287,7 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
   decode_length = int(setup.task_feature_lengths["targets"])
   choices, geometry, trees = {}, None, dict(setup.draft_trees or {})
   if setup.auto is not None:
-    choices, geometry = choose_shapes(setup, pair, drafters, inputs, examples, gammas)
+    choices, geometry = choose_shapes(setup, pair, drafters, inputs, examples, gammas, vocabulary)
     for by_drafter in choices.values():
       for choice in by_drafter.values():
         print(choice.summary())
@@ -384,7 +384,7 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
   logging.info("Wrote %s and %s.", output.path / "results.json", output.path / "results.md")
 
 
-def choose_shapes(setup, pair, drafters, inputs, examples, gammas):
+def choose_shapes(setup, pair, drafters, inputs, examples, gammas, vocabulary):
   """BenchmarkSetup.auto: per temperature and drafter, the acceptance per position along the
   target's own outputs for the first AUTO_EXAMPLES inputs, then `auto_shape.Auto.choose` ->
   ({temperature: {drafter: Choice}}, the geometry its steps were timed in, which the sweep's
@@ -404,7 +404,7 @@ def choose_shapes(setup, pair, drafters, inputs, examples, gammas):
     for name, (drafter, params) in drafters.items():
       member = dataclasses.replace(pair, drafter=drafter, drafter_params=params)
       choices[temperature][name] = auto.choose_for_pair(
-          member, first, decode_length, geometry, temperature, EOS_ID
+          member, first, decode_length, geometry, temperature, vocabulary
       )
   return choices, geometry
 

@@ -9,9 +9,10 @@ the examples; the speedups beside Theorem 3.8's prediction; see speculative_t5x/
 checks that the greedy output is identical to the baseline's, and exits with status 1 if not.
 
 The draft shape is chosen on the machine it runs on (--gamma=auto, the default;
-`auto_shape.Auto`): per temperature, alpha is measured on the first --alpha_examples sentences
-and the target's k-token steps and a draft's price in the loop are timed, then the chain with the
-highest predicted speedup is decoded. Where none is predicted faster than the baseline the demo
+`auto_shape.Auto`): per temperature, alpha is measured on the first --alpha_examples sentences,
+the decoding loops (the baseline's, and chains of 1 and --max_gamma drafts) are timed on four of
+them beside the target's 1- and k-token steps, then the chain with the highest predicted speedup
+is decoded. Where none is predicted faster than the baseline the demo
 says so, with the figures, and still decodes the best one, to show it and check it.
 
 A --pair_dir that is missing or incomplete is an error (exit status 1), never replaced: a tiny
@@ -412,7 +413,7 @@ def _auto_settings(
     temperature: float,
     encoder_tokens: np.ndarray,
     decode_length: int,
-    eos_id: int,
+    vocabulary: seqio.Vocabulary,
     verifiers: dict[str, speculative.Verifier],
     geometry: benchmark.DecodeGeometry,
 ) -> tuple[list[sweep.SweepSetting], dict[str, auto_shape.Choice], float]:
@@ -426,7 +427,7 @@ def _auto_settings(
   settings, choices, tokens = [], {}, []
   for name, pair in loaded.items():
     choice = auto.choose_for_pair(
-        pair, first, decode_length, geometry, temperature, eos_id, "sentences"
+        pair, first, decode_length, geometry, temperature, vocabulary, "sentences"
     )
     tokens.append(choice.acceptance_tokens / len(first))
     print(f"[demo] {name}: {choice.summary()}")
@@ -469,8 +470,9 @@ def _auto_outcome(rows, choices: dict[float, dict[str, auto_shape.Choice]]) -> s
     lines.append(
         f"  auto, temperature {row.temperature:g}, {predicted.label} ({taken}): predicted "
         f"{predicted.speedup:.2f}x, measured {row.loop_speedup:.2f}x in the loop "
-        f"({row.loop_speedup / predicted.speedup:.2f} of the prediction; the loop's own work, "
-        "acceptance and writes, is not in the costs)"
+        f"({row.loop_speedup / predicted.speedup:.2f} of the prediction"
+        + ("" if choice.costs.loop else "; the loop's own work is not in the costs")
+        + ")"
     )
   lines.append(
       "  Where verifying k tokens costs about one target step, as on the paper's TPUs "
@@ -541,7 +543,7 @@ def main(argv):
           temperature,
           encoder_tokens,
           _DECODE_LENGTH.value,
-          vocabulary.eos_id,
+          vocabulary,
           verifiers,
           geometry,
       )

@@ -14,22 +14,37 @@ own outputs, alpha their mean):
   chain of gamma drafts:  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)              (Eq. 1)
                           or, per position, mean_j sum_{i<=gamma} prod_{l<i} beta_{j+l} + 1
                           (`calibration.predict`: acceptances that come in runs, as they do)
-                          cost      = gamma c_loop + verify(gamma)
+                          cost      = L(gamma), the speculative loop per target call, timed
+                                      (or, without inputs, gamma c_loop + verify(gamma))
   tree of M drafts, depth D, branching (k_1..k_D):
                           E[tokens] = theory.tree_expected_tokens(
                                         theory.branching_acceptance(alpha, branching))
-                          cost      = D c_loop + verify(M)
-  predicted speedup = E[tokens] / cost   (the baseline: 1)
+                          cost      = D c_loop + verify(M) + o
+  predicted speedup = E[tokens] b / cost   (the baseline: 1)
 
-in units of the target's single-token step, timed on this device: verify(M) is the target on
-M + 1 tokens over one step (`benchmark.DecodeCosts.verify_cost`); c_loop is a draft's price
-inside the loop (`DecodeCosts.c_in_loop`): G drafter steps and the target on G + 1 tokens timed
-together in one loop step, less the verification, over G, at the longest chain G = max_gamma,
-where the two networks evict each other's weights from the caches as in the loop. A chain's
-acceptance is Eq. (1) or its per-position form; a tree's a model (`theory.branching_acceptance`),
-an over-estimate for sampled siblings. The loop's own work (acceptance, writes) is not in the
-costs: a measured speedup falls short of the prediction by it (`report.SpeedupRow`'s efficiency
-in situ).
+in units of the target's single-token step, timed on this device.
+
+Given real inputs (`LoopInputs`; `choose_for_pair` takes four of the acceptance's), the
+decoding loops themselves are timed on them, each input's decode less its prefill
+(`LoopCosts`): the baseline's per decoded token, b (the step, and the loop's own sampling and
+writes), and the speculative loop per target call for chains of 1 and of G = max_gamma drafts,
+L(gamma) linear in gamma between the two. So the loop's own work (the acceptance test, writes,
+bookkeeping: 10-30% of a call on the demo pair on 2 CPU cores, `report.SpeedupRow`'s efficiency
+in situ) is in every chain's cost. On the demo pair on 2 cores, the loops of 2 and 3 drafts,
+timed too, were 0.02-0.04 target steps off the line between 1 and 4 in one run, 0.01-0.27 in a
+noisier one (docs/results.md). The decoders are the ones a sweep after reuses
+(`sweep.build_settings`).
+
+The steps behind the rest: verify(M) is the target on M + 1 tokens over one step
+(`benchmark.DecodeCosts.verify_cost`), timed at M = G (the figure a "no shape pays" decision
+names) and at each tree's M; c_loop is a draft's price inside the loop (`DecodeCosts.c_in_loop`):
+G drafter steps and the target on G + 1 tokens timed together in one loop step, less the
+verification, over G, where the two networks evict each other's weights from the caches as in
+the loop; o is the loop's own work per call, L(G) less that iteration (0 without inputs, b = 1).
+A tree's acceptance is a model (`theory.branching_acceptance`), an over-estimate for sampled
+siblings, and its cost a chain's, so its prediction is an upper bound. Without inputs, every
+chain is predicted from the steps (the iteration timed, and the target on 1..G + 1 tokens),
+which leave the loop's own work out.
 
 The timing rounds are budgeted by the measured round time (`Auto.budget_s`); compilation is
 reported apart. A decision is cached per process, keyed by the device kind, the pair (configs and
@@ -41,20 +56,26 @@ Shapes: B = 1 (the timed steps' batch), V the vocabulary.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
+import os
 import time
 from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import benchmark
 from speculative_t5x import calibration
+from speculative_t5x import decoding
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
+from speculative_t5x import speculative
+from speculative_t5x import sweep
 from speculative_t5x import theory
 from speculative_t5x import trees as trees_lib
 from speculative_t5x import validation
@@ -63,6 +84,7 @@ DRAFTER = "drafter"  # the drafter's name in `benchmark.cost_steps`' step names.
 BASELINE = "baseline"
 MIN_ROUNDS = 3  # timing rounds at least, whatever the budget: a median needs a few.
 MAX_ROUNDS = 30
+LOOP_INPUTS = 4  # inputs `Auto.choose_for_pair` times the decoding loops on (`LoopInputs`).
 
 if TYPE_CHECKING:  # pairs loads every model; measure_acceptance only reads a loaded pair.
   from speculative_t5x import pairs
@@ -92,17 +114,79 @@ class Prediction:
 
 
 @dataclasses.dataclass(frozen=True)
-class Costs:
-  """What `Auto` measures, per step of the loop, on one device.
+class LoopInputs:
+  """Real inputs on which `Auto.measure` times the decoding loops themselves.
 
-  target_step: the target on 1 token; verify: M -> the target on M + 1 tokens; iteration: G
-  drafts then the target on G + 1 tokens in one loop step, G = `gamma` (the longest chain tried).
+  encoder_tokens: [N, Le] int32, each row decoded alone (batch 1); decode_length: tokens decoded
+  per row; vocabulary: the output vocabulary (its EOS ends the decodes). The decoders are
+  `sweep.build_settings`', so a sweep of the same vocabulary size and EOS reuses them compiled.
+  """
+
+  encoder_tokens: np.ndarray
+  decode_length: int
+  vocabulary: Any
+
+  def __post_init__(self):
+    tokens = np.asarray(self.encoder_tokens)
+    if tokens.ndim != 2 or not tokens.size or not np.issubdtype(tokens.dtype, np.integer):
+      raise validation.InvalidInputError(
+          f"LoopInputs.encoder_tokens must be token ids [N, Le] with N, Le >= 1, got shape "
+          f"{tokens.shape} of dtype {tokens.dtype}."
+      )
+    object.__setattr__(self, "encoder_tokens", tokens.astype(np.int32))
+    validation.check_integer(self.decode_length, "decode_length", 1)
+    validation.check_eos_id(getattr(self.vocabulary, "eos_id", None))
+
+  def key(self) -> Hashable:
+    """What the decision depends on: the tokens, the length, the vocabulary's size and EOS."""
+    tokens = self.encoder_tokens
+    digest = hashlib.sha256(tokens.tobytes()).hexdigest()
+    return digest, tokens.shape, self.decode_length, self.vocabulary.vocab_size, self.eos_id
+
+  @property
+  def eos_id(self) -> int:
+    return int(self.vocabulary.eos_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopCosts:
+  """The decoding loops timed whole on `LoopInputs`, beside the steps: per round, the calls'
+  decode times less their prefills', summed over the N inputs.
+
+  baseline_token: the baseline's loop per decoded token; call: gamma -> the speculative loop of
+  gamma drafts per target call, for gamma 1 and G; tokens_per_call: gamma -> what that loop
+  realized on the inputs.
+  """
+
+  baseline_token: benchmark.Timing
+  call: dict[int, benchmark.Timing]
+  tokens_per_call: dict[int, float]
+  inputs: int
+
+  def as_dict(self) -> dict:
+    return {
+        "baseline_ms_per_token": self.baseline_token.as_dict(),
+        "ms_per_target_call": {str(g): t.as_dict() for g, t in sorted(self.call.items())},
+        "tokens_per_call": {str(g): n for g, n in sorted(self.tokens_per_call.items())},
+        "inputs": self.inputs,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+  """What `Auto` measures on one device.
+
+  target_step: the target on 1 token; verify: M -> the target on M + 1 tokens; gamma: the
+  longest chain tried, G; iteration: G drafts then the target on G + 1 tokens in one loop step
+  (None where no tree needs it and the loops were timed); loop: the decoding loops themselves
+  (None where no inputs were given: the steps alone).
   """
 
   target_step: benchmark.Timing
   verify: dict[int, benchmark.Timing]
-  iteration: benchmark.Timing
   gamma: int
+  iteration: benchmark.Timing | None = None
+  loop: LoopCosts | None = None
 
   def verify_cost(self, drafts: int) -> float:
     """The target on drafts + 1 tokens over its single-token step."""
@@ -112,17 +196,61 @@ class Costs:
   def c_loop(self) -> float:
     """A draft's price inside the loop, in target steps: (iteration - verification) / G, at
     least 0 (`benchmark.DecodeCosts.c_in_loop`, taken to hold at every gamma)."""
-    drafting = self.iteration.median_ms - self.verify[self.gamma].median_ms
+    drafting = self._iteration_ms - self.verify[self.gamma].median_ms
     return max(drafting / self.gamma / self.target_step.median_ms, 0.0)
 
+  @property
+  def baseline_step(self) -> float:
+    """b: the baseline's loop per decoded token in target steps (the step, and the loop's own
+    sampling and writes); 1 where the loops were not timed."""
+    if self.loop is None:
+      return 1.0
+    return self.loop.baseline_token.median_ms / self.target_step.median_ms
+
+  @property
+  def loop_overhead(self) -> float:
+    """o: the speculative loop's own work per target call in target steps, G's loop per call
+    less the iteration's network work, at least 0; 0 where the loops were not timed."""
+    if self.loop is None:
+      return 0.0
+    excess = self.loop.call[self.gamma].median_ms - self._iteration_ms
+    return max(excess / self.target_step.median_ms, 0.0)
+
+  def chain_cost(self, gamma: int) -> float:
+    """A target call of a chain of gamma drafts, in target steps: where the loops were timed,
+    the loop's per call, linear in gamma between the chains timed (1 and G); else gamma c_loop +
+    verify(gamma)."""
+    if self.loop is None:
+      return gamma * self.c_loop + self.verify_cost(gamma)
+    low, high = min(self.loop.call), max(self.loop.call)
+    first, last = self.loop.call[low].median_ms, self.loop.call[high].median_ms
+    weight = 0.0 if high == low else (gamma - low) / (high - low)
+    return (first + weight * (last - first)) / self.target_step.median_ms
+
+  def tree_cost(self, depth: int, drafts: int) -> float:
+    """A target call of a tree of `drafts` drafts and `depth`, in target steps: depth c_loop +
+    verify(drafts) + o (a chain's own loop work, a lower bound for a tree's)."""
+    return depth * self.c_loop + self.verify_cost(drafts) + self.loop_overhead
+
+  @property
+  def _iteration_ms(self) -> float:
+    if self.iteration is None:
+      raise ValueError("the iteration was not timed: Auto times it for trees, or without loops.")
+    return self.iteration.median_ms
+
   def as_dict(self) -> dict:
+    timed = self.iteration is not None
     return {
         "target_step_ms": self.target_step.as_dict(),
         "verify_cost": {str(m + 1): self.verify_cost(m) for m in sorted(self.verify)},
-        "c_in_loop": self.c_loop,
-        "iteration_gamma": self.gamma,
-        "iteration_ms": self.iteration.as_dict(),
         "verify_ms": {str(m + 1): t.as_dict() for m, t in sorted(self.verify.items())},
+        "iteration_gamma": self.gamma,
+        "iteration_ms": self.iteration.as_dict() if timed else None,
+        "c_in_loop": self.c_loop if timed else None,
+        "call_cost": {str(g): self.chain_cost(g) for g in range(1, self.gamma + 1)},
+        "baseline_loop_step": self.baseline_step,
+        "loop_overhead": self.loop_overhead if timed else None,
+        "loop": None if self.loop is None else self.loop.as_dict(),
     }
 
 
@@ -162,7 +290,8 @@ class Choice:
     if self.chosen.shape is not None:
       return (
           f"{self.chosen.expected_tokens:.2f} tokens per target call at alpha {self.alpha:.2f} "
-          f"for {self.chosen.cost:.2f} target steps per call here: predicted "
+          f"for {self.chosen.cost:.2f} target steps per call here, against "
+          f"{self.costs.baseline_step:.2f} per token for the baseline: predicted "
           f"{self.chosen.speedup:.2f}x"
       )
     return (
@@ -174,15 +303,25 @@ class Choice:
 
   def summary(self) -> str:
     """Lines for a terminal: the decision, the measured costs, every candidate."""
-    verify = ", ".join(
-        f"{m + 1}: {self.costs.verify_cost(m):.2f}" for m in sorted(self.costs.verify)
-    )
+    costs = self.costs
+    verify = ", ".join(f"{m + 1}: {costs.verify_cost(m):.2f}" for m in sorted(costs.verify))
+    drafting = "" if costs.iteration is None else f"; a draft in the loop {costs.c_loop:.3f}"
     lines = [
         f"auto draft shape at temperature {self.temperature:g}: {self.chosen.label}, "
         f"{self.reason()}.",
-        f"  measured on {self.device_kind}: target step {self.costs.target_step.median_ms:.2f} "
-        f"ms; verifying k tokens, in target steps: {verify}; a draft in the loop "
-        f"{self.costs.c_loop:.3f}; alpha {self.alpha:.3f} ({self.alpha_source})",
+        f"  measured on {self.device_kind}: target step {costs.target_step.median_ms:.2f} ms; "
+        f"verifying k tokens, in target steps: {verify}{drafting}; alpha {self.alpha:.3f} "
+        f"({self.alpha_source})",
+    ]
+    if costs.loop is None:
+      lines.append("  the loops' own work (acceptance, writes) is not in these costs: no inputs")
+    else:
+      calls = ", ".join(f"gamma {g} {costs.chain_cost(g):.2f}" for g in sorted(costs.loop.call))
+      lines.append(
+          f"  the decoding loops on {costs.loop.inputs} inputs, in target steps: the baseline "
+          f"{costs.baseline_step:.2f} per token; per target call {calls}"
+      )
+    lines += [
         "  predicted: " + ", ".join(f"{p.label} {p.speedup:.2f}x" for p in self.predictions),
         f"  measuring took {self.compile_seconds:.1f} s compiling, {self.timing_seconds:.1f} s "
         f"timing ({self.rounds} rounds)"
@@ -261,11 +400,13 @@ class Auto:
       temperature: float,
       acceptance: float | calibration.Positions,
       acceptance_source: str = "given",
+      loop_inputs: LoopInputs | None = None,
   ) -> Choice:
     """Measures the costs on the default device (`benchmark.cost_steps` at `geometry`, with the
-    temperature's standardization and draw) and predicts every candidate (the module docstring)
-    at `acceptance`, alpha or the betas per position (`measure_acceptance`) -> the Choice. The
-    same arguments again in one process return the cached decision."""
+    temperature's standardization and draw; and the decoding loops on `loop_inputs`, if given)
+    and predicts every candidate (the module docstring) at `acceptance`, alpha or the betas per
+    position (`measure_acceptance`) -> the Choice. The same arguments again in one process
+    return the cached decision."""
     benchmark.check_drafter(drafter)
     if isinstance(acceptance, calibration.Positions):
       alpha = float(np.mean(np.concatenate(acceptance.beta)))
@@ -288,11 +429,12 @@ class Auto:
         geometry,
         temperature,
         acceptance_key,
+        None if loop_inputs is None else loop_inputs.key(),
     )
     if key in _DECISIONS:
       return dataclasses.replace(_DECISIONS[key], cached=True)
     costs, compile_seconds, timing_seconds, rounds = self.measure(
-        target_config, target_params, drafter, drafter_params, geometry, temperature
+        target_config, target_params, drafter, drafter_params, geometry, temperature, loop_inputs
     )
     predictions = self.predictions(costs, alpha, acceptance)
     best = max(predictions, key=lambda p: p.speedup)
@@ -320,18 +462,21 @@ class Auto:
       decode_length: int,
       geometry: benchmark.DecodeGeometry,
       temperature: float,
-      eos_id: int,
+      vocabulary: Any,
       inputs: str = "inputs",
   ) -> Choice:
     """`choose` for a loaded pair with a drafter: the acceptance per position measured along
     the target's own outputs of up to decode_length tokens for encoder_tokens [N, Le] (one
-    batch, `measure_acceptance`), then the costs. `inputs` names them in the Choice."""
+    batch, `measure_acceptance`), then the costs, the loops timed on the first LOOP_INPUTS of
+    them. vocabulary: the output vocabulary (its EOS ends the decodes). `inputs` names them in
+    the Choice."""
+    loop_inputs = LoopInputs(np.asarray(encoder_tokens)[:LOOP_INPUTS], decode_length, vocabulary)
     positions = measure_acceptance(
         pair,
         [encoder_tokens],
         decode_length,
         temperature,
-        eos_id,
+        loop_inputs.eos_id,
         decode_length * len(encoder_tokens),
     )
     return self.choose(
@@ -344,25 +489,47 @@ class Auto:
         positions,
         f"measured on the {positions.count} tokens the target generated for "
         f"{len(encoder_tokens)} {inputs}",
+        loop_inputs,
     )
 
   def measure(
-      self, target_config, target_params, drafter, drafter_params, geometry, temperature
+      self,
+      target_config,
+      target_params,
+      drafter,
+      drafter_params,
+      geometry,
+      temperature,
+      loop_inputs: LoopInputs | None = None,
   ) -> tuple[Costs, float, float, int]:
-    """Times the target on 1..max_gamma + 1 tokens (and each tree's M + 1) and one iteration of
-    max_gamma drafts, side by side (`benchmark.time_rounds`, marginal step times) -> (Costs,
-    seconds compiling (with each program's first run), seconds timing, rounds). After a warm-up
-    round, one timed round runs; the rest fill `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
+    """Times, side by side (`benchmark.time_rounds`): with `loop_inputs`, the decoding loops on
+    them, the baseline's and the chains' of 1 and max_gamma drafts, and the target on 1 and
+    max_gamma + 1 tokens; without, the target on 1..max_gamma + 1 tokens and one iteration of
+    max_gamma drafts (marginal step times, `benchmark.marginal_step_timings`); either way each
+    tree's M + 1 tokens and the iteration for trees -> (Costs, seconds compiling (with each
+    program's first run), seconds timing, rounds). After a warm-up round, one timed round runs;
+    the rest fill `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
     gamma = self.max_gamma
-    widths = sorted({1} | {shape.num_drafts + 1 for shape in self.candidates()})
+    if loop_inputs is None:
+      widths = {k + 1 for k in range(gamma + 1)}
+    else:
+      widths = {1, gamma + 1}
+    trees = [shape for shape in self.candidates() if isinstance(shape, draft_shapes.Tree)]
+    widths = sorted(widths | {tree.num_drafts + 1 for tree in trees})
     steps = {("target", k): [benchmark.Stage(target_config, target_params, k)] for k in widths}
-    steps["iteration"] = benchmark.cost_steps(
-        target_config, target_params, {DRAFTER: (drafter, drafter_params)}, [gamma]
-    )["iteration", DRAFTER, gamma]
-    calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature)
+    if loop_inputs is None or self.trees:
+      steps["iteration"] = benchmark.cost_steps(
+          target_config, target_params, {DRAFTER: (drafter, drafter_params)}, [gamma]
+      )["iteration", DRAFTER, gamma]
+    step_calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature)
+    loop_calls = {}
+    if loop_inputs is not None:
+      loop_calls = _loop_calls(
+          target_config, target_params, drafter, drafter_params, gamma, loop_inputs, temperature
+      )
+    calls = {**step_calls, **loop_calls}
     start = time.perf_counter()
-    for fn, args in calls.values():  # compilation, and each program's first run
-      jax.block_until_ready(fn(*args))
+    outputs = _first_calls(calls)
     compile_seconds = time.perf_counter() - start
     # A warm-up round, untimed (a first run after compiling is slower: cold caches and buffers).
     start = time.perf_counter()
@@ -379,7 +546,7 @@ class Auto:
         done = rounds
       try:
         timings = benchmark.marginal_step_timings(
-            {name: np.concatenate(times) for name, times in seconds.items()}, geometry
+            {name: np.concatenate(seconds[name]) for name in step_calls}, geometry
         )
         break
       except ValueError:  # steps too short for the noise: up to MAX_ROUNDS, then give up
@@ -390,8 +557,15 @@ class Auto:
     costs = Costs(
         target_step=timings["target", 1],
         verify={k - 1: timings["target", k] for k in widths if k > 1},
-        iteration=timings["iteration"],
         gamma=gamma,
+        iteration=timings.get("iteration"),
+        loop=None
+        if loop_inputs is None
+        else _loop_costs(
+            {name: np.concatenate(seconds[name]) for name in loop_calls},
+            outputs,
+            loop_inputs,
+        ),
     )
     return costs, compile_seconds, timing_seconds, rounds
 
@@ -406,17 +580,116 @@ class Auto:
         tokens = float(theory.expected_tokens(alpha, gamma))
       else:
         tokens = calibration.predict(positions, gamma, 0.0, 0.0, 1.0).tokens_per_call
-      cost = gamma * costs.c_loop + costs.verify_cost(gamma)
+      cost = costs.chain_cost(gamma)
       predictions.append(
-          Prediction(draft_shapes.Chain(gamma), f"gamma {gamma}", tokens, cost, tokens / cost)
+          Prediction(
+              draft_shapes.Chain(gamma),
+              f"gamma {gamma}",
+              tokens,
+              cost,
+              tokens * costs.baseline_step / cost,
+          )
       )
     for branching in self.trees:
       shape = draft_shapes.Tree(branching)
       tokens = float(theory.tree_expected_tokens(theory.branching_acceptance(alpha, branching)))
-      cost = shape.depth * costs.c_loop + costs.verify_cost(shape.num_drafts)
+      cost = costs.tree_cost(shape.depth, shape.num_drafts)
       label = f"tree {','.join(map(str, branching))}"
-      predictions.append(Prediction(shape, label, tokens, cost, tokens / cost))
+      predictions.append(
+          Prediction(shape, label, tokens, cost, tokens * costs.baseline_step / cost)
+      )
     return predictions
+
+
+def _first_calls(calls: dict[Hashable, tuple[Any, tuple]]) -> dict[Hashable, Any]:
+  """Each call run once, compiling it, on as many threads as there are cores (XLA compiles
+  without Python's lock: 2 cores compiled the demo's decoders 1.5-1.9x faster than one at a
+  time) -> name -> its output."""
+  with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    futures = {
+        name: pool.submit(lambda c: jax.block_until_ready(c[0](*c[1])), call)
+        for name, call in calls.items()
+    }
+    return {name: future.result() for name, future in futures.items()}
+
+
+def _loop_calls(
+    target_config, target_params, drafter, drafter_params, max_gamma, loop_inputs, temperature
+) -> dict[Hashable, tuple[Any, tuple]]:
+  """("loop", gamma, i, "decode" or "prefill") -> (fn, args): each input's decode and prefill
+  by the baseline (gamma 0) and by speculative decoding of 1 and of max_gamma drafts
+  (Algorithm 1), the functions `sweep.build_settings` makes (and keeps, for a sweep after), the
+  rng fold_in(PRNGKey(0), i)."""
+  settings = [
+      sweep.SweepSetting(DRAFTER, DRAFTER, draft_shapes.Chain(g), speculative.ALGORITHM_1)
+      for g in sorted({1, max_gamma})
+  ]
+  decoders = sweep.build_settings(
+      target_config,
+      target_params,
+      {DRAFTER: (drafter, drafter_params)},
+      settings,
+      loop_inputs.vocabulary,
+  )
+  by_gamma = {0: decoders[sweep.BASELINE]} | {s.gamma: decoders[s.key] for s in settings}
+  calls = {}
+  for i, row in enumerate(loop_inputs.encoder_tokens):
+    batch = {
+        "encoder_input_tokens": jnp.asarray(row[None]),
+        "decoder_input_tokens": jnp.zeros((1, loop_inputs.decode_length), jnp.int32),
+    }
+    rng = jax.random.fold_in(jax.random.PRNGKey(0), i)
+    for gamma, decoder in by_gamma.items():
+      for part, call in sweep.example_calls(decoder, batch, rng, temperature).items():
+        calls["loop", gamma, i, part] = call
+  return calls
+
+
+def _loop_costs(
+    seconds: dict[Hashable, np.ndarray], outputs: dict[Hashable, Any], loop_inputs: LoopInputs
+) -> LoopCosts:
+  """`_loop_calls`' times (name -> seconds [rounds]) and outputs -> LoopCosts: per round, the
+  decodes less the prefills, summed over the inputs, over the baseline's decoded tokens and
+  over each speculative decode's target calls."""
+  inputs = range(len(loop_inputs.encoder_tokens))
+  gammas = sorted({name[1] for name in seconds})
+
+  def loop_seconds(gamma):
+    return sum(
+        seconds["loop", gamma, i, "decode"] - seconds["loop", gamma, i, "prefill"] for i in inputs
+    )
+
+  def decoded(gamma):
+    return sum(
+        int(
+            np.sum(
+                decoding.decoded_lengths(
+                    np.asarray(outputs["loop", gamma, i, "decode"][0]), loop_inputs.eos_id
+                )
+            )
+        )
+        for i in inputs
+    )
+
+  def target_calls(gamma):
+    return sum(
+        int(
+            np.sum(
+                jax.device_get(
+                    outputs["loop", gamma, i, "decode"][1]["speculative_stats"]["target_calls"]
+                )
+            )
+        )
+        for i in inputs
+    )
+
+  calls = {g: target_calls(g) for g in gammas if g}
+  return LoopCosts(
+      baseline_token=benchmark.Timing.from_seconds(loop_seconds(0) / decoded(0)),
+      call={g: benchmark.Timing.from_seconds(loop_seconds(g) / n) for g, n in calls.items()},
+      tokens_per_call={g: decoded(g) / n for g, n in calls.items()},
+      inputs=len(inputs),
+  )
 
 
 def _branching(tree: Any) -> tuple[int, ...]:

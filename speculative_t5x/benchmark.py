@@ -654,25 +654,27 @@ def _stage_loop(
     return jax.jit(run)
 
   # A target timed on 1, 2, ... tokens prepares one kind of cache: one program for all.
-  prepare = _shared(
+  prepare = shared(
       ("prepare", tuple(t.init_key for t in templates), geometry.cache_length), make_prepare
   )
   mode = None if temperature is None else greedy
-  run = _shared(("run", templates, geometry, batch, mode), make_run)
+  run = shared(("run", templates, geometry, batch, mode), make_run)
   params = [stage.params for stage in stages]
   caches = prepare(params, encoder_tokens, jax.random.fold_in(rng_encoder, 1))
   return run, (params, caches, tokens, u, jnp.float32(temperature or 0.0))
 
 
-# Compiled step programs, kept per process (`_shared`).
-_PROGRAMS: dict[Hashable, Callable[..., Any]] = {}
+# Compiled functions, kept per process (`shared`).
+_PROGRAMS: dict[Hashable, Any] = {}
 
 
-def _shared(key: Hashable, make: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
-  """The jitted function kept under `key` (made by `make` the first time), so timings of the same
-  steps in one process (`auto_shape` before a sweep, a sweep per temperature) compile once. The
-  key holds the stages without their parameters, which stay out of it; a key that is not hashable
-  (a drafter holding arrays) gets a fresh function."""
+def shared(key: Hashable, make: Callable[[], Any]) -> Any:
+  """The jitted function (or functions) kept under `key`, made by `make` the first time, so the
+  same program timed twice in one process compiles once: the step programs of `auto_shape` and
+  then of a sweep, a sweep per temperature, and `sweep.build_settings`' decoders, which
+  `auto_shape` times before the sweep does. A key holds what the program depends on without the
+  parameters, which stay out of it; a key that is not hashable (a drafter holding arrays) gets a
+  fresh function."""
   try:
     hash(key)
   except TypeError:

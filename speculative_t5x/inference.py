@@ -271,7 +271,7 @@ def choose_draft_shape(
       lengths["targets"],
       geometry,
       config.temperature,
-      task.output_features["targets"].vocabulary.eos_id,
+      task.output_features["targets"].vocabulary,
       f"examples of the {config.split} split",
   )
   logging.info("%s", choice.summary())

@@ -56,6 +56,7 @@ from speculative_t5x import report
 from speculative_t5x import speculative
 from speculative_t5x import tasks
 from speculative_t5x import trees
+from speculative_t5x import validation
 
 BASELINE = "baseline"  # the settings' key of the baseline; speculative ones are (drafter, gamma).
 RANDOM_TASK = "random"  # the task label of random inputs.
@@ -158,12 +159,14 @@ def build_settings(
     vocabulary: seqio.Vocabulary,
 ) -> dict[Hashable, Setting]:
   """BASELINE and each setting's key (label, gamma) -> Setting, the drafter's parameters in their
-  `Drafter.decode_params` form; settings that differ only in their drafter's parameters (drafters
-  of one Drafter object) share compiled functions."""
-  target = network.Transformer(target_config)
-  baseline = models.EncoderDecoderModel(target, vocabulary, vocabulary)
-  result = {BASELINE: Setting(baseline.jit_predict(), jax.jit(baseline.prefill), target_params)}
-  functions, decode_params = {}, {}
+  `Drafter.decode_params` form. The compiled functions are kept per process
+  (`benchmark.shared`), keyed by the configs, the drafter, the setting's model arguments and
+  the vocabulary's size and EOS id (all a decode reads of it): settings that differ only in their
+  drafter's parameters share them, and so do a later sweep and `auto_shape`'s timing of the loops
+  before it."""
+  validation.check_vocabulary(vocabulary, target_config.vocab_size, "vocabulary")
+  result = {BASELINE: Setting(*_decode_functions(target_config, vocabulary), target_params)}
+  decode_params = {}
   for setting in settings:
     drafter, drafter_params = drafters[setting.drafter]
     benchmark.check_drafter(drafter, f"drafter {setting.drafter!r}")
@@ -171,17 +174,35 @@ def build_settings(
       # The drafter's decode form (`Drafter.decode_params`), made once, as a user decoding many
       # examples with the same parameters would.
       decode_params[setting.drafter] = drafter.decode_params(drafter_params)
-    kwargs = setting.model_kwargs()
-    key = (drafter, *kwargs.values())
-    if key not in functions:
-      model = models.SpeculativeEncoderDecoderModel(
-          target, drafter, vocabulary, vocabulary, **kwargs
-      )
-      functions[key] = (model.jit_predict(), jax.jit(model.prefill))
     result[setting.key] = Setting(
-        *functions[key], {"target": target_params, "drafter": decode_params[setting.drafter]}
+        *_decode_functions(target_config, vocabulary, drafter, setting.model_kwargs()),
+        {"target": target_params, "drafter": decode_params[setting.drafter]},
     )
   return result
+
+
+def _decode_functions(
+    target_config: network.T5Config,
+    vocabulary: seqio.Vocabulary,
+    drafter: drafters_lib.Drafter | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+  """(jitted predict, jitted prefill) of the baseline (no drafter) or of speculative decoding
+  with `model_kwargs`, kept per process (`build_settings`)."""
+  model_kwargs = dict(model_kwargs or {})
+
+  def make():
+    target = network.Transformer(target_config)
+    if drafter is None:
+      model = models.EncoderDecoderModel(target, vocabulary, vocabulary)
+    else:
+      model = models.SpeculativeEncoderDecoderModel(
+          target, drafter, vocabulary, vocabulary, **model_kwargs
+      )
+    return model.jit_predict(), jax.jit(model.prefill)
+
+  key = ("decode", target_config, vocabulary.vocab_size, vocabulary.eos_id, drafter)
+  return benchmark.shared(key + tuple(model_kwargs.items()), make)
 
 
 def time_example(
@@ -203,11 +224,10 @@ def time_example(
     warmup, compiled: as in `benchmark.time_calls` (compiled: every call ran before, at this
       batch's shapes).
   """
-  temperature = jnp.float32(temperature)
   calls = {}
   for key, setting in decoders.items():
-    calls["decode", key] = (setting.predict, (setting.params, batch, rng, temperature))
-    calls["prefill", key] = (setting.prefill, (setting.params, batch))
+    for part, call in example_calls(setting, batch, rng, temperature).items():
+      calls[part, key] = call
   outputs = {}
   timings = benchmark.time_calls(
       calls, repeats=repeats, warmup=warmup, compiled=compiled, outputs=outputs
@@ -219,6 +239,17 @@ def time_example(
         timings["decode", key], timings["prefill", key], decodes, aux, eos_id
     )
   return results
+
+
+def example_calls(
+    setting: Setting, batch: Mapping[str, jax.Array], rng: jax.Array, temperature: float
+) -> dict[str, tuple[Callable[..., Any], tuple]]:
+  """One setting's calls on one example, for `benchmark.time_rounds`: 'decode' and 'prefill' ->
+  (fn, args), the decode at `temperature` (a concrete greedy one runs the greedy program)."""
+  return {
+      "decode": (setting.predict, (setting.params, batch, rng, jnp.float32(temperature))),
+      "prefill": (setting.prefill, (setting.params, batch)),
+  }
 
 
 def check_input_source(

@@ -4,6 +4,7 @@ cache, the input checks, and one real measurement on a tiny pair."""
 
 import numpy as np
 import pytest
+import seqio
 
 from conftest import tiny_config
 from speculative_t5x import auto_shape
@@ -11,6 +12,8 @@ from speculative_t5x import benchmark
 from speculative_t5x import calibration
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters
+from speculative_t5x import speculative
+from speculative_t5x import sweep
 from speculative_t5x import table_drafters
 from speculative_t5x import validation
 
@@ -23,7 +26,7 @@ def costs(verify_ms: dict[int, float], iteration_ms: float, gamma: int, step_ms:
   """Costs of a target step of `step_ms`, the target on M + 1 tokens taking verify_ms[M], and an
   iteration of `gamma` drafts taking iteration_ms."""
   return auto_shape.Costs(
-      ms(step_ms), {m: ms(t) for m, t in verify_ms.items()}, ms(iteration_ms), gamma
+      ms(step_ms), {m: ms(t) for m, t in verify_ms.items()}, gamma, iteration=ms(iteration_ms)
   )
 
 
@@ -62,6 +65,34 @@ def test_tree_prediction_uses_the_branching_model_and_its_verification():
   assert tree.label == "tree 2,1" and tree.shape == draft_shapes.Tree((2, 1))
   assert tree.expected_tokens == pytest.approx(1 + a1 + a1 * 0.6)
   assert tree.cost == pytest.approx(2 * verify.c_loop + 1.8)
+
+
+def test_timed_loops_price_chains_by_their_loop_and_the_baseline_by_its_own():
+  """With the loops timed: the baseline's loop 2.2 ms per token (b = 1.1 steps), chains of 1 and
+  3 drafts 3.0 and 4.2 ms per call (1.5 and 2.1 steps), gamma 2 on the line between (1.8); a
+  tree pays its drafts and verification from the steps plus the chain's own loop work, o =
+  2.1 - 1.9 (the iteration of 3 drafts, 3.8 ms) = 0.2 steps."""
+  loop = auto_shape.LoopCosts(ms(2.2), {1: ms(3.0), 3: ms(4.2)}, {1: 1.6, 3: 2.2}, 4)
+  timed = auto_shape.Costs(ms(2.0), {3: ms(3.2), 4: ms(3.6)}, 3, iteration=ms(3.8), loop=loop)
+  assert timed.baseline_step == pytest.approx(1.1)
+  assert timed.loop_overhead == pytest.approx(0.2)
+  auto = auto_shape.Auto(max_gamma=3, trees=[(2, 1)])
+  predictions = auto.predictions(timed, alpha=0.7)
+  for gamma, cost in ((1, 1.5), (2, 1.8), (3, 2.1)):
+    assert predictions[gamma - 1].cost == pytest.approx(cost)
+    assert predictions[gamma - 1].speedup == pytest.approx(expected_tokens(0.7, gamma) * 1.1 / cost)
+  tree = predictions[-1]
+  assert tree.cost == pytest.approx(2 * 0.1 + 1.8 + 0.2)
+  assert tree.speedup == pytest.approx(tree.expected_tokens * 1.1 / tree.cost)
+  record = timed.as_dict()
+  assert record["call_cost"] == pytest.approx({"1": 1.5, "2": 1.8, "3": 2.1})
+  assert record["loop"]["inputs"] == 4 and record["baseline_loop_step"] == pytest.approx(1.1)
+  # Without the iteration (no tree, loops timed), chains need none of it.
+  chains = auto_shape.Costs(ms(2.0), {3: ms(3.2)}, 3, loop=loop)
+  assert [p.cost for p in auto_shape.Auto(max_gamma=3).predictions(chains, 0.7)] == pytest.approx(
+      [1.5, 1.8, 2.1]
+  )
+  assert chains.as_dict()["c_in_loop"] is None
 
 
 def test_per_position_acceptance_counts_runs_of_acceptances():
@@ -189,3 +220,49 @@ def test_a_real_measurement_on_a_tiny_pair():
   first = benchmark.decode_step_calls(steps, geometry, temperature=1.0)
   again = benchmark.decode_step_calls(steps, geometry, temperature=1.0)
   assert all(first[name][0] is again[name][0] for name in first)  # one compiled program
+
+
+def test_a_real_measurement_of_the_loops_on_a_tiny_pair():
+  """With inputs, the baseline's loop and the chains' of 1 and G drafts are timed on them: every
+  time positive, tokens per call within 1..G + 1, the verification at G + 1 tokens alone of the
+  target's k-token steps; the decoders are the ones a sweep of the same vocabulary reuses."""
+  target_params = benchmark.random_params(CONFIG, 0)
+  drafter_params = benchmark.random_params(DRAFTER.config, 1)
+  vocabulary = seqio.PassThroughVocabulary(CONFIG.vocab_size, eos_id=1)
+  tokens = np.random.default_rng(0).integers(2, CONFIG.vocab_size, (2, 8))
+  inputs = auto_shape.LoopInputs(tokens, 8, vocabulary)
+  auto = auto_shape.Auto(max_gamma=2, budget_s=0.5)
+  geometry = benchmark.DecodeGeometry.for_decoding(8, 16, 3, 4)
+  measured = auto.measure(CONFIG, target_params, DRAFTER, drafter_params, geometry, 0.0, inputs)[0]
+  loop = measured.loop
+  assert loop is not None and loop.inputs == 2 and sorted(loop.call) == [1, 2]
+  assert sorted(measured.verify) == [2] and measured.iteration is None
+  assert loop.baseline_token.median_ms > 0 and all(t.median_ms > 0 for t in loop.call.values())
+  assert all(1 <= loop.tokens_per_call[g] <= g + 1 for g in (1, 2))
+  assert measured.chain_cost(2) == pytest.approx(
+      loop.call[2].median_ms / measured.target_step.median_ms
+  )
+  setting = sweep.SweepSetting("x", "x", draft_shapes.Chain(2), speculative.ALGORITHM_1)
+  twice = [
+      sweep.build_settings(
+          CONFIG, target_params, {"x": (DRAFTER, drafter_params)}, [setting], vocabulary
+      )
+      for _ in range(2)
+  ]
+  assert twice[0][setting.key].predict is twice[1][setting.key].predict
+
+
+@pytest.mark.parametrize(
+    "tokens, length, eos, message",
+    [
+        (np.zeros((0, 4), np.int32), 8, 1, r"encoder_tokens must be token ids \[N, Le\]"),
+        (np.ones(4, np.int32), 8, 1, r"encoder_tokens must be token ids \[N, Le\]"),
+        (np.ones((2, 4), np.float32), 8, 1, r"encoder_tokens must be token ids \[N, Le\]"),
+        (np.ones((2, 4), np.int32), 0, 1, "decode_length must be"),
+        (np.ones((2, 4), np.int32), 8, 0, "eos"),
+    ],
+)
+def test_bad_loop_inputs_are_refused(tokens, length, eos, message):
+  vocabulary = seqio.PassThroughVocabulary(32, eos_id=eos)
+  with pytest.raises(validation.InvalidInputError, match=message):
+    auto_shape.LoopInputs(tokens, length, vocabulary)

@@ -63,9 +63,11 @@ def test_benchmark_script_end_to_end(tmp_path):
   chosen = {}
   for name, choice in results["auto_shape"]["0.0"].items():
     assert [p["label"] for p in choice["predictions"]] == ["gamma 1", "gamma 2"]
-    assert choice["measurement"]["rounds"] >= 3 and set(choice["costs"]["verify_cost"]) == {
+    costs = choice["costs"]
+    assert choice["measurement"]["rounds"] >= 3 and set(costs["verify_cost"]) == {"3"}
+    assert set(costs["call_cost"]) == {"1", "2"} and set(costs["loop"]["ms_per_target_call"]) == {
+        "1",
         "2",
-        "3",
     }
     assert choice["chosen"]["label"] in ("baseline", "gamma 1", "gamma 2") and choice["reason"]
     chosen[name] = choice["best_speculative"]["shape"]["gamma"]

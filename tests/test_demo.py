@@ -37,9 +37,11 @@ def test_demo_translates_and_checks_greedy_equality():
   for temperature in (0, 1):
     decision = re.search(
         rf"auto draft shape at temperature {temperature}: (gamma \d|baseline), .*\n"
-        r"  measured on cpu: target step [\d.]+ ms; verifying k tokens, in target steps: 2: [\d.]+, "
-        r"3: [\d.]+; a draft in the loop [\d.]+; alpha [\d.]+ \(measured on the \d+ tokens the "
-        r"target generated for 2 sentences\)\n"
+        r"  measured on cpu: target step [\d.]+ ms; verifying k tokens, in target steps: "
+        r"3: [\d.]+; alpha [\d.]+ \(measured on the \d+ tokens the target generated for 2 "
+        r"sentences\)\n"
+        r"  the decoding loops on 2 inputs, in target steps: the baseline [\d.]+ per token; per "
+        r"target call gamma 1 [\d.]+, gamma 2 [\d.]+\n"
         r"  predicted: gamma 1 [\d.]+x, gamma 2 [\d.]+x\n"
         r"  measuring took [\d.]+ s compiling, [\d.]+ s timing \(3 rounds\)",
         out,

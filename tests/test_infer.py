@@ -95,7 +95,7 @@ def _fixed_costs(self, *args):
   steps, a draft 0.1."""
   del self, args
   ms = lambda value: benchmark.Timing(value, value, value, 0.0, 3)  # noqa: E731
-  return auto_shape.Costs(ms(1.0), {1: ms(1.2), 2: ms(1.3)}, ms(1.5), 2), 0.0, 0.0, 3
+  return auto_shape.Costs(ms(1.0), {1: ms(1.2), 2: ms(1.3)}, 2, iteration=ms(1.5)), 0.0, 0.0, 3
 
 
 def test_speculative_and_baseline_greedy_predictions_are_identical(tmp_path, wmt_task, monkeypatch):
