@@ -19,7 +19,8 @@ own outputs, alpha their mean):
   tree of M drafts, depth D, branching (k_1..k_D):
                           E[tokens] = theory.tree_expected_tokens(
                                         theory.branching_acceptance(alpha, branching))
-                          cost      = D c_loop + verify(M) + o
+                          cost      = its loop per target call, timed
+                                      (or, without inputs, D c_loop + verify(M))
   predicted speedup = E[tokens] b / cost   (the baseline: 1)
 
 in units of the target's single-token step, timed on this device.
@@ -27,24 +28,24 @@ in units of the target's single-token step, timed on this device.
 Given real inputs (`LoopInputs`; `choose_for_pair` takes four of the acceptance's), the
 decoding loops themselves are timed on them, each input's decode less its prefill
 (`LoopCosts`): the baseline's per decoded token, b (the step, and the loop's own sampling and
-writes), and the speculative loop per target call for chains of 1 and of G = max_gamma drafts,
-L(gamma) linear in gamma between the two. So the loop's own work (the acceptance test, writes,
-bookkeeping: 10-30% of a call on the demo pair on 2 CPU cores, `report.SpeedupRow`'s efficiency
-in situ) is in every chain's cost. On the demo pair on 2 cores, the loops of 2 and 3 drafts,
-timed too, were 0.02-0.04 target steps off the line between 1 and 4 in one run, 0.01-0.27 in a
-noisier one (docs/results.md). The decoders are the ones a sweep after reuses
-(`sweep.build_settings`).
+writes), and the speculative loop per target call of chains of 1 and of G = max_gamma drafts,
+L(gamma) linear in gamma between the two, and of each tree. So the loop's own work (the
+acceptance test, writes, bookkeeping: 10-30% of a call on the demo pair on 2 CPU cores,
+`report.SpeedupRow`'s efficiency in situ) is in every cost. On the demo pair on 2 cores, the
+loops of 2 and 3 drafts, timed too, were 0.02-0.04 target steps off the line between 1 and 4 in
+one run, 0.01-0.27 in a noisier one (docs/results.md). The decoders are the ones a sweep after
+reuses (`sweep.build_settings`). The target on G + 1 tokens over its step, verify(G)
+(`benchmark.DecodeCosts.verify_cost`), is timed too: the figure a "no shape pays" decision names.
 
-The steps behind the rest: verify(M) is the target on M + 1 tokens over one step
-(`benchmark.DecodeCosts.verify_cost`), timed at M = G (the figure a "no shape pays" decision
-names) and at each tree's M; c_loop is a draft's price inside the loop (`DecodeCosts.c_in_loop`):
+Without inputs, every cost is predicted from steps, which leave the loop's own work out: verify(M)
+for every chain and tree, and c_loop, a draft's price inside the loop (`DecodeCosts.c_in_loop`):
 G drafter steps and the target on G + 1 tokens timed together in one loop step, less the
 verification, over G, where the two networks evict each other's weights from the caches as in
-the loop; o is the loop's own work per call, L(G) less that iteration (0 without inputs, b = 1).
+the loop (b = 1).
+
 A tree's acceptance is a model (`theory.branching_acceptance`), an over-estimate for sampled
-siblings, and its cost a chain's, so its prediction is an upper bound. Without inputs, every
-chain is predicted from the steps (the iteration timed, and the target on 1..G + 1 tokens),
-which leave the loop's own work out.
+siblings, so its prediction is an upper bound (on the demo pair its tokens per call came out
+at 0.83 of it).
 
 The timing rounds are budgeted by the measured round time (`Auto.budget_s`); compilation is
 reported apart. A decision is cached per process, keyed by the device kind, the pair (configs and
@@ -56,10 +57,8 @@ Shapes: B = 1 (the timed steps' batch), V the vocabulary.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
-import os
 import time
 from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
@@ -153,21 +152,21 @@ class LoopCosts:
   """The decoding loops timed whole on `LoopInputs`, beside the steps: per round, the calls'
   decode times less their prefills', summed over the N inputs.
 
-  baseline_token: the baseline's loop per decoded token; call: gamma -> the speculative loop of
-  gamma drafts per target call, for gamma 1 and G; tokens_per_call: gamma -> what that loop
-  realized on the inputs.
+  baseline_token: the baseline's loop per decoded token; call: a shape's label ('gamma 1',
+  'gamma G', 'tree 2,2,1', as `Prediction.label`) -> its speculative loop per target call;
+  tokens_per_call: label -> what that loop realized on the inputs.
   """
 
   baseline_token: benchmark.Timing
-  call: dict[int, benchmark.Timing]
-  tokens_per_call: dict[int, float]
+  call: dict[str, benchmark.Timing]
+  tokens_per_call: dict[str, float]
   inputs: int
 
   def as_dict(self) -> dict:
     return {
         "baseline_ms_per_token": self.baseline_token.as_dict(),
-        "ms_per_target_call": {str(g): t.as_dict() for g, t in sorted(self.call.items())},
-        "tokens_per_call": {str(g): n for g, n in sorted(self.tokens_per_call.items())},
+        "ms_per_target_call": {label: t.as_dict() for label, t in self.call.items()},
+        "tokens_per_call": dict(self.tokens_per_call),
         "inputs": self.inputs,
     }
 
@@ -178,8 +177,8 @@ class Costs:
 
   target_step: the target on 1 token; verify: M -> the target on M + 1 tokens; gamma: the
   longest chain tried, G; iteration: G drafts then the target on G + 1 tokens in one loop step
-  (None where no tree needs it and the loops were timed); loop: the decoding loops themselves
-  (None where no inputs were given: the steps alone).
+  (timed where the loops were not); loop: the decoding loops themselves (None where no inputs
+  were given: the steps alone).
   """
 
   target_step: benchmark.Timing
@@ -196,7 +195,9 @@ class Costs:
   def c_loop(self) -> float:
     """A draft's price inside the loop, in target steps: (iteration - verification) / G, at
     least 0 (`benchmark.DecodeCosts.c_in_loop`, taken to hold at every gamma)."""
-    drafting = self._iteration_ms - self.verify[self.gamma].median_ms
+    if self.iteration is None:
+      raise ValueError("the iteration was not timed: Auto times it where no loop is timed.")
+    drafting = self.iteration.median_ms - self.verify[self.gamma].median_ms
     return max(drafting / self.gamma / self.target_step.median_ms, 0.0)
 
   @property
@@ -207,36 +208,23 @@ class Costs:
       return 1.0
     return self.loop.baseline_token.median_ms / self.target_step.median_ms
 
-  @property
-  def loop_overhead(self) -> float:
-    """o: the speculative loop's own work per target call in target steps, G's loop per call
-    less the iteration's network work, at least 0; 0 where the loops were not timed."""
-    if self.loop is None:
-      return 0.0
-    excess = self.loop.call[self.gamma].median_ms - self._iteration_ms
-    return max(excess / self.target_step.median_ms, 0.0)
-
   def chain_cost(self, gamma: int) -> float:
     """A target call of a chain of gamma drafts, in target steps: where the loops were timed,
     the loop's per call, linear in gamma between the chains timed (1 and G); else gamma c_loop +
     verify(gamma)."""
     if self.loop is None:
       return gamma * self.c_loop + self.verify_cost(gamma)
-    low, high = min(self.loop.call), max(self.loop.call)
-    first, last = self.loop.call[low].median_ms, self.loop.call[high].median_ms
-    weight = 0.0 if high == low else (gamma - low) / (high - low)
+    first = self.loop.call[_chain_label(1)].median_ms
+    last = self.loop.call[_chain_label(self.gamma)].median_ms
+    weight = 0.0 if self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
     return (first + weight * (last - first)) / self.target_step.median_ms
 
-  def tree_cost(self, depth: int, drafts: int) -> float:
-    """A target call of a tree of `drafts` drafts and `depth`, in target steps: depth c_loop +
-    verify(drafts) + o (a chain's own loop work, a lower bound for a tree's)."""
-    return depth * self.c_loop + self.verify_cost(drafts) + self.loop_overhead
-
-  @property
-  def _iteration_ms(self) -> float:
-    if self.iteration is None:
-      raise ValueError("the iteration was not timed: Auto times it for trees, or without loops.")
-    return self.iteration.median_ms
+  def tree_cost(self, label: str, depth: int, drafts: int) -> float:
+    """A target call of the tree `label` (`drafts` drafts, `depth`), in target steps: its loop
+    per call where the loops were timed; else depth c_loop + verify(drafts)."""
+    if self.loop is None:
+      return depth * self.c_loop + self.verify_cost(drafts)
+    return self.loop.call[label].median_ms / self.target_step.median_ms
 
   def as_dict(self) -> dict:
     timed = self.iteration is not None
@@ -247,11 +235,18 @@ class Costs:
         "iteration_gamma": self.gamma,
         "iteration_ms": self.iteration.as_dict() if timed else None,
         "c_in_loop": self.c_loop if timed else None,
-        "call_cost": {str(g): self.chain_cost(g) for g in range(1, self.gamma + 1)},
+        "chain_call_cost": {str(g): self.chain_cost(g) for g in range(1, self.gamma + 1)},
         "baseline_loop_step": self.baseline_step,
-        "loop_overhead": self.loop_overhead if timed else None,
         "loop": None if self.loop is None else self.loop.as_dict(),
     }
+
+
+def _chain_label(gamma: int) -> str:
+  return f"gamma {gamma}"
+
+
+def _tree_label(branching: Sequence[int]) -> str:
+  return f"tree {','.join(map(str, branching))}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,7 +311,10 @@ class Choice:
     if costs.loop is None:
       lines.append("  the loops' own work (acceptance, writes) is not in these costs: no inputs")
     else:
-      calls = ", ".join(f"gamma {g} {costs.chain_cost(g):.2f}" for g in sorted(costs.loop.call))
+      calls = ", ".join(
+          f"{label} {t.median_ms / costs.target_step.median_ms:.2f}"
+          for label, t in costs.loop.call.items()
+      )
       lines.append(
           f"  the decoding loops on {costs.loop.inputs} inputs, in target steps: the baseline "
           f"{costs.baseline_step:.2f} per token; per target call {calls}"
@@ -503,33 +501,35 @@ class Auto:
       loop_inputs: LoopInputs | None = None,
   ) -> tuple[Costs, float, float, int]:
     """Times, side by side (`benchmark.time_rounds`): with `loop_inputs`, the decoding loops on
-    them, the baseline's and the chains' of 1 and max_gamma drafts, and the target on 1 and
-    max_gamma + 1 tokens; without, the target on 1..max_gamma + 1 tokens and one iteration of
-    max_gamma drafts (marginal step times, `benchmark.marginal_step_timings`); either way each
-    tree's M + 1 tokens and the iteration for trees -> (Costs, seconds compiling (with each
-    program's first run), seconds timing, rounds). After a warm-up round, one timed round runs;
-    the rest fill `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
+    them (the baseline's, the chains' of 1 and max_gamma drafts, each tree's) and the target on 1
+    and max_gamma + 1 tokens; without, the target on 1..max_gamma + 1 tokens and each tree's
+    M + 1, and one iteration of max_gamma drafts (marginal step times,
+    `benchmark.marginal_step_timings`) -> (Costs, seconds compiling (with each program's first
+    run), seconds timing, rounds). After a warm-up round, one timed round runs; the rest fill
+    `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
     gamma = self.max_gamma
     if loop_inputs is None:
-      widths = {k + 1 for k in range(gamma + 1)}
+      widths = {k + 1 for k in range(gamma + 1)} | {
+          shape.num_drafts + 1 for shape in self.candidates()
+      }
     else:
       widths = {1, gamma + 1}
-    trees = [shape for shape in self.candidates() if isinstance(shape, draft_shapes.Tree)]
-    widths = sorted(widths | {tree.num_drafts + 1 for tree in trees})
     steps = {("target", k): [benchmark.Stage(target_config, target_params, k)] for k in widths}
-    if loop_inputs is None or self.trees:
+    loop_calls = {}
+    if loop_inputs is None:
       steps["iteration"] = benchmark.cost_steps(
           target_config, target_params, {DRAFTER: (drafter, drafter_params)}, [gamma]
       )["iteration", DRAFTER, gamma]
-    step_calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature)
-    loop_calls = {}
-    if loop_inputs is not None:
+    else:
+      shapes = {_chain_label(g): draft_shapes.Chain(g) for g in sorted({1, gamma})}
+      shapes |= {_tree_label(b): draft_shapes.Tree(b) for b in self.trees}
       loop_calls = _loop_calls(
-          target_config, target_params, drafter, drafter_params, gamma, loop_inputs, temperature
+          target_config, target_params, drafter, drafter_params, shapes, loop_inputs, temperature
       )
+    step_calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature)
     calls = {**step_calls, **loop_calls}
     start = time.perf_counter()
-    outputs = _first_calls(calls)
+    outputs = benchmark.first_calls(calls)
     compile_seconds = time.perf_counter() - start
     # A warm-up round, untimed (a first run after compiling is slower: cold caches and buffers).
     start = time.perf_counter()
@@ -548,24 +548,23 @@ class Auto:
         timings = benchmark.marginal_step_timings(
             {name: np.concatenate(seconds[name]) for name in step_calls}, geometry
         )
+        loop = None
+        if loop_inputs is not None:
+          loop = _loop_costs(
+              {name: np.concatenate(seconds[name]) for name in loop_calls}, outputs, loop_inputs
+          )
         break
-      except ValueError:  # steps too short for the noise: up to MAX_ROUNDS, then give up
+      except ValueError:  # steps or loops too short for the noise: up to MAX_ROUNDS, then give up
         if done >= MAX_ROUNDS:
           raise
         rounds = MAX_ROUNDS
     timing_seconds = time.perf_counter() - start
     costs = Costs(
         target_step=timings["target", 1],
-        verify={k - 1: timings["target", k] for k in widths if k > 1},
+        verify={k - 1: timings["target", k] for k in sorted(widths) if k > 1},
         gamma=gamma,
         iteration=timings.get("iteration"),
-        loop=None
-        if loop_inputs is None
-        else _loop_costs(
-            {name: np.concatenate(seconds[name]) for name in loop_calls},
-            outputs,
-            loop_inputs,
-        ),
+        loop=loop,
     )
     return costs, compile_seconds, timing_seconds, rounds
 
@@ -584,7 +583,7 @@ class Auto:
       predictions.append(
           Prediction(
               draft_shapes.Chain(gamma),
-              f"gamma {gamma}",
+              _chain_label(gamma),
               tokens,
               cost,
               tokens * costs.baseline_step / cost,
@@ -593,45 +592,39 @@ class Auto:
     for branching in self.trees:
       shape = draft_shapes.Tree(branching)
       tokens = float(theory.tree_expected_tokens(theory.branching_acceptance(alpha, branching)))
-      cost = costs.tree_cost(shape.depth, shape.num_drafts)
-      label = f"tree {','.join(map(str, branching))}"
+      label = _tree_label(branching)
+      cost = costs.tree_cost(label, shape.depth, shape.num_drafts)
       predictions.append(
           Prediction(shape, label, tokens, cost, tokens * costs.baseline_step / cost)
       )
     return predictions
 
 
-def _first_calls(calls: dict[Hashable, tuple[Any, tuple]]) -> dict[Hashable, Any]:
-  """Each call run once, compiling it, on as many threads as there are cores (XLA compiles
-  without Python's lock: 2 cores compiled the demo's decoders 1.5-1.9x faster than one at a
-  time) -> name -> its output."""
-  with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-    futures = {
-        name: pool.submit(lambda c: jax.block_until_ready(c[0](*c[1])), call)
-        for name, call in calls.items()
-    }
-    return {name: future.result() for name, future in futures.items()}
-
-
 def _loop_calls(
-    target_config, target_params, drafter, drafter_params, max_gamma, loop_inputs, temperature
+    target_config, target_params, drafter, drafter_params, shapes, loop_inputs, temperature
 ) -> dict[Hashable, tuple[Any, tuple]]:
-  """("loop", gamma, i, "decode" or "prefill") -> (fn, args): each input's decode and prefill
-  by the baseline (gamma 0) and by speculative decoding of 1 and of max_gamma drafts
-  (Algorithm 1), the functions `sweep.build_settings` makes (and keeps, for a sweep after), the
-  rng fold_in(PRNGKey(0), i)."""
-  settings = [
-      sweep.SweepSetting(DRAFTER, DRAFTER, draft_shapes.Chain(g), speculative.ALGORITHM_1)
-      for g in sorted({1, max_gamma})
-  ]
+  """("loop", label, i, "decode" or "prefill") -> (fn, args): each input's decode and prefill
+  by the baseline (label BASELINE) and by speculative decoding in each of `shapes` (label ->
+  draft shape; Algorithm 1 for a chain, a tree's own verifier), the functions
+  `sweep.build_settings` makes (and keeps, for a sweep after), the rng fold_in(PRNGKey(0), i)."""
+  settings = {
+      label: sweep.SweepSetting(
+          label,
+          DRAFTER,
+          shape,
+          speculative.ALGORITHM_1 if isinstance(shape, draft_shapes.Chain) else None,
+      )
+      for label, shape in shapes.items()
+  }
   decoders = sweep.build_settings(
       target_config,
       target_params,
       {DRAFTER: (drafter, drafter_params)},
-      settings,
+      list(settings.values()),
       loop_inputs.vocabulary,
   )
-  by_gamma = {0: decoders[sweep.BASELINE]} | {s.gamma: decoders[s.key] for s in settings}
+  by_label = {BASELINE: decoders[sweep.BASELINE]}
+  by_label |= {label: decoders[setting.key] for label, setting in settings.items()}
   calls = {}
   for i, row in enumerate(loop_inputs.encoder_tokens):
     batch = {
@@ -639,9 +632,9 @@ def _loop_calls(
         "decoder_input_tokens": jnp.zeros((1, loop_inputs.decode_length), jnp.int32),
     }
     rng = jax.random.fold_in(jax.random.PRNGKey(0), i)
-    for gamma, decoder in by_gamma.items():
+    for label, decoder in by_label.items():
       for part, call in sweep.example_calls(decoder, batch, rng, temperature).items():
-        calls["loop", gamma, i, part] = call
+        calls["loop", label, i, part] = call
   return calls
 
 
@@ -650,44 +643,56 @@ def _loop_costs(
 ) -> LoopCosts:
   """`_loop_calls`' times (name -> seconds [rounds]) and outputs -> LoopCosts: per round, the
   decodes less the prefills, summed over the inputs, over the baseline's decoded tokens and
-  over each speculative decode's target calls."""
+  over each speculative decode's target calls. Raises ValueError where a loop's median time is
+  not positive (the noise larger than the loop)."""
   inputs = range(len(loop_inputs.encoder_tokens))
-  gammas = sorted({name[1] for name in seconds})
+  labels = list(dict.fromkeys(name[1] for name in seconds))
 
-  def loop_seconds(gamma):
+  def loop_seconds(label):
     return sum(
-        seconds["loop", gamma, i, "decode"] - seconds["loop", gamma, i, "prefill"] for i in inputs
+        seconds["loop", label, i, "decode"] - seconds["loop", label, i, "prefill"] for i in inputs
     )
 
-  def decoded(gamma):
+  def decoded(label):
     return sum(
         int(
             np.sum(
                 decoding.decoded_lengths(
-                    np.asarray(outputs["loop", gamma, i, "decode"][0]), loop_inputs.eos_id
+                    np.asarray(outputs["loop", label, i, "decode"][0]), loop_inputs.eos_id
                 )
             )
         )
         for i in inputs
     )
 
-  def target_calls(gamma):
+  def target_calls(label):
     return sum(
         int(
             np.sum(
                 jax.device_get(
-                    outputs["loop", gamma, i, "decode"][1]["speculative_stats"]["target_calls"]
+                    outputs["loop", label, i, "decode"][1]["speculative_stats"]["target_calls"]
                 )
             )
         )
         for i in inputs
     )
 
-  calls = {g: target_calls(g) for g in gammas if g}
+  calls = {label: target_calls(label) for label in labels if label != BASELINE}
+  for label in labels:
+    median = float(np.median(loop_seconds(label)))
+    if median <= 0:
+      raise ValueError(
+          f"could not resolve the {label} loop's time on {len(inputs)} inputs: its decodes less "
+          f"their prefills took a median of {median * 1e3:.4f} ms, within the noise; give "
+          "longer inputs or a longer decode_length."
+      )
   return LoopCosts(
-      baseline_token=benchmark.Timing.from_seconds(loop_seconds(0) / decoded(0)),
-      call={g: benchmark.Timing.from_seconds(loop_seconds(g) / n) for g, n in calls.items()},
-      tokens_per_call={g: decoded(g) / n for g, n in calls.items()},
+      baseline_token=benchmark.Timing.from_seconds(loop_seconds(BASELINE) / decoded(BASELINE)),
+      call={
+          label: benchmark.Timing.from_seconds(loop_seconds(label) / n)
+          for label, n in calls.items()
+      },
+      tokens_per_call={label: decoded(label) / n for label, n in calls.items()},
       inputs=len(inputs),
   )
 

@@ -67,32 +67,32 @@ def test_tree_prediction_uses_the_branching_model_and_its_verification():
   assert tree.cost == pytest.approx(2 * verify.c_loop + 1.8)
 
 
-def test_timed_loops_price_chains_by_their_loop_and_the_baseline_by_its_own():
+def test_timed_loops_price_every_shape_by_its_loop_and_the_baseline_by_its_own():
   """With the loops timed: the baseline's loop 2.2 ms per token (b = 1.1 steps), chains of 1 and
-  3 drafts 3.0 and 4.2 ms per call (1.5 and 2.1 steps), gamma 2 on the line between (1.8); a
-  tree pays its drafts and verification from the steps plus the chain's own loop work, o =
-  2.1 - 1.9 (the iteration of 3 drafts, 3.8 ms) = 0.2 steps."""
-  loop = auto_shape.LoopCosts(ms(2.2), {1: ms(3.0), 3: ms(4.2)}, {1: 1.6, 3: 2.2}, 4)
-  timed = auto_shape.Costs(ms(2.0), {3: ms(3.2), 4: ms(3.6)}, 3, iteration=ms(3.8), loop=loop)
+  3 drafts 3.0 and 4.2 ms per call (1.5 and 2.1 steps), gamma 2 on the line between (1.8); the
+  tree (2, 1) its own loop, 4.6 ms (2.3 steps). No iteration is needed."""
+  loop = auto_shape.LoopCosts(
+      ms(2.2),
+      {"gamma 1": ms(3.0), "gamma 3": ms(4.2), "tree 2,1": ms(4.6)},
+      {"gamma 1": 1.6, "gamma 3": 2.2, "tree 2,1": 2.4},
+      4,
+  )
+  timed = auto_shape.Costs(ms(2.0), {3: ms(3.2)}, 3, loop=loop)
   assert timed.baseline_step == pytest.approx(1.1)
-  assert timed.loop_overhead == pytest.approx(0.2)
   auto = auto_shape.Auto(max_gamma=3, trees=[(2, 1)])
   predictions = auto.predictions(timed, alpha=0.7)
   for gamma, cost in ((1, 1.5), (2, 1.8), (3, 2.1)):
     assert predictions[gamma - 1].cost == pytest.approx(cost)
     assert predictions[gamma - 1].speedup == pytest.approx(expected_tokens(0.7, gamma) * 1.1 / cost)
   tree = predictions[-1]
-  assert tree.cost == pytest.approx(2 * 0.1 + 1.8 + 0.2)
-  assert tree.speedup == pytest.approx(tree.expected_tokens * 1.1 / tree.cost)
+  assert tree.label == "tree 2,1" and tree.cost == pytest.approx(2.3)
+  assert tree.speedup == pytest.approx(tree.expected_tokens * 1.1 / 2.3)
   record = timed.as_dict()
-  assert record["call_cost"] == pytest.approx({"1": 1.5, "2": 1.8, "3": 2.1})
+  assert record["chain_call_cost"] == pytest.approx({"1": 1.5, "2": 1.8, "3": 2.1})
   assert record["loop"]["inputs"] == 4 and record["baseline_loop_step"] == pytest.approx(1.1)
-  # Without the iteration (no tree, loops timed), chains need none of it.
-  chains = auto_shape.Costs(ms(2.0), {3: ms(3.2)}, 3, loop=loop)
-  assert [p.cost for p in auto_shape.Auto(max_gamma=3).predictions(chains, 0.7)] == pytest.approx(
-      [1.5, 1.8, 2.1]
-  )
-  assert chains.as_dict()["c_in_loop"] is None
+  assert record["c_in_loop"] is None and record["iteration_ms"] is None
+  with pytest.raises(ValueError, match="the iteration was not timed"):
+    _ = timed.c_loop
 
 
 def test_per_position_acceptance_counts_runs_of_acceptances():
@@ -223,24 +223,27 @@ def test_a_real_measurement_on_a_tiny_pair():
 
 
 def test_a_real_measurement_of_the_loops_on_a_tiny_pair():
-  """With inputs, the baseline's loop and the chains' of 1 and G drafts are timed on them: every
-  time positive, tokens per call within 1..G + 1, the verification at G + 1 tokens alone of the
-  target's k-token steps; the decoders are the ones a sweep of the same vocabulary reuses."""
+  """With inputs, the baseline's loop, the chains' of 1 and G drafts and the tree's are timed on
+  them: every time positive, tokens per call within 1..D + 1, the verification at G + 1 tokens
+  alone of the target's k-token steps; the decoders are the ones a sweep of the same vocabulary
+  reuses."""
   target_params = benchmark.random_params(CONFIG, 0)
   drafter_params = benchmark.random_params(DRAFTER.config, 1)
   vocabulary = seqio.PassThroughVocabulary(CONFIG.vocab_size, eos_id=1)
   tokens = np.random.default_rng(0).integers(2, CONFIG.vocab_size, (2, 8))
   inputs = auto_shape.LoopInputs(tokens, 8, vocabulary)
-  auto = auto_shape.Auto(max_gamma=2, budget_s=0.5)
-  geometry = benchmark.DecodeGeometry.for_decoding(8, 16, 3, 4)
+  auto = auto_shape.Auto(max_gamma=2, trees=[(2, 1)], budget_s=0.5)
+  geometry = benchmark.DecodeGeometry.for_decoding(8, 16, 5, 4)
   measured = auto.measure(CONFIG, target_params, DRAFTER, drafter_params, geometry, 0.0, inputs)[0]
   loop = measured.loop
-  assert loop is not None and loop.inputs == 2 and sorted(loop.call) == [1, 2]
+  assert loop is not None and loop.inputs == 2
+  assert list(loop.call) == ["gamma 1", "gamma 2", "tree 2,1"]
   assert sorted(measured.verify) == [2] and measured.iteration is None
   assert loop.baseline_token.median_ms > 0 and all(t.median_ms > 0 for t in loop.call.values())
-  assert all(1 <= loop.tokens_per_call[g] <= g + 1 for g in (1, 2))
+  assert all(1 <= loop.tokens_per_call[f"gamma {g}"] <= g + 1 for g in (1, 2))
+  assert 1 <= loop.tokens_per_call["tree 2,1"] <= 3  # depth 2: at most 2 drafts and a token
   assert measured.chain_cost(2) == pytest.approx(
-      loop.call[2].median_ms / measured.target_step.median_ms
+      loop.call["gamma 2"].median_ms / measured.target_step.median_ms
   )
   setting = sweep.SweepSetting("x", "x", draft_shapes.Chain(2), speculative.ALGORITHM_1)
   twice = [
@@ -266,3 +269,29 @@ def test_bad_loop_inputs_are_refused(tokens, length, eos, message):
   vocabulary = seqio.PassThroughVocabulary(32, eos_id=eos)
   with pytest.raises(validation.InvalidInputError, match=message):
     auto_shape.LoopInputs(tokens, length, vocabulary)
+
+
+def test_loops_within_the_noise_are_refused_not_priced():
+  """A loop whose decodes took no longer than their prefills cannot be priced: a ValueError that
+  names it (Auto.measure then times more rounds, up to MAX_ROUNDS)."""
+  vocabulary = seqio.PassThroughVocabulary(32, eos_id=1)
+  inputs = auto_shape.LoopInputs(np.full((1, 4), 5), 4, vocabulary)
+  decodes = np.array([[5, 1, 0, 0]])
+  stats = {"speculative_stats": {"target_calls": np.array([1])}}
+  outputs = {
+      ("loop", auto_shape.BASELINE, 0, "decode"): (decodes, {}),
+      ("loop", "gamma 1", 0, "decode"): (decodes, stats),
+  }
+  seconds = {
+      ("loop", auto_shape.BASELINE, 0, "decode"): np.array([2.0, 2.0, 2.0]),
+      ("loop", auto_shape.BASELINE, 0, "prefill"): np.array([1.0, 1.0, 1.0]),
+      ("loop", "gamma 1", 0, "decode"): np.array([1.0, 1.0, 1.0]),
+      ("loop", "gamma 1", 0, "prefill"): np.array([1.0, 1.2, 0.9]),
+  }
+  with pytest.raises(ValueError, match="could not resolve the gamma 1 loop's time on 1 inputs"):
+    auto_shape._loop_costs(seconds, outputs, inputs)
+  seconds["loop", "gamma 1", 0, "decode"] = np.array([1.5, 1.5, 1.5])
+  loop = auto_shape._loop_costs(seconds, outputs, inputs)
+  assert loop.baseline_token.median_ms == pytest.approx(500.0)  # 1 s over 2 tokens
+  assert loop.call["gamma 1"].median_ms == pytest.approx(500.0)  # 0.5 s over 1 call
+  assert loop.tokens_per_call["gamma 1"] == 2
