@@ -17,8 +17,9 @@ own outputs, alpha their mean):
                           cost      = L(gamma), the speculative loop per target call, timed
                                       (or, without inputs, gamma c_loop + verify(gamma))
   tree of M drafts, depth D, branching (k_1..k_D):
-                          E[tokens] = theory.tree_expected_tokens(
-                                        theory.branching_acceptance(alpha, branching))
+                          E[tokens] = what its timed loop realized on the inputs (or, without
+                                      inputs, theory.tree_expected_tokens(
+                                        theory.branching_acceptance(alpha, branching)))
                           cost      = its loop per target call, timed
                                       (or, without inputs, D c_loop + verify(M))
   predicted speedup = E[tokens] b / cost   (the baseline: 1)
@@ -43,9 +44,11 @@ G drafter steps and the target on G + 1 tokens timed together in one loop step, 
 verification, over G, where the two networks evict each other's weights from the caches as in
 the loop (b = 1).
 
-A tree's acceptance is a model (`theory.branching_acceptance`), an over-estimate for sampled
-siblings, so its prediction is an upper bound (on the demo pair its tokens per call came out
-at 0.83 of it).
+A tree's acceptance model (`theory.branching_acceptance`) over-estimates sampled siblings (on
+the demo pair its tokens per call came out at 0.83 of it, and auto chose a tree that then lost to
+the chains), so with inputs a tree is predicted from what its own loop realized on them (a few
+sentences: a noisier figure than the chains' per-position one, but not a biased one); without,
+its prediction is an upper bound.
 
 The timing rounds are budgeted by the measured round time (`Auto.budget_s`); compilation is
 reported apart. A decision is cached per process, keyed by the device kind, the pair (configs and
@@ -572,7 +575,8 @@ class Auto:
       self, costs: Costs, alpha: float, positions: calibration.Positions | None = None
   ) -> list[Prediction]:
     """The module docstring's prediction of every candidate, chains first: a chain's tokens per
-    call from the betas per position where given, else from alpha."""
+    call from the betas per position where given, else from alpha; a tree's as its timed loop
+    realized them where the loops were timed, else from the branching model."""
     predictions = []
     for gamma in range(1, self.max_gamma + 1):
       if positions is None:
@@ -591,8 +595,11 @@ class Auto:
       )
     for branching in self.trees:
       shape = draft_shapes.Tree(branching)
-      tokens = float(theory.tree_expected_tokens(theory.branching_acceptance(alpha, branching)))
       label = _tree_label(branching)
+      if costs.loop is not None:
+        tokens = costs.loop.tokens_per_call[label]
+      else:
+        tokens = float(theory.tree_expected_tokens(theory.branching_acceptance(alpha, branching)))
       cost = costs.tree_cost(label, shape.depth, shape.num_drafts)
       predictions.append(
           Prediction(shape, label, tokens, cost, tokens * costs.baseline_step / cost)
