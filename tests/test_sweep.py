@@ -2,6 +2,7 @@
 its settings and its inputs. No timing is measured."""
 
 import pathlib
+import time
 
 import jax
 import numpy as np
@@ -357,3 +358,23 @@ def test_load_inputs_random_and_from_a_file(tmp_path):
     sweep.load_inputs(100, {"inputs": 8}, input_file=str(lines), sentencepiece_model=spm)
   with pytest.raises(ValueError, match="num_examples >= 1"):
     sweep.load_inputs(50, {"inputs": 8}, num_examples=0)
+
+
+def test_steps_within_the_noise_get_more_rounds_then_an_error():
+  """Rounds where a step's extra passes took no time (a busy machine) are topped up with
+  EXTRA_COST_ROUNDS more, and the step resolves from all of them; a step that never does is the
+  error naming it, after MAX_EXTRA_COST_ROUNDS."""
+  geometry = benchmark.DecodeGeometry(4, 16, 0, 1)
+  extra_passes = 1 + benchmark.EXTRA_PASSES
+
+  def sleeper(seconds):
+    return lambda: time.sleep(seconds)
+
+  noisy = {("step", 1): [np.full(3, 0.004)], ("step", extra_passes): [np.full(3, 0.001)]}
+  calls = {("step", 1): (sleeper(0.0), ()), ("step", extra_passes): (sleeper(0.004), ())}
+  timings, extra = sweep._resolved_step_timings(calls, noisy, geometry)
+  assert extra == sweep.EXTRA_COST_ROUNDS and timings["step"].repeats == 3 + extra
+  assert timings["step"].median_ms > 0
+  never = {("step", 1): (sleeper(0.002), ()), ("step", extra_passes): (sleeper(0.0), ())}
+  with pytest.raises(ValueError, match="could not resolve the step time of step"):
+    sweep._resolved_step_timings(never, noisy, geometry)
