@@ -160,8 +160,10 @@ _REPEATS = flags.DEFINE_integer(
 )
 _TIMING_BUDGET = flags.DEFINE_float(
     "timing_budget_s",
-    12.0,
-    "With --repeats=0 and --gamma=auto: seconds of timed decodes per temperature, estimated.",
+    8.0,
+    "With --repeats=0 and --gamma=auto: seconds of timed decodes per temperature, estimated "
+    "from auto's measured loops (8 s gives 3 repeats on the development machine and 1 at half "
+    "its speed, docs/results.md).",
     lower_bound=0.0,
 )
 _COST_REPEATS = flags.DEFINE_integer(
@@ -445,14 +447,15 @@ def _auto_settings(
 
 def _timing_repeats(choices: dict[str, auto_shape.Choice], tokens: float, examples: int) -> int:
   """--repeats, or with --repeats=0 as many (1 to 3) as fit --timing_budget_s at one
-  temperature: each example's baseline and speculative decodes are estimated from the target's
-  measured step and the predicted speedup."""
+  temperature: each example's baseline and speculative decodes are estimated from the baseline's
+  measured loop per token (the target's step where no loop was timed) and the predicted
+  speedup."""
   if _REPEATS.value:
     return _REPEATS.value
   per_repeat = 0.0
   for choice in choices.values():
-    step_s = choice.costs.target_step.median_ms / 1e3
-    per_repeat += examples * tokens * step_s * (1 + 1 / max(choice.best.speedup, 0.1))
+    token_s = choice.costs.baseline_step * choice.costs.target_step.median_ms / 1e3
+    per_repeat += examples * tokens * token_s * (1 + 1 / max(choice.best.speedup, 0.1))
   return int(np.clip(_TIMING_BUDGET.value // max(per_repeat, 1e-9), 1, 3))
 
 
