@@ -162,7 +162,7 @@ _TIMING_BUDGET = flags.DEFINE_float(
     "timing_budget_s",
     8.0,
     "With --repeats=0 and --gamma=auto: seconds of timed decodes per temperature, estimated "
-    "from auto's measured loops (8 s gives 3 repeats on the development machine and 1 at half "
+    "from auto's measured loops (8 s gives 2-3 repeats on the development machine and 1 at half "
     "its speed, docs/results.md).",
     lower_bound=0.0,
 )
