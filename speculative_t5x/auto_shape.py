@@ -654,52 +654,30 @@ def _loop_costs(
   not positive (the noise larger than the loop)."""
   inputs = range(len(loop_inputs.encoder_tokens))
   labels = list(dict.fromkeys(name[1] for name in seconds))
-
-  def loop_seconds(label):
-    return sum(
+  loops, tokens, calls = {}, {}, {}
+  for label in labels:
+    loops[label] = sum(
         seconds["loop", label, i, "decode"] - seconds["loop", label, i, "prefill"] for i in inputs
     )
-
-  def decoded(label):
-    return sum(
-        int(
-            np.sum(
-                decoding.decoded_lengths(
-                    np.asarray(outputs["loop", label, i, "decode"][0]), loop_inputs.eos_id
-                )
-            )
-        )
-        for i in inputs
-    )
-
-  def target_calls(label):
-    return sum(
-        int(
-            np.sum(
-                jax.device_get(
-                    outputs["loop", label, i, "decode"][1]["speculative_stats"]["target_calls"]
-                )
-            )
-        )
-        for i in inputs
-    )
-
-  calls = {label: target_calls(label) for label in labels if label != BASELINE}
-  for label in labels:
-    median = float(np.median(loop_seconds(label)))
+    median = float(np.median(loops[label]))
     if median <= 0:
       raise ValueError(
           f"could not resolve the {label} loop's time on {len(inputs)} inputs: its decodes less "
           f"their prefills took a median of {median * 1e3:.4f} ms, within the noise; give "
           "longer inputs or a longer decode_length."
       )
+    decodes, aux = zip(*(outputs["loop", label, i, "decode"] for i in inputs))
+    tokens[label] = sum(
+        int(np.sum(decoding.decoded_lengths(np.asarray(d), loop_inputs.eos_id))) for d in decodes
+    )
+    if label != BASELINE:
+      calls[label] = sum(
+          int(np.sum(jax.device_get(a["speculative_stats"]["target_calls"]))) for a in aux
+      )
   return LoopCosts(
-      baseline_token=benchmark.Timing.from_seconds(loop_seconds(BASELINE) / decoded(BASELINE)),
-      call={
-          label: benchmark.Timing.from_seconds(loop_seconds(label) / n)
-          for label, n in calls.items()
-      },
-      tokens_per_call={label: decoded(label) / n for label, n in calls.items()},
+      baseline_token=benchmark.Timing.from_seconds(loops[BASELINE] / tokens[BASELINE]),
+      call={label: benchmark.Timing.from_seconds(loops[label] / n) for label, n in calls.items()},
+      tokens_per_call={label: tokens[label] / n for label, n in calls.items()},
       inputs=len(inputs),
   )
 
