@@ -702,17 +702,28 @@ def _fingerprint(target_config, target_params, drafter, drafter_params) -> str:
   T5-XXL's 22 GB never cross to the host)."""
   digest = hashlib.sha256(repr((target_config, drafter)).encode())
   for params in (target_params, drafter_params):
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    paths_leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    # Sliced in one program: leaf by leaf, eager slicing compiles a program per shape.
+    ends = jax.device_get(_leaf_ends([leaf for _, leaf in paths_leaves]))
+    for (path, leaf), values in zip(paths_leaves, ends):
       shape, dtype = np.shape(leaf), getattr(leaf, "dtype", type(leaf))
       digest.update(f"{jax.tree_util.keystr(path)}{shape}{dtype}".encode())
-      if shape:
-        first, last = (0,) * (len(shape) - 1), (-1,) * (len(shape) - 1)
-        ends = (leaf[first][:16], leaf[last][-16:])
-      else:
-        ends = (leaf,)
-      for values in ends:
-        digest.update(np.asarray(jax.device_get(values)).tobytes())
+      for value in values:
+        digest.update(np.asarray(value).tobytes())
   return digest.hexdigest()
+
+
+@jax.jit
+def _leaf_ends(leaves: list) -> list[tuple]:
+  """Each leaf -> (its first row's first 16 values, its last row's last 16), a scalar -> (it,)."""
+  ends = []
+  for leaf in leaves:
+    ndim = np.ndim(leaf)
+    if ndim:
+      ends.append((leaf[(0,) * (ndim - 1)][:16], leaf[(-1,) * (ndim - 1)][-16:]))
+    else:
+      ends.append((leaf,))
+  return ends
 
 
 def measure_acceptance(

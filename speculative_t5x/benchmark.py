@@ -283,6 +283,11 @@ def random_tokens(rng: jax.Array, vocab_size: int, shape: Sequence[int]) -> jax.
   return jax.random.randint(rng, tuple(shape), _FIRST_NON_SPECIAL_ID, vocab_size, jnp.int32)
 
 
+def _host_tokens(draws: np.random.Generator, vocab_size: int, shape: Sequence[int]) -> jax.Array:
+  """`random_tokens` drawn on the host by numpy's `draws` (no program compiled)."""
+  return jnp.asarray(draws.integers(_FIRST_NON_SPECIAL_ID, vocab_size, tuple(shape), np.int32))
+
+
 def random_inputs(
     vocab_size: int, num_examples: int, length: int, seed: int = 0, eos_id: int = 1
 ) -> np.ndarray:
@@ -627,20 +632,21 @@ def _stage_loop(
   width = max(stage.k for stage in stages)
   for stage in stages:
     geometry.check(stage.span)
-  rng_encoder, rng_tokens = jax.random.split(jax.random.PRNGKey(seed))
   vocab = stages[0].vocab_size
   if any(stage.vocab_size != vocab for stage in stages):
     raise ValueError(
         "the stages' networks must share one vocabulary (they feed each other "
         f"tokens), got sizes {[stage.vocab_size for stage in stages]}."
     )
-  encoder_tokens = random_tokens(rng_encoder, vocab, (batch, geometry.encoder_length))
-  tokens = random_tokens(rng_tokens, vocab, (batch, width))
+  # The inputs are drawn on the host: eager jax.random calls would compile a program per shape.
+  draws = np.random.default_rng(seed)
+  encoder_tokens = _host_tokens(draws, vocab, (batch, geometry.encoder_length))
+  tokens = _host_tokens(draws, vocab, (batch, width))
   # The stages without their parameters (passed as arguments): the programs' static structure.
   templates = tuple(dataclasses.replace(stage, params=None) for stage in stages)
   steps = geometry.steps_per_call
   # One pass's uniforms [steps, batch, width], drawn again by every later pass.
-  u = sampling.uniforms(jax.random.PRNGKey(seed), (steps, batch, width))
+  u = jnp.asarray(draws.random((steps, batch, width), np.float32))
   # As in the loops: a greedy temperature is static (argmax only), any other one is traced.
   greedy = temperature is None or sampling.is_greedy(temperature)
 
@@ -677,7 +683,7 @@ def _stage_loop(
   mode = None if temperature is None else greedy
   run = shared(("run", templates, geometry, batch, mode), make_run)
   params = [stage.params for stage in stages]
-  caches = prepare(params, encoder_tokens, jax.random.fold_in(rng_encoder, 1))
+  caches = prepare(params, encoder_tokens, jax.random.PRNGKey(seed))
   return run, (params, caches, tokens, u, jnp.float32(temperature or 0.0))
 
 

@@ -296,3 +296,23 @@ def test_loops_within_the_noise_are_refused_not_priced():
   assert loop.baseline_token.median_ms == pytest.approx(500.0)  # 1 s over 2 tokens
   assert loop.call["gamma 1"].median_ms == pytest.approx(500.0)  # 0.5 s over 1 call
   assert loop.tokens_per_call["gamma 1"] == 2
+
+
+def test_fingerprint_reads_every_leaf_and_its_ends():
+  """The decision cache's key changes with a config, a leaf's path, shape or dtype, or a value at
+  either end of a leaf; it ignores a value in between (only the ends are read)."""
+  config = tiny_config(16)
+  drafter = drafters.T5Drafter(config)
+  params = {"a": np.arange(40, dtype=np.float32).reshape(2, 20), "b": np.float32(3.0)}
+  key = auto_shape._fingerprint(config, params, drafter, {})
+  assert auto_shape._fingerprint(config, dict(params), drafter, {}) == key
+
+  def changed(**leaves):
+    return auto_shape._fingerprint(config, {**params, **leaves}, drafter, {})
+
+  first, last, middle = (params["a"].copy() for _ in range(3))
+  first[0, 0], last[-1, -1], middle[0, 18] = -1, -1, -1
+  assert changed(a=first) != key and changed(a=last) != key and changed(b=np.float32(4)) != key
+  assert changed(a=params["a"].astype(np.float16)) != key and changed(c=np.float32(3.0)) != key
+  assert changed(a=middle) == key  # position 18 of row 0: neither end
+  assert auto_shape._fingerprint(config.replace(emb_dim=32), params, drafter, {}) != key

@@ -216,6 +216,14 @@ def test_random_tokens_avoid_special_ids():
   assert tokens.min() >= 3 and tokens.max() < 6
 
 
+def test_host_tokens_avoid_special_ids_and_follow_the_generator():
+  tokens = np.asarray(benchmark._host_tokens(np.random.default_rng(0), 6, (4, 50)))
+  assert tokens.dtype == np.int32 and tokens.shape == (4, 50)
+  assert tokens.min() >= 3 and tokens.max() < 6 and len(np.unique(tokens)) == 3
+  again = np.asarray(benchmark._host_tokens(np.random.default_rng(0), 6, (4, 50)))
+  np.testing.assert_array_equal(tokens, again)
+
+
 def test_random_inputs_end_in_eos_then_padding():
   inputs = benchmark.random_inputs(vocab_size=20, num_examples=5, length=8, seed=3, eos_id=1)
   assert inputs.dtype == np.int32 and inputs.shape == (5, 8)
