@@ -96,6 +96,54 @@ def test_timed_loops_price_every_shape_by_its_loop_and_the_baseline_by_its_own()
     _ = timed.c_loop
 
 
+def noisy_loops(baseline_ms, gamma1_ms, gamma3_ms) -> auto_shape.Costs:
+  """Costs with the loops timed in three rounds: ms per token (baseline) and per call (chains of
+  1 and 3 drafts) round by round; 1.6 and 2.2 tokens per call."""
+  loop = auto_shape.LoopCosts(
+      ms(float(np.median(baseline_ms))),
+      {"gamma 1": ms(float(np.median(gamma1_ms))), "gamma 3": ms(float(np.median(gamma3_ms)))},
+      {"gamma 1": 1.6, "gamma 3": 2.2},
+      4,
+      {"baseline": baseline_ms, "gamma 1": gamma1_ms, "gamma 3": gamma3_ms},
+  )
+  return auto_shape.Costs(ms(2.0), {3: ms(3.2)}, 3, loop=loop)
+
+
+def test_each_round_predicts_from_its_own_paired_loops():
+  """Round r's ratio is the baseline's loop in round r over the candidate's in round r (gamma 2:
+  halfway between the chains of 1 and 3, as the medians are); the lower quartile of tokens x
+  ratio (numpy's linear percentile: a quarter of the way from the lowest to the middle of
+  three) is the prediction's low."""
+  timed = noisy_loops((2.0, 2.4, 2.2), (3.0, 3.0, 3.3), (4.0, 4.8, 4.4))
+  np.testing.assert_allclose(timed.round_ratios("gamma 1", 1), [2.0 / 3.0, 0.8, 2.2 / 3.3])
+  np.testing.assert_allclose(timed.round_ratios("gamma 2", 2), [2.0 / 3.5, 2.4 / 3.9, 2.2 / 3.85])
+  gamma2 = auto_shape.Auto(max_gamma=3).predictions(timed, alpha=0.7)[1]
+  low, middle = sorted(expected_tokens(0.7, 2) * np.array([2.0 / 3.5, 2.4 / 3.9, 2.2 / 3.85]))[:2]
+  assert gamma2.speedup_low == pytest.approx(low + 0.5 * (middle - low))
+  assert gamma2.speedup_low < gamma2.speedup
+  assert timed.as_dict()["loop"]["ms_by_round"]["gamma 3"] == [4.0, 4.8, 4.4]
+  assert auto_shape.Auto(max_gamma=3).predictions(CHEAP_VERIFY, 0.7)[1].speedup_low is None
+
+
+def test_a_shape_faster_only_within_the_noise_leaves_the_baseline(measured):
+  """Medians that predict about 1.03x for gamma 1, from rounds that swing apart by 20%: the lower
+  quartile is below 1, so the baseline is chosen, and the reason says the noise decided; the
+  same medians from steady rounds choose gamma 1."""
+  tokens = 1.6  # gamma 1's tokens per call at alpha 0.6 (Eq. 1)
+  swinging = noisy_loops((2.6, 3.6, 3.1), (5.0, 4.0, 4.8), (7.0, 7.5, 8.0))
+  measured(swinging)
+  choice = choose(auto_shape.Auto(max_gamma=3), 0.6)
+  gamma1 = choice.predictions[0]
+  assert choice.best is gamma1 and gamma1.speedup == pytest.approx(tokens * 3.1 / 4.8)
+  assert gamma1.speedup > 1 > gamma1.speedup_low and choice.shape is None
+  assert "beyond the timing noise" in choice.reason() and "lower quartile" in choice.reason()
+  assert "(low 0.9" in choice.summary() and choice.as_dict()["chosen"]["label"] == "baseline"
+  measured(noisy_loops((3.1, 3.1, 3.1), (4.8, 4.8, 4.8), (7.0, 7.5, 8.0)))
+  steady = choose(auto_shape.Auto(max_gamma=3), 0.6, params={"w": np.ones(3, np.float32)})
+  assert steady.shape == draft_shapes.Chain(1)
+  assert steady.chosen.speedup_low == pytest.approx(steady.chosen.speedup)  # no spread
+
+
 def test_per_position_acceptance_counts_runs_of_acceptances():
   """Betas that come in runs (1, 1, 0, 1, 1, 0, ...) give more tokens per call at gamma 2 than
   their mean alpha = 2/3 does under Eq. (1): the per-position model follows the runs."""

@@ -42,7 +42,7 @@ def test_demo_translates_and_checks_greedy_equality():
         r"sentences\)\n"
         r"  the decoding loops on 2 inputs, in target steps: the baseline [\d.]+ per token; per "
         r"target call gamma 1 [\d.]+, gamma 2 [\d.]+\n"
-        r"  predicted: gamma 1 [\d.]+x, gamma 2 [\d.]+x\n"
+        r"  predicted: gamma 1 [\d.]+x \(low [\d.]+x\), gamma 2 [\d.]+x \(low [\d.]+x\)\n"
         r"  measuring took [\d.]+ s compiling, [\d.]+ s timing \(3 rounds\)",
         out,
     )
