@@ -12,7 +12,7 @@ The draft shape is chosen on the machine it runs on (--gamma=auto, the default;
 `auto_shape.Auto`): per temperature, alpha is measured on the first --alpha_examples sentences,
 the decoding loops (the baseline's, and chains of 1 and --max_gamma drafts) are timed on four of
 them beside the target's 1- and k-token steps, then the chain with the highest predicted speedup
-is decoded. Where none is predicted faster than the baseline the demo
+is decoded, before the next temperature is measured. Where none is predicted faster than the baseline the demo
 says so, with the figures, and still decodes the best one, to show it and check it.
 
 A --pair_dir that is missing or incomplete is an error (exit status 1), never replaced: a tiny
@@ -529,7 +529,7 @@ def main(argv):
       f"{jax.default_backend()}"
   )
   vocabulary = vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID)
-  runs, choices, repeats = [], {}, _REPEATS.value or 3
+  choices, repeats = {}, _REPEATS.value or 3
   geometry = None  # the sweep's own
   if auto is not None:
     # Auto's steps and the sweep's costs timed in one geometry: their programs compile once.
@@ -539,7 +539,16 @@ def main(argv):
         auto.max_block,
         AUTO_STEPS_PER_CALL,
     )
-    for temperature in temperatures:
+  rows, results = [], {}
+  # With --gamma=auto, a sweep per temperature, each decided just before it runs: a machine's
+  # speed drifts over minutes.
+  plan = [(t, [t]) for t in temperatures] if auto is not None else [(None, list(temperatures))]
+  for temperature, run_temperatures in plan:
+    if auto is None:
+      settings = sweep.grid_settings(
+          loaded, [gamma] if draft_trees is None else [], verifiers, None, draft_trees
+      )
+    else:
       settings, choices[temperature], tokens = _auto_settings(
           auto,
           loaded,
@@ -551,14 +560,6 @@ def main(argv):
           geometry,
       )
       repeats = _timing_repeats(choices[temperature], tokens, len(examples))
-      runs.append((settings, [temperature], repeats))
-  else:
-    settings = sweep.grid_settings(
-        loaded, [gamma] if draft_trees is None else [], verifiers, None, draft_trees
-    )
-    runs.append((settings, list(temperatures), repeats))
-  rows, results = [], {}
-  for settings, run_temperatures, repeats in runs:
     result = sweep.sweep(
         target,
         pair.target_params,
