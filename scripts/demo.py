@@ -63,6 +63,9 @@ RANDOM_DRAFTER = "random drafter"
 COPY_SOURCE = "+source"
 EOS_ID = 1
 RANDOM_INPUT_LENGTH = 16
+# --cost_repeats=0 with a fixed draft shape: 5 rounds, about 3.5 s per temperature here
+# (docs/results_cpu.md 16.23).
+FIXED_SHAPE_COST_REPEATS = 5
 VERIFIERS = {"token": speculative.TokenVerifier(), "block": speculative.BlockVerifier()}
 
 _PAIR_DIR = flags.DEFINE_string(
@@ -168,11 +171,12 @@ _TIMING_BUDGET = flags.DEFINE_float(
 )
 _COST_REPEATS = flags.DEFINE_integer(
     "cost_repeats",
-    5,
+    0,
     "Timed rounds of the decode steps behind c and the verification cost, spread over the "
-    "examples. Each round here takes about 0.7 s per temperature; 5 keeps `make demo` under two "
-    "minutes (docs/results_cpu.md 16.23).",
-    lower_bound=1,
+    "examples (each round here takes about 0.7 s per temperature, and the steps compile first: "
+    "4-6 s); 0: with --gamma=auto none, since auto's timed loops, printed with its decision, "
+    f"already cost the shape; else {FIXED_SHAPE_COST_REPEATS}.",
+    lower_bound=0,
 )
 _INPUT_BUCKET = flags.DEFINE_integer(
     "input_bucket",
@@ -571,7 +575,7 @@ def main(argv):
         vocabulary=vocabulary,
         task="demo_ende" if sources else sweep.RANDOM_TASK,
         repeats=repeats,
-        cost_repeats=_COST_REPEATS.value,
+        cost_repeats=_COST_REPEATS.value or (0 if auto else FIXED_SHAPE_COST_REPEATS),
         cost_geometry=geometry,
     )
     rows += result.rows

@@ -42,7 +42,9 @@ M + 1 tokens and predicts only from the realized tokens per call, tokens / (D c 
 Theorem 3.8's E[tokens](alpha) (`DraftShape.expected_tokens`, `DraftShape.predicted_speedup`)
 and the iteration timed together (`DraftShape.timed_iteration`: gamma drafter steps of one token,
 gamma + 1 verified) describe chains, so `predicted`, `predicted_hw`, `iteration_cost`, `predicted_in_situ` and the efficiencies
-built on them are NaN there.
+built on them are NaN there. A row of a sweep that timed no decode steps (`sweep.sweep` with
+cost_repeats=0) has every step-cost figure NaN, and what is built on them; its speedups are
+measured as any row's.
 """
 
 from __future__ import annotations
@@ -174,7 +176,7 @@ class SpeedupRow:
       drafter: str,
       temperature: float,
       shape: draft_shapes.DraftShape,
-      costs: benchmark.DecodeCosts,
+      costs: benchmark.DecodeCosts | None,
       baseline: Sequence[ExampleResult],
       speculative: Sequence[ExampleResult],
   ) -> "SpeedupRow":
@@ -182,7 +184,9 @@ class SpeedupRow:
     examples (in the same order), with the step costs of its drafter at its temperature; alpha
     and tokens per target call pool the speculative results' statistics over all their rows.
     The costs must hold the shape's verification of M + 1 tokens (as 'gamma' M) and, where the
-    shape has one, its timed iteration."""
+    shape has one, its timed iteration; None (no step costs timed, `sweep.sweep` with
+    cost_repeats=0) leaves c, the verification and iteration costs NaN, and the predictions
+    made from them."""
     if len(baseline) != len(speculative) or not baseline:
       raise ValueError(
           f"need the baseline's and the speculative decode's results on the same "
@@ -195,7 +199,7 @@ class SpeedupRow:
       )
     stats = decoding.SpeculativeStats.concatenate([result.stats for result in speculative])
     matches = [np.array_equal(b.decodes, s.decodes) for b, s in zip(baseline, speculative)]
-    timed = shape.timed_iteration
+    timed = None if costs is None else shape.timed_iteration
     return cls(
         task=task,
         drafter=drafter,
@@ -205,8 +209,8 @@ class SpeedupRow:
         tokens_per_target_call=stats.tokens_per_call,
         acceptance_rate=stats.acceptance_rate,
         stat_totals=stats.totals(),
-        c=costs.c,
-        verify_cost=costs.verify_cost(shape.num_drafts),
+        c=math.nan if costs is None else costs.c,
+        verify_cost=math.nan if costs is None else costs.verify_cost(shape.num_drafts),
         iteration_cost=math.nan if timed is None else costs.iteration_cost(timed),
         interference_ms=math.nan if timed is None else costs.interference_ms(timed),
         baseline_ms=tuple(r.timing for r in baseline),
@@ -249,13 +253,17 @@ class SpeedupRow:
   # ---- predicted
   @property
   def predicted(self) -> float:
-    """Theorem 3.8 at the measured alpha and c (NaN for a tree)."""
+    """Theorem 3.8 at the measured alpha and c (NaN for a tree, or without step costs)."""
+    if math.isnan(self.c):
+      return math.nan
     return self.shape.predicted_speedup(self.alpha, self.c)
 
   @property
   def predicted_hw(self) -> float:
     """Theorem 3.8 with the measured verification cost in place of one target step (NaN for a
-    tree)."""
+    tree, or without step costs)."""
+    if math.isnan(self.c):
+      return math.nan
     return self.shape.predicted_speedup(self.alpha, self.c, self.verify_cost)
 
   @property
@@ -411,20 +419,24 @@ def markdown_table(rows: Sequence[SpeedupRow]) -> str:
 
 def plain_summary(rows: Sequence[SpeedupRow]) -> str:
   """The rows as a few lines a newcomer reads: per row, ms per example of the baseline and of
-  speculative decoding and the speedup, then alpha, tokens per target call, what one
-  verification and one draft in the loop cost in target steps; `markdown_table` has every
-  figure."""
+  speculative decoding and the speedup, then alpha, tokens per target call, and where the step
+  costs were timed, what one verification and one draft in the loop cost in target steps;
+  `markdown_table` has every figure."""
   lines = []
   for r in rows:
     baseline = _summarize(r.baseline_ms)["mean_median_ms"]
     speculative = _summarize(r.speculative_ms)["mean_median_ms"]
-    in_loop = "" if math.isnan(r.c_in_loop) else f", a draft in the loop {r.c_in_loop:.2f}"
     lines.append(
         f"  {r.drafter}, {r.shape.label}, temperature {r.temperature:g}: speedup {r.speedup:.2f}x per token\n"
         f"    per example: baseline {baseline:.1f} ms, speculative {speculative:.1f} ms; alpha "
-        f"{r.alpha:.2f}, {r.tokens_per_target_call:.2f} tokens per target call\n"
-        f"    in target steps: a verification of {r.shape.width} tokens {r.verify_cost:.2f}{in_loop}"
+        f"{r.alpha:.2f}, {r.tokens_per_target_call:.2f} tokens per target call"
     )
+    if not math.isnan(r.verify_cost):
+      in_loop = "" if math.isnan(r.c_in_loop) else f", a draft in the loop {r.c_in_loop:.2f}"
+      lines[-1] += (
+          f"\n    in target steps: a verification of {r.shape.width} tokens "
+          f"{r.verify_cost:.2f}{in_loop}"
+      )
   return "\n".join(lines) + "\n"
 
 

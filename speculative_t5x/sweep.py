@@ -25,6 +25,9 @@ the costs and the decodes sample the same minutes of the machine):
   - the iteration cost, gamma drafter steps and the verification timed together in one loop, over
     the target's step (apart they cost gamma * c + verification cost), and from it the cost of a
     draft inside the loop, c in loop = (iteration - verification) / gamma in target steps.
+With cost_repeats=0 no decode step is compiled or timed, and the rows' step-cost figures (c, the
+verification and iteration costs, and the predictions made from them) are NaN: for a caller that
+measured the costs another way (`auto_shape.Auto`'s timed loops, as the demo's --gamma=auto).
 
 Each setting at each temperature becomes a `report.SpeedupRow` (report.py says what its speedups,
 predictions and efficiencies are). The settings (`SweepSetting`, crossed by `grid_settings`) are
@@ -343,8 +346,8 @@ class Sweep:
   """What `sweep` measured.
 
   rows: one per drafter, gamma and temperature (in that nesting); costs: temperature -> drafter ->
-  DecodeCosts; results: temperature -> setting (BASELINE or (drafter, gamma)) -> one
-  report.ExampleResult per example; cost_rounds: the timed rounds behind each step cost (the
+  DecodeCosts (none with cost_repeats=0); results: temperature -> setting (BASELINE or
+  (drafter, gamma)) -> one report.ExampleResult per example; cost_rounds: the timed rounds behind each step cost (the
   most at any temperature, more than cost_repeats where a step needed more to resolve).
   """
 
@@ -411,10 +414,10 @@ def _check_sweep(
         f"the examples' batch sizes differ ({sorted({batch for batch, _ in shapes})}): a sweep "
         "times one batch size; sweep each separately."
     )
-  if min(decode_length, repeats, cost_repeats) < 1:
+  if min(decode_length, repeats) < 1 or cost_repeats < 0:
     raise ValueError(
-        f"decode_length, repeats and cost_repeats must be >= 1, got {decode_length}, "
-        f"{repeats} and {cost_repeats}."
+        f"decode_length and repeats must be >= 1 and cost_repeats >= 0 (0: no step costs), got "
+        f"{decode_length}, {repeats} and {cost_repeats}."
     )
 
 
@@ -524,6 +527,8 @@ def sweep(
     decode_length: tokens decoded per row (the decoder input length).
     vocabulary: the models' output vocabulary (its eos_id ends the decodes).
     task: the rows' task label.
+    cost_repeats: rounds of the decode steps per temperature; 0: none compiled or timed (the
+      rows' step-cost figures NaN, the module docstring).
     cost_geometry: where the decode steps behind the costs are timed; None: the examples' most
       common encoder length, a cache for decode_length and the longest block, steps_per_call
       steps. Give the geometry an earlier timing used (`auto_shape.Auto.choose`) and its
@@ -546,13 +551,15 @@ def sweep(
   examples = len(encoder_inputs)
   batch_size = np.shape(encoder_inputs[0])[0]
   timed = cost_gammas(settings)
-  geometry = cost_geometry or benchmark.DecodeGeometry.for_decoding(
-      most_common_length(encoder_inputs), decode_length, max(timed) + 1, steps_per_call
-  )
-  geometry.check(max(timed) + 1)
-  decoders = build_settings(target_config, target_params, drafters, settings, vocabulary)
+  geometry, steps = None, {}
   used = {setting.drafter: drafters[setting.drafter] for setting in settings}
-  steps = benchmark.cost_steps(target_config, target_params, used, timed)
+  if cost_repeats:
+    geometry = cost_geometry or benchmark.DecodeGeometry.for_decoding(
+        most_common_length(encoder_inputs), decode_length, max(timed) + 1, steps_per_call
+    )
+    geometry.check(max(timed) + 1)
+    steps = benchmark.cost_steps(target_config, target_params, used, timed)
+  decoders = build_settings(target_config, target_params, drafters, settings, vocabulary)
   batches = [
       {
           "encoder_input_tokens": jnp.asarray(x, jnp.int32),
@@ -561,7 +568,7 @@ def sweep(
       for x in encoder_inputs
   ]
   rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(examples)]
-  cost_rounds = cost_rounds_after(cost_repeats, examples)
+  cost_rounds = cost_rounds_after(cost_repeats, examples) if cost_repeats else [0] * examples
   rounds_done = sum(cost_rounds)
   results = {t: {key: [] for key in decoders} for t in temperatures}
   costs = {}
@@ -569,7 +576,11 @@ def sweep(
       total=len(temperatures) * examples, desc="examples", unit="example", disable=not progress
   )
   for temperature in temperatures:
-    calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature, batch=batch_size)
+    calls = {}
+    if cost_repeats:
+      calls = benchmark.decode_step_calls(
+          steps, geometry, temperature=temperature, batch=batch_size
+      )
     seconds = {key: [] for key in calls}
     seen = set()
     for i, (batch, rng) in enumerate(zip(batches, rngs)):
@@ -596,9 +607,11 @@ def sweep(
         ).items():
           seconds[key].append(times)
       bar.update()
-    timings, extra = _resolved_step_timings(calls, seconds, geometry)
-    rounds_done = max(rounds_done, sum(cost_rounds) + extra)
-    costs[temperature] = benchmark.costs_from_timings(timings, list(used), timed, geometry)
+    costs[temperature] = {}
+    if cost_repeats:
+      timings, extra = _resolved_step_timings(calls, seconds, geometry)
+      rounds_done = max(rounds_done, sum(cost_rounds) + extra)
+      costs[temperature] = benchmark.costs_from_timings(timings, list(used), timed, geometry)
   bar.close()
   rows = [
       report.SpeedupRow.from_results(
@@ -606,7 +619,7 @@ def sweep(
           setting.label,
           t,
           setting.shape,
-          costs[t][setting.drafter],
+          costs[t].get(setting.drafter),
           results[t][BASELINE],
           results[t][setting.key],
       )

@@ -214,3 +214,21 @@ def test_plain_summary_gives_a_newcomer_the_few_figures_that_matter():
       "    in target steps: a verification of 3 tokens 1.50, a draft in the loop 0.50\n"
   )
   assert max(len(line) for line in summary.splitlines()) < 100
+
+
+def test_a_row_without_step_costs_measures_its_speedups_and_leaves_the_rest_nan():
+  """costs=None (a sweep with cost_repeats=0): the speedups and statistics are the decodes' own,
+  every figure made from step costs is NaN, and the plain summary drops their line."""
+  baseline, speculative = two_examples()
+  row = report.SpeedupRow.from_results("t", "d", 0.0, CHAIN, None, baseline, speculative)
+  timed = report.SpeedupRow.from_results("t", "d", 0.0, CHAIN, COSTS, baseline, speculative)
+  assert (row.speedup, row.loop_speedup, row.alpha) == (timed.speedup, timed.loop_speedup, 0.75)
+  for nan in ("c", "verify_cost", "iteration_cost", "c_in_loop", "predicted", "predicted_hw"):
+    assert math.isnan(getattr(row, nan)), nan
+  assert math.isnan(row.efficiency) and math.isnan(row.efficiency_in_situ)
+  assert "| nan | nan | nan |" in report.markdown_table([row])  # --verbose shows what was not timed
+  assert report.plain_summary([row]) == (
+      "  d, gamma 2, temperature 0: speedup 2.46x per token\n"
+      "    per example: baseline 20.0 ms, speculative 9.5 ms; alpha 0.75, 2.50 tokens per "
+      "target call\n"
+  )

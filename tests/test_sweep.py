@@ -132,6 +132,55 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   assert measured.costs[0.0]["copy"].verify_cost(2) == 1.5
 
 
+def test_cost_repeats_zero_times_no_step_and_leaves_the_step_figures_nan(monkeypatch):
+  """cost_repeats=0: no decode step is built, compiled or timed; the rows' speedups come from the
+  decodes as ever, and every figure made from the step costs is NaN, never a made-up value."""
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("a decode step was built or timed with cost_repeats=0")
+
+  example_calls = []
+  _replace_timers(monkeypatch, on_example=lambda warmup, compiled: example_calls.append(warmup))
+  for name in ("cost_steps", "decode_step_calls", "time_rounds"):
+    monkeypatch.setattr(benchmark, name, refuse)
+  config, params = _tiny_pair()
+  inputs = benchmark.random_inputs(config.vocab_size, 2, 6, seed=0)
+  measured = sweep.sweep(
+      config,
+      params,
+      {"copy": (drafters.T5Drafter(config), params)},
+      sweep.grid_settings(["copy"], [2]),
+      [0.0, 1.0],
+      inputs[:, None],
+      4,
+      vocabulary=seqio.PassThroughVocabulary(config.vocab_size, eos_id=1),
+      task="random",
+      repeats=1,
+      cost_repeats=0,
+  )
+  assert example_calls == [benchmark.DEFAULT_WARMUP, 0] * 2
+  assert measured.costs == {0.0: {}, 1.0: {}} and measured.cost_rounds == 0
+  for row in measured.rows:
+    if row.temperature == 0.0:
+      assert row.outputs_match_baseline == 1.0
+    assert row.speedup > 0 and row.alpha == pytest.approx(1.0)  # the drafter is the target
+    for figure in (row.c, row.verify_cost, row.iteration_cost, row.c_in_loop, row.predicted):
+      assert np.isnan(figure)
+  with pytest.raises(ValueError, match=r"cost_repeats >= 0 \(0: no step costs\)"):
+    sweep.sweep(
+        config,
+        params,
+        {"copy": (drafters.T5Drafter(config), params)},
+        sweep.grid_settings(["copy"], [2]),
+        [0.0],
+        inputs[:, None],
+        4,
+        vocabulary=seqio.PassThroughVocabulary(config.vocab_size, eos_id=1),
+        task="random",
+        cost_repeats=-1,
+    )
+
+
 def test_examples_of_several_lengths_compile_once_per_length_and_decode_as_if_padded(monkeypatch):
   """Examples cut to their own length buckets: the first example of each encoder length compiles
   and warms up, the costs are timed at the length most examples have, and every decode (real
