@@ -145,19 +145,23 @@ def test_cost_repeats_zero_times_no_step_and_leaves_the_step_figures_nan(monkeyp
     monkeypatch.setattr(benchmark, name, refuse)
   config, params = _tiny_pair()
   inputs = benchmark.random_inputs(config.vocab_size, 2, 6, seed=0)
-  measured = sweep.sweep(
-      config,
-      params,
-      {"copy": (drafters.T5Drafter(config), params)},
-      sweep.grid_settings(["copy"], [2]),
-      [0.0, 1.0],
-      inputs[:, None],
-      4,
-      vocabulary=seqio.PassThroughVocabulary(config.vocab_size, eos_id=1),
-      task="random",
-      repeats=1,
-      cost_repeats=0,
-  )
+
+  def run(temperatures, cost_repeats):
+    return sweep.sweep(
+        config,
+        params,
+        {"copy": (drafters.T5Drafter(config), params)},
+        sweep.grid_settings(["copy"], [2]),
+        temperatures,
+        inputs[:, None],
+        4,
+        vocabulary=seqio.PassThroughVocabulary(config.vocab_size, eos_id=1),
+        task="random",
+        repeats=1,
+        cost_repeats=cost_repeats,
+    )
+
+  measured = run([0.0, 1.0], 0)
   assert example_calls == [benchmark.DEFAULT_WARMUP, 0] * 2
   assert measured.costs == {0.0: {}, 1.0: {}} and measured.cost_rounds == 0
   for row in measured.rows:
@@ -167,18 +171,7 @@ def test_cost_repeats_zero_times_no_step_and_leaves_the_step_figures_nan(monkeyp
     for figure in (row.c, row.verify_cost, row.iteration_cost, row.c_in_loop, row.predicted):
       assert np.isnan(figure)
   with pytest.raises(ValueError, match=r"cost_repeats >= 0 \(0: no step costs\)"):
-    sweep.sweep(
-        config,
-        params,
-        {"copy": (drafters.T5Drafter(config), params)},
-        sweep.grid_settings(["copy"], [2]),
-        [0.0],
-        inputs[:, None],
-        4,
-        vocabulary=seqio.PassThroughVocabulary(config.vocab_size, eos_id=1),
-        task="random",
-        cost_repeats=-1,
-    )
+    run([0.0], -1)
 
 
 def test_examples_of_several_lengths_compile_once_per_length_and_decode_as_if_padded(monkeypatch):
