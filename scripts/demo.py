@@ -9,11 +9,14 @@ the examples; the speedups beside Theorem 3.8's prediction; see speculative_t5x/
 checks that the greedy output is identical to the baseline's, and exits with status 1 if not.
 
 The draft shape is chosen on the machine it runs on (--gamma=auto, the default;
-`auto_shape.Auto`): per temperature, alpha is measured on the first --alpha_examples sentences,
-the decoding loops (the baseline's, and chains of 1 and --max_gamma drafts) are timed on four of
-them beside the target's 1- and k-token steps, then the chain with the highest predicted speedup
-is decoded, before the next temperature is measured. Where none is predicted faster than the baseline the demo
-says so, with the figures, and still decodes the best one, to show it and check it.
+`auto_shape.Auto`): per temperature, alpha is read from its record in --acceptance_file where one
+matches the pair, temperature and sentences (demo_models/measurements/acceptance.json holds the
+default run's; --record_acceptance rewrites it), else measured on the first --alpha_examples
+sentences; the decoding loops (the baseline's, and chains of 1 and --max_gamma drafts) are timed
+on four of them beside the target's 1- and k-token steps, then the chain with the highest
+predicted speedup is decoded, before the next temperature is measured. Where none is predicted faster than the
+baseline the demo says so, with the figures, and still decodes the best one, to show it and check
+it.
 
 A --pair_dir that is missing or incomplete is an error (exit status 1), never replaced: a tiny
 pair of random weights, for the mechanics only (its alpha says nothing about real drafters), is
@@ -66,6 +69,8 @@ RANDOM_INPUT_LENGTH = 16
 # --cost_repeats=0 with a fixed draft shape: 5 rounds, about 3.5 s per temperature here
 # (docs/results_cpu.md 16.23).
 FIXED_SHAPE_COST_REPEATS = 5
+# --acceptance_file's default, under --pair_dir.
+ACCEPTANCE_FILE = "measurements/acceptance.json"
 VERIFIERS = {"token": speculative.TokenVerifier(), "block": speculative.BlockVerifier()}
 
 _PAIR_DIR = flags.DEFINE_string(
@@ -136,6 +141,20 @@ _ALPHA_EXAMPLES = flags.DEFINE_integer(
     "With --gamma=auto: alpha is measured on the target's own outputs for this many of the "
     "first sentences (about 15 tokens each), at each temperature (auto_shape.measure_acceptance).",
     lower_bound=1,
+)
+_ACCEPTANCE_FILE = flags.DEFINE_string(
+    "acceptance_file",
+    "",
+    "With --gamma=auto: a file of acceptance records (speculative_t5x/acceptance_record.py); "
+    f"empty: --pair_dir's {ACCEPTANCE_FILE} (the shipped demo_models/ holds the demo's, at "
+    "temperatures 0 and 1), none with --random_pair. Where it holds the record of this pair, "
+    "temperature, decode length and these sentences, alpha is read from it, not measured; "
+    "'none': always measure.",
+)
+_RECORD_ACCEPTANCE = flags.DEFINE_bool(
+    "record_acceptance",
+    False,
+    "With --gamma=auto: measure alpha whatever --acceptance_file holds, and record it there.",
 )
 _DRAFT_TREE = flags.DEFINE_list(
     "draft_tree",
@@ -366,7 +385,15 @@ def _verifiers() -> dict[str, speculative.Verifier]:
 # Steps per timed call of auto's costs and the sweep's: shorter rounds, more of them in the budget
 # (a median of several rounds holds against a slow spell better than a few long ones).
 AUTO_STEPS_PER_CALL = 4
-AUTO_FLAGS = ("max_gamma", "auto_tree", "auto_budget_s", "alpha_examples", "every_candidate")
+AUTO_FLAGS = (
+    "max_gamma",
+    "auto_tree",
+    "auto_budget_s",
+    "alpha_examples",
+    "every_candidate",
+    "acceptance_file",
+    "record_acceptance",
+)
 
 
 def _gamma() -> int | None:
@@ -393,6 +420,11 @@ def _gamma() -> int | None:
           f"--{given[0]} applies to --gamma=auto only, and the draft shape is fixed here "
           f"({'--draft_tree' if _DRAFT_TREE.value else f'--gamma={gamma}'}): drop it"
       )
+  elif _RECORD_ACCEPTANCE.value and _acceptance_file() is None:
+    raise gin_utils.ConfigError(
+        "--record_acceptance writes the measured alpha into --acceptance_file, and there is "
+        "none here (--acceptance_file=none, or --random_pair without one): give a file"
+    )
   return gamma
 
 
@@ -411,6 +443,17 @@ def _auto() -> auto_shape.Auto:
       ) from e
     branchings.append(branching)
   return auto_shape.Auto(max_gamma=_MAX_GAMMA.value, trees=branchings, budget_s=_AUTO_BUDGET.value)
+
+
+def _acceptance_file() -> pathlib.Path | None:
+  """--acceptance_file: the file, or None (always measure)."""
+  if _ACCEPTANCE_FILE.value == "none":
+    return None
+  if _ACCEPTANCE_FILE.value:
+    return pathlib.Path(gin_utils.resolve_path(_ACCEPTANCE_FILE.value))
+  if _RANDOM_PAIR.value:
+    return None
+  return pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value)) / ACCEPTANCE_FILE
 
 
 def _auto_settings(
@@ -433,7 +476,15 @@ def _auto_settings(
   settings, choices, tokens = [], {}, []
   for name, pair in loaded.items():
     choice = auto.choose_for_pair(
-        pair, first, decode_length, geometry, temperature, vocabulary, "sentences"
+        pair,
+        first,
+        decode_length,
+        geometry,
+        temperature,
+        vocabulary,
+        "sentences",
+        acceptance_file=_acceptance_file(),
+        record=_RECORD_ACCEPTANCE.value,
     )
     tokens.append(choice.acceptance_tokens / len(first))
     print(f"[demo] {name}: {choice.summary()}")

@@ -60,7 +60,9 @@ and measured 0.93x (docs/results.md).
 The timing rounds are budgeted by the measured round time (`Auto.budget_s`); compilation is
 reported apart. A decision is cached per process, keyed by the device kind, the pair (configs and
 a fingerprint of the weights), the geometry, the temperature and the acceptance; not on disk, since
-machines of one kind differ by 2-4x in what k tokens cost.
+machines of one kind differ by 2-4x in what k tokens cost. The acceptance, the pair's and not the
+machine's, may be read from a record instead of measured (`acceptance_record`,
+`Auto.choose_for_pair(acceptance_file=...)`): the demo's --gamma=auto reads the shipped one.
 
 Shapes: B = 1 (the timed steps' batch), V the vocabulary.
 """
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from typing import TYPE_CHECKING, Any, Hashable, Sequence
 
@@ -77,6 +80,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from speculative_t5x import acceptance_record
 from speculative_t5x import benchmark
 from speculative_t5x import calibration
 from speculative_t5x import decoding
@@ -485,14 +489,15 @@ class Auto:
     key = (
         self,
         device_kind,
-        _fingerprint(target_config, target_params, drafter, drafter_params),
+        acceptance_record.pair_fingerprint(target_config, target_params, drafter, drafter_params),
         geometry,
         temperature,
         acceptance_key,
         None if loop_inputs is None else loop_inputs.key(),
     )
     if key in _DECISIONS:
-      return dataclasses.replace(_DECISIONS[key], cached=True)
+      # The same acceptance, bit for bit, whether measured or read this time: say which.
+      return dataclasses.replace(_DECISIONS[key], cached=True, alpha_source=acceptance_source)
     costs, compile_seconds, timing_seconds, rounds = self.measure(
         target_config, target_params, drafter, drafter_params, geometry, temperature, loop_inputs
     )
@@ -525,21 +530,59 @@ class Auto:
       temperature: float,
       vocabulary: Any,
       inputs: str = "inputs",
+      acceptance_file: str | os.PathLike | None = None,
+      record: bool = False,
   ) -> Choice:
     """`choose` for a loaded pair with a drafter: the acceptance per position measured along
     the target's own outputs of up to decode_length tokens for encoder_tokens [N, Le] (one
     batch, `measure_acceptance`), then the costs, the loops timed on the first LOOP_INPUTS of
     them. vocabulary: the output vocabulary (its EOS ends the decodes). `inputs` names them in
-    the Choice."""
+    the Choice.
+
+    acceptance_file: a file of acceptance records (`acceptance_record`): where it holds the
+    record of this pair, temperature, decode length and encoder_tokens, its positions are taken
+    instead of measuring them (the Choice's alpha_source says so). record: measure whatever the
+    file holds, and write the measurement into it (it needs acceptance_file)."""
+    if record and acceptance_file is None:
+      raise validation.InvalidInputError(
+          "record=True writes the measured acceptance into acceptance_file: give one."
+      )
     loop_inputs = LoopInputs(np.asarray(encoder_tokens)[:LOOP_INPUTS], decode_length, vocabulary)
-    positions = measure_acceptance(
-        pair,
-        [encoder_tokens],
-        decode_length,
-        temperature,
-        loop_inputs.eos_id,
-        decode_length * len(encoder_tokens),
-    )
+    key = found = None
+    if acceptance_file is not None:
+      key = acceptance_record.Key.of(
+          pair.target_config,
+          pair.target_params,
+          pair.drafter,
+          pair.drafter_params,
+          temperature,
+          decode_length,
+          encoder_tokens,
+      )
+      found = None if record else acceptance_record.find(acceptance_file, key)
+    if found is None:
+      positions = measure_acceptance(
+          pair,
+          [encoder_tokens],
+          decode_length,
+          temperature,
+          loop_inputs.eos_id,
+          decode_length * len(encoder_tokens),
+      )
+      measured_on = (
+          f"the {positions.count} tokens the target generated for {len(encoder_tokens)} {inputs}"
+      )
+      source = f"measured on {measured_on}"
+      if record:
+        acceptance_record.write(
+            acceptance_file, acceptance_record.Record(key, positions, measured_on)
+        )
+        source += f", recorded in {acceptance_file}"
+    else:
+      positions = found.positions
+      source = (
+          f"recorded in {acceptance_file} for this pair and these {inputs}: {found.measured_on}"
+      )
     return self.choose(
         pair.target_config,
         pair.target_params,
@@ -548,8 +591,7 @@ class Auto:
         geometry,
         temperature,
         positions,
-        f"measured on the {positions.count} tokens the target generated for "
-        f"{len(encoder_tokens)} {inputs}",
+        source,
         loop_inputs,
     )
 
@@ -770,36 +812,6 @@ def _branching(tree: Any) -> tuple[int, ...]:
         f"{e}"
     ) from e
   return branching
-
-
-def _fingerprint(target_config, target_params, drafter, drafter_params) -> str:
-  """The pair's identity for the decision cache: configs, and every parameter's path, shape,
-  dtype and a few of its values (the first and last rows' ends, sliced where the leaf lives: a
-  T5-XXL's 22 GB never cross to the host)."""
-  digest = hashlib.sha256(repr((target_config, drafter)).encode())
-  for params in (target_params, drafter_params):
-    paths_leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    # Sliced in one program: leaf by leaf, eager slicing compiles a program per shape.
-    ends = jax.device_get(_leaf_ends([leaf for _, leaf in paths_leaves]))
-    for (path, leaf), values in zip(paths_leaves, ends):
-      shape, dtype = np.shape(leaf), getattr(leaf, "dtype", type(leaf))
-      digest.update(f"{jax.tree_util.keystr(path)}{shape}{dtype}".encode())
-      for value in values:
-        digest.update(np.asarray(value).tobytes())
-  return digest.hexdigest()
-
-
-@jax.jit
-def _leaf_ends(leaves: list) -> list[tuple]:
-  """Each leaf -> (its first row's first 16 values, its last row's last 16), a scalar -> (it,)."""
-  ends = []
-  for leaf in leaves:
-    ndim = np.ndim(leaf)
-    if ndim:
-      ends.append((leaf[(0,) * (ndim - 1)][:16], leaf[(-1,) * (ndim - 1)][-16:]))
-    else:
-      ends.append((leaf,))
-  return ends
 
 
 def measure_acceptance(

@@ -12,6 +12,7 @@ from speculative_t5x import benchmark
 from speculative_t5x import calibration
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters
+from speculative_t5x import pairs
 from speculative_t5x import speculative
 from speculative_t5x import sweep
 from speculative_t5x import table_drafters
@@ -282,7 +283,7 @@ def test_a_real_measurement_of_the_loops_on_a_tiny_pair():
   tokens = np.random.default_rng(0).integers(2, CONFIG.vocab_size, (2, 8))
   inputs = auto_shape.LoopInputs(tokens, 8, vocabulary)
   auto = auto_shape.Auto(max_gamma=2, trees=[(2, 1)], budget_s=0.5)
-  geometry = benchmark.DecodeGeometry.for_decoding(8, 16, 5, 4)
+  geometry = benchmark.DecodeGeometry.for_decoding(8, 48, 5, 8)  # 32 extra steps: resolvable
   measured = auto.measure(CONFIG, target_params, DRAFTER, drafter_params, geometry, 0.0, inputs)[0]
   loop = measured.loop
   assert loop is not None and loop.inputs == 2
@@ -346,21 +347,48 @@ def test_loops_within_the_noise_are_refused_not_priced():
   assert loop.tokens_per_call["gamma 1"] == 2
 
 
-def test_fingerprint_reads_every_leaf_and_its_ends():
-  """The decision cache's key changes with a config, a leaf's path, shape or dtype, or a value at
-  either end of a leaf; it ignores a value in between (only the ends are read)."""
-  config = tiny_config(16)
-  drafter = drafters.T5Drafter(config)
-  params = {"a": np.arange(40, dtype=np.float32).reshape(2, 20), "b": np.float32(3.0)}
-  key = auto_shape._fingerprint(config, params, drafter, {})
-  assert auto_shape._fingerprint(config, dict(params), drafter, {}) == key
+def test_choose_for_pair_reads_a_recorded_acceptance_and_records_a_measured_one(
+    measured, monkeypatch, tmp_path
+):
+  """With an acceptance file: record=True measures and writes; a later call finds the record of
+  the same pair, temperature, length and inputs and measures nothing, saying where alpha came
+  from; another temperature has no record and is measured. record=True needs a file."""
+  measured(CHEAP_VERIFY)
+  measurements = []
 
-  def changed(**leaves):
-    return auto_shape._fingerprint(config, {**params, **leaves}, drafter, {})
+  def measure_acceptance(pair, batches, decode_length, temperature, eos_id, num_tokens):
+    measurements.append(temperature)
+    return calibration.Positions([np.array([0.5, 1.0])], [np.array([0.8, 0.6])])
 
-  first, last, middle = (params["a"].copy() for _ in range(3))
-  first[0, 0], last[-1, -1], middle[0, 18] = -1, -1, -1
-  assert changed(a=first) != key and changed(a=last) != key and changed(b=np.float32(4)) != key
-  assert changed(a=params["a"].astype(np.float16)) != key and changed(c=np.float32(3.0)) != key
-  assert changed(a=middle) == key  # position 18 of row 0: neither end
-  assert auto_shape._fingerprint(config.replace(emb_dim=32), params, drafter, {}) != key
+  monkeypatch.setattr(auto_shape, "measure_acceptance", measure_acceptance)
+  params = {"w": np.zeros(3, np.float32)}
+  pair = pairs.Pair(
+      pairs.PairConfig(CONFIG, DRAFTER, random_init_seed=0), DRAFTER, params, params, {}
+  )
+  tokens = np.array([[5, 6, 1], [7, 1, 0]], np.int32)
+  vocabulary = seqio.PassThroughVocabulary(CONFIG.vocab_size, eos_id=1)
+  path = tmp_path / "acceptance.json"
+  auto = auto_shape.Auto(max_gamma=3)
+
+  def choose_for(temperature, **kwargs):
+    return auto.choose_for_pair(
+        pair, tokens, 8, GEOMETRY, temperature, vocabulary, "sentences", **kwargs
+    )
+
+  first = choose_for(0.0, acceptance_file=path, record=True)
+  assert measurements == [0.0] and first.alpha == pytest.approx(0.7)
+  assert first.alpha_source == (
+      f"measured on the 2 tokens the target generated for 2 sentences, recorded in {path}"
+  )
+  again = choose_for(0.0, acceptance_file=path)
+  assert measurements == [0.0] and again.alpha == first.alpha  # read, not measured
+  assert again.alpha_source == (
+      f"recorded in {path} for this pair and these sentences: the 2 tokens the target generated "
+      "for 2 sentences"
+  )
+  hot = choose_for(1.0, acceptance_file=path)
+  assert measurements == [0.0, 1.0] and hot.alpha_source.startswith("measured on")
+  choose_for(0.0)  # no file: measured
+  assert measurements == [0.0, 1.0, 0.0]
+  with pytest.raises(validation.InvalidInputError, match="record=True writes .*: give one"):
+    choose_for(0.0, record=True)

@@ -92,6 +92,9 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       "is fixed here (--gamma=3): drop it",
       "--draft_tree=2,1 --alpha_examples=4": "--alpha_examples applies to --gamma=auto only",
       "--auto_tree=2,0": "--auto_tree=2,0: a draft tree's branching must hold integers >= 1",
+      "--record_acceptance --acceptance_file=none": "--record_acceptance writes the measured "
+      "alpha into --acceptance_file, and there is none here",
+      "--gamma=2 --record_acceptance": "--record_acceptance applies to --gamma=auto only",
       f"--random_pair --test_file={tmp_path / 'three.tsv'}": "--random_pair decodes random inputs "
       "with random weights, and --test_file belongs to the trained pair's run: give one of the two",
       f"--test_file={tmp_path / 'absent.tsv'}": f"--test_file={tmp_path / 'absent.tsv'}: ",
