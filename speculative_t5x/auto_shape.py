@@ -37,6 +37,9 @@ loops of 2 and 3 drafts, timed too, were 0.02-0.04 target steps off the line bet
 one run, 0.01-0.27 in a noisier one (docs/results.md). The decoders are the ones a sweep after
 reuses (`sweep.build_settings`). The target on G + 1 tokens over its step, verify(G)
 (`benchmark.DecodeCosts.verify_cost`), is timed too: the figure a "no shape pays" decision names.
+With the loops timed, every prediction is a ratio of loop times, the step only their unit, so the
+steps are timed at the greedy draw whatever the temperature: one pair of step programs serves
+every temperature (at T = 1 the demo pair's sampled steps cost 2.6 s to compile on 2 cores).
 
 Without inputs, every cost is predicted from steps, which leave the loop's own work out: verify(M)
 for every chain and tree, and c_loop, a draft's price inside the loop (`DecodeCosts.c_in_loop`):
@@ -55,7 +58,11 @@ timing noise (`Prediction.clears`): with the loops timed, the speedups each roun
 (the baseline's loop and the candidate's timed in the same round, `Costs.round_ratios`) must
 clear it at their lower quartile too. A machine that swings by more than a shape gains gets the
 baseline: beside two busy processes the demo's T = 0 chain was predicted 1.03x from the medians
-and measured 0.93x (docs/results.md).
+and measured 0.93x (docs/results.md). Among those that clear it, a chain whose loop was not timed
+(its cost read off the line between the timed chains) is taken over the fastest timed candidate
+only where predicted faster by more than `Auto.interpolation_margin`: the line's own error (the
+loops of 2 and 3 drafts were 0.02-0.04 target steps, 1-2% of a call, off it on the demo pair in
+a quiet run) is not a gain, and the timed candidate's program is compiled already.
 
 The timing rounds are budgeted by the measured round time (`Auto.budget_s`); compilation is
 reported apart. A decision is cached per process, keyed by the device kind, the pair (configs and
@@ -315,7 +322,8 @@ class Choice:
   costs: what was measured; alpha and where it came from; compile_seconds and timing_seconds:
   what the measurement cost; rounds: timing rounds run; device_kind; acceptance_tokens: the
   positions the acceptance was measured at (0 for a given alpha); cached: whether this
-  process had made the decision before (no time spent then); min_speedup: `Auto.min_speedup`.
+  process had made the decision before (no time spent then); min_speedup and
+  interpolation_margin: `Auto`'s.
   """
 
   chosen: Prediction
@@ -332,6 +340,7 @@ class Choice:
   acceptance_tokens: int = 0
   cached: bool = False
   min_speedup: float = 1.0
+  interpolation_margin: float = 0.0
 
   @property
   def shape(self) -> draft_shapes.DraftShape | None:
@@ -349,11 +358,17 @@ class Choice:
           "target steps on this device, and speculative decoding pays where it costs about 1"
       )
     if self.chosen.shape is not None:
+      interpolated = ""
+      if self.best != self.chosen and self.best.clears(self.min_speedup):
+        interpolated = (
+            f" ({self.best.label}, its loop not timed, is predicted {self.best.speedup:.2f}x: "
+            f"within the interpolation margin, {self.interpolation_margin:.0%})"
+        )
       return (
           f"{self.chosen.expected_tokens:.2f} tokens per target call at alpha {self.alpha:.2f} "
           f"for {self.chosen.cost:.2f} target steps per call here, against "
           f"{self.costs.baseline_step:.2f} per token for the baseline: predicted "
-          f"{self.chosen.speedup:.2f}x"
+          f"{self.chosen.speedup:.2f}x{interpolated}"
       )
     return (
         f"no draft shape is predicted faster than the baseline here (the best, "
@@ -423,19 +438,28 @@ class Auto:
   too, for a drafter that proposes trees, each its branching (children per node at each depth,
   e.g. (2, 2, 1), `trees.DraftTree.from_branching`). budget_s: seconds of timing rounds (compilation apart), at least
   MIN_ROUNDS rounds. min_speedup: a candidate is chosen only when predicted at least this fast;
-  below it the baseline is.
+  below it the baseline is. interpolation_margin: how much faster than the fastest timed
+  candidate a chain whose loop was not timed must be predicted to be taken (the module
+  docstring).
   """
 
   max_gamma: int = 4
   trees: Sequence[Any] = ()
   budget_s: float = 4.0
   min_speedup: float = 1.0
+  interpolation_margin: float = 0.03
 
   def __post_init__(self):
     validation.check_integer(self.max_gamma, "max_gamma", 1, meaning="the longest chain tried")
     validation.check_number(self.budget_s, "budget_s", 0, meaning="seconds of timing rounds")
     validation.check_number(
         self.min_speedup, "min_speedup", 0, meaning="the predicted speedup a shape must reach"
+    )
+    validation.check_number(
+        self.interpolation_margin,
+        "interpolation_margin",
+        0,
+        meaning="the predicted gain an untimed chain needs over a timed candidate",
     )
     if isinstance(self.trees, (str, bytes)):
       raise validation.InvalidInputError(
@@ -466,10 +490,11 @@ class Auto:
       acceptance_source: str = "given",
       loop_inputs: LoopInputs | None = None,
   ) -> Choice:
-    """Measures the costs on the default device (`benchmark.cost_steps` at `geometry`, with the
-    temperature's standardization and draw; and the decoding loops on `loop_inputs`, if given)
-    and predicts every candidate (the module docstring) at `acceptance`, alpha or the betas per
-    position (`measure_acceptance`) -> the Choice. The same arguments again in one process
+    """Measures the costs on the default device (the decoding loops on `loop_inputs`, if given,
+    at the temperature; `benchmark.cost_steps` at `geometry`, with the temperature's
+    standardization and draw, or the greedy one where the loops are timed) and predicts every
+    candidate (the module docstring) at `acceptance`, alpha or the betas per position
+    (`measure_acceptance`) -> the Choice. The same arguments again in one process
     return the cached decision."""
     benchmark.check_drafter(drafter)
     if isinstance(acceptance, calibration.Positions):
@@ -505,7 +530,7 @@ class Auto:
     best = max(predictions, key=lambda p: p.speedup)
     clear = [p for p in predictions if p.clears(self.min_speedup)]
     _DECISIONS[key] = Choice(
-        chosen=max(clear, key=lambda p: p.speedup) if clear else BASELINE_PREDICTION,
+        chosen=self._fastest(clear, costs) if clear else BASELINE_PREDICTION,
         best=best,
         predictions=predictions,
         costs=costs,
@@ -518,8 +543,21 @@ class Auto:
         device_kind=device_kind,
         acceptance_tokens=0 if acceptance is None else acceptance.count,
         min_speedup=self.min_speedup,
+        interpolation_margin=self.interpolation_margin,
     )
     return _DECISIONS[key]
+
+  def _fastest(self, clear: list[Prediction], costs: Costs) -> Prediction:
+    """The fastest of `clear` (not empty), unless it is a chain whose loop was not timed and the
+    fastest timed one is within `interpolation_margin` of it: then that one."""
+    fastest = max(clear, key=lambda p: p.speedup)
+    timed = [p for p in clear if costs.loop is not None and p.label in costs.loop.call]
+    if not timed or fastest in timed:
+      return fastest
+    fastest_timed = max(timed, key=lambda p: p.speedup)
+    if fastest.speedup > fastest_timed.speedup * (1 + self.interpolation_margin):
+      return fastest
+    return fastest_timed
 
   def choose_for_pair(
       self,
@@ -631,7 +669,9 @@ class Auto:
       loop_calls = _loop_calls(
           target_config, target_params, drafter, drafter_params, shapes, loop_inputs, temperature
       )
-    step_calls = benchmark.decode_step_calls(steps, geometry, temperature=temperature)
+    # With the loops timed the steps are the predictions' unit only: greedy at every temperature.
+    step_temperature = temperature if loop_inputs is None else 0.0
+    step_calls = benchmark.decode_step_calls(steps, geometry, temperature=step_temperature)
     calls = {**step_calls, **loop_calls}
     start = time.perf_counter()
     outputs = benchmark.first_calls(calls)

@@ -223,10 +223,28 @@ def test_a_minimum_speedup_keeps_marginal_shapes_out(measured):
   assert choose(auto_shape.Auto(max_gamma=3, min_speedup=1.0), 0.5).shape == best.shape
 
 
+def test_an_interpolated_chain_must_beat_the_timed_ones_by_the_margin(measured):
+  """Steady loops of 2.2 ms per token (the baseline) and 3.4 / 4.2 ms per call (chains of 1 and
+  3 drafts) at alpha 0.55: gamma 2, its call read off the line (3.8 ms), is predicted
+  1.8525 x 2.2 / 3.8 = 1.0725x, 1.4% above the timed gamma 3's 2.0189 x 2.2 / 4.2 = 1.0575x.
+  The default 3% margin takes gamma 3 and says why; a 1% margin, or none, takes gamma 2."""
+  measured(noisy_loops((2.2, 2.2, 2.2), (3.4, 3.4, 3.4), (4.2, 4.2, 4.2)))
+  choice = choose(auto_shape.Auto(max_gamma=3), 0.55)
+  gamma2, gamma3 = choice.predictions[1:]
+  assert gamma2.speedup == pytest.approx(1.8525 * 2.2 / 3.8)
+  assert gamma3.speedup == pytest.approx((1 + 0.55 + 0.55**2 + 0.55**3) * 2.2 / 4.2)
+  assert choice.best is gamma2 and choice.chosen is gamma3
+  assert "gamma 2, its loop not timed, is predicted 1.07x" in choice.reason()
+  assert "interpolation margin, 3%" in choice.reason()
+  for margin in (0.01, 0.0):
+    assert choose(auto_shape.Auto(max_gamma=3, interpolation_margin=margin), 0.55).chosen == gamma2
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(max_gamma=0), "max_gamma must be"),
+        (dict(interpolation_margin=-0.1), "interpolation_margin must be"),
         (dict(max_gamma=2.5), "max_gamma must be"),
         (dict(budget_s=-1), "budget_s must be"),
         (dict(min_speedup=float("nan")), "min_speedup must be"),
@@ -303,6 +321,32 @@ def test_a_real_measurement_of_the_loops_on_a_tiny_pair():
       for _ in range(2)
   ]
   assert twice[0][setting.key].predict is twice[1][setting.key].predict
+
+
+def test_with_the_loops_timed_the_steps_are_greedy_at_every_temperature(monkeypatch):
+  """The steps are the unit of loop-timed predictions only: at temperature 1 they are timed at the
+  greedy draw (the programs a temperature-0 choice compiled), and at the temperature where no
+  loop is timed. Stopped at the step calls, before anything compiles."""
+  temperatures = []
+
+  class Stop(Exception):
+    pass
+
+  def decode_step_calls(steps, geometry, *, temperature):
+    temperatures.append(temperature)
+    raise Stop
+
+  monkeypatch.setattr(auto_shape.benchmark, "decode_step_calls", decode_step_calls)
+  vocabulary = seqio.PassThroughVocabulary(CONFIG.vocab_size, eos_id=1)
+  inputs = auto_shape.LoopInputs(np.full((1, 8), 5), 8, vocabulary)
+  target_params = benchmark.random_params(CONFIG, 0)
+  drafter_params = benchmark.random_params(DRAFTER.config, 1)
+  for loop_inputs in (inputs, None):
+    with pytest.raises(Stop):
+      auto_shape.Auto(max_gamma=2).measure(
+          CONFIG, target_params, DRAFTER, drafter_params, GEOMETRY, 1.0, loop_inputs
+      )
+  assert temperatures == [0.0, 1.0]
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,28 @@ def test_time_calls_keeps_each_calls_last_timed_result():
   assert len(runs) == 5 and int(outputs["f"]) == 5  # compile, warm-up, 3 rounds: the 5th kept
 
 
+def test_first_calls_run_each_functions_first_call_first(monkeypatch):
+  """One thread (one core): the calls run in the order submitted, the first call of each
+  function before any second one (which would wait for that function's compilation), and the
+  outputs come back by name in the calls' order."""
+  monkeypatch.setattr(benchmark.os, "cpu_count", lambda: 1)
+  order = []
+
+  def f(x):
+    order.append(("f", x))
+    return jnp.asarray(x)
+
+  def g(x):
+    order.append(("g", x))
+    return jnp.asarray(10 * x)
+
+  calls = {"f1": (f, (1,)), "f2": (f, (2,)), "g1": (g, (1,)), "f3": (f, (3,)), "g2": (g, (2,))}
+  outputs = benchmark.first_calls(calls)
+  assert order == [("f", 1), ("g", 1), ("f", 2), ("f", 3), ("g", 2)]
+  assert list(outputs) == list(calls)
+  assert [int(v) for v in outputs.values()] == [1, 2, 10, 3, 20]
+
+
 def test_costs_from_the_seconds_of_the_step_calls():
   """Marginal step times (long call minus short call, per extra step) and the ratios of
   Theorem 3.8 from known call times: the arithmetic the benchmark script applies to the rounds
