@@ -291,9 +291,9 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
     for by_drafter in choices.values():
       for choice in by_drafter.values():
         print(choice.summary())
-        shape = choice.best.shape
+        shape = choice.speculative.shape
         if isinstance(shape, draft_shapes.Tree):
-          trees.setdefault(choice.best.label, shape.tree)
+          trees.setdefault(choice.speculative.label, shape.tree)
         else:
           gammas = sorted({*gammas, shape.gamma})
   result = sweep.sweep(

@@ -489,7 +489,7 @@ def _auto_settings(
     tokens.append(choice.acceptance_tokens / len(first))
     print(f"[demo] {name}: {choice.summary()}")
     choices[name] = choice
-    shown = choice.predictions if _EVERY_CANDIDATE.value else [choice.best]
+    shown = choice.predictions if _EVERY_CANDIDATE.value else [choice.speculative]
     chains = [p.shape.gamma for p in shown if isinstance(p.shape, draft_shapes.Chain)]
     trees = {
         p.label.removeprefix("tree "): p.shape.tree
@@ -510,7 +510,7 @@ def _timing_repeats(choices: dict[str, auto_shape.Choice], tokens: float, exampl
   per_repeat = 0.0
   for choice in choices.values():
     token_s = choice.costs.baseline_step * choice.costs.target_step.median_ms / 1e3
-    per_repeat += examples * tokens * token_s * (1 + 1 / max(choice.best.speedup, 0.1))
+    per_repeat += examples * tokens * token_s * (1 + 1 / max(choice.speculative.speedup, 0.1))
   return int(np.clip(_TIMING_BUDGET.value // max(per_repeat, 1e-9), 1, 3))
 
 

@@ -347,6 +347,12 @@ class Choice:
     """The chosen draft shape, None for the baseline."""
     return self.chosen.shape
 
+  @property
+  def speculative(self) -> Prediction:
+    """The speculative candidate to show: the chosen one, or the best one where the baseline is
+    chosen."""
+    return self.best if self.chosen.shape is None else self.chosen
+
   def reason(self) -> str:
     """One line: why the choice is what it is, with the figures."""
     if self.chosen.shape is None and self.best.speedup >= self.min_speedup:  # noise, not cost

@@ -211,6 +211,7 @@ def test_the_baseline_is_chosen_where_verification_is_dear(measured):
   choice = choose(auto_shape.Auto(max_gamma=3), 0.65)
   assert choice.shape is None and choice.chosen.label == auto_shape.BASELINE
   assert choice.best.shape is not None and choice.best.speedup < 1
+  assert choice.speculative is choice.best  # what the demo still decodes
   assert "a verification of 4 tokens costs 2.40 target steps" in choice.reason()
   assert "about 1" in choice.reason()
 
@@ -233,7 +234,7 @@ def test_an_interpolated_chain_must_beat_the_timed_ones_by_the_margin(measured):
   gamma2, gamma3 = choice.predictions[1:]
   assert gamma2.speedup == pytest.approx(1.8525 * 2.2 / 3.8)
   assert gamma3.speedup == pytest.approx((1 + 0.55 + 0.55**2 + 0.55**3) * 2.2 / 4.2)
-  assert choice.best is gamma2 and choice.chosen is gamma3
+  assert choice.best is gamma2 and choice.chosen is gamma3 and choice.speculative is gamma3
   assert "gamma 2, its loop not timed, is predicted 1.07x" in choice.reason()
   assert "interpolation margin, 3%" in choice.reason()
   for margin in (0.01, 0.0):
