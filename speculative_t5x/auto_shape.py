@@ -318,7 +318,9 @@ class Choice:
 
   chosen: the best prediction of those that reach `Auto.min_speedup` beyond the timing noise
   (`Prediction.clears`), or the baseline's when none does; best: the best speculative candidate
-  by its median prediction (chosen or not); predictions: every candidate, in order;
+  by its median prediction (chosen or not); speculative: the speculative candidate to show, the
+  chosen one, or where the baseline is chosen the best one under the interpolation margin
+  (`Auto.interpolation_margin`); predictions: every candidate, in order;
   costs: what was measured; alpha and where it came from; compile_seconds and timing_seconds:
   what the measurement cost; rounds: timing rounds run; device_kind; acceptance_tokens: the
   positions the acceptance was measured at (0 for a given alpha); cached: whether this
@@ -328,6 +330,7 @@ class Choice:
 
   chosen: Prediction
   best: Prediction
+  speculative: Prediction
   predictions: list[Prediction]
   costs: Costs
   alpha: float
@@ -346,12 +349,6 @@ class Choice:
   def shape(self) -> draft_shapes.DraftShape | None:
     """The chosen draft shape, None for the baseline."""
     return self.chosen.shape
-
-  @property
-  def speculative(self) -> Prediction:
-    """The speculative candidate to show: the chosen one, or the best one where the baseline is
-    chosen."""
-    return self.best if self.chosen.shape is None else self.chosen
 
   def reason(self) -> str:
     """One line: why the choice is what it is, with the figures."""
@@ -418,6 +415,7 @@ class Choice:
     return {
         "chosen": self.chosen.as_dict(),
         "best_speculative": self.best.as_dict(),
+        "shown_speculative": self.speculative.as_dict(),
         "reason": self.reason(),
         "predictions": [p.as_dict() for p in self.predictions],
         "alpha": self.alpha,
@@ -535,9 +533,11 @@ class Auto:
     predictions = self.predictions(costs, alpha, acceptance)
     best = max(predictions, key=lambda p: p.speedup)
     clear = [p for p in predictions if p.clears(self.min_speedup)]
+    chosen = self._fastest(clear, costs) if clear else BASELINE_PREDICTION
     _DECISIONS[key] = Choice(
-        chosen=self._fastest(clear, costs) if clear else BASELINE_PREDICTION,
+        chosen=chosen,
         best=best,
+        speculative=self._fastest(predictions, costs) if chosen.shape is None else chosen,
         predictions=predictions,
         costs=costs,
         alpha=alpha,
@@ -553,11 +553,11 @@ class Auto:
     )
     return _DECISIONS[key]
 
-  def _fastest(self, clear: list[Prediction], costs: Costs) -> Prediction:
-    """The fastest of `clear` (not empty), unless it is a chain whose loop was not timed and the
-    fastest timed one is within `interpolation_margin` of it: then that one."""
-    fastest = max(clear, key=lambda p: p.speedup)
-    timed = [p for p in clear if costs.loop is not None and p.label in costs.loop.call]
+  def _fastest(self, candidates: list[Prediction], costs: Costs) -> Prediction:
+    """The fastest of `candidates` (not empty), unless it is a chain whose loop was not timed and
+    the fastest timed one is within `interpolation_margin` of it: then that one."""
+    fastest = max(candidates, key=lambda p: p.speedup)
+    timed = [p for p in candidates if costs.loop is not None and p.label in costs.loop.call]
     if not timed or fastest in timed:
       return fastest
     fastest_timed = max(timed, key=lambda p: p.speedup)
@@ -654,7 +654,7 @@ class Auto:
     and max_gamma + 1 tokens; without, the target on 1..max_gamma + 1 tokens and each tree's
     M + 1, and one iteration of max_gamma drafts (marginal step times,
     `benchmark.marginal_step_timings`) -> (Costs, seconds compiling (with each program's first
-    run), seconds timing, rounds). After a warm-up round, one timed round runs; the rest fill
+    run), seconds timing, rounds). One timed round runs after the compiling runs; the rest fill
     `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
     gamma = self.max_gamma
     if loop_inputs is None:
@@ -682,9 +682,10 @@ class Auto:
     start = time.perf_counter()
     outputs = benchmark.first_calls(calls)
     compile_seconds = time.perf_counter() - start
-    # A warm-up round, untimed (a first run after compiling is slower: cold caches and buffers).
+    # The compiling runs are the warm-up: on the demo pair on 2 cores the second run of a loop
+    # (30.3 ms) was within the spread of the next six (28.6-34.2 ms).
     start = time.perf_counter()
-    first = benchmark.time_rounds(calls, repeats=1, warmup=1, compiled=True)
+    first = benchmark.time_rounds(calls, repeats=1, warmup=0, compiled=True)
     round_seconds = sum(float(s[0]) for s in first.values())
     rounds = int(np.clip(self.budget_s // max(round_seconds, 1e-9), MIN_ROUNDS, MAX_ROUNDS))
     seconds, done = {name: [first[name]] for name in calls}, 1

@@ -216,6 +216,15 @@ def test_the_baseline_is_chosen_where_verification_is_dear(measured):
   assert "about 1" in choice.reason()
 
 
+def test_where_the_baseline_is_chosen_the_timed_chain_within_the_margin_is_shown(measured):
+  """The loops of the margin test at alpha 0.55 with min_speedup 1.1: nothing clears it, the
+  baseline is chosen, and the candidate shown is the timed gamma 3, not gamma 2, 1.4% faster."""
+  measured(noisy_loops((2.2, 2.2, 2.2), (3.4, 3.4, 3.4), (4.2, 4.2, 4.2)))
+  choice = choose(auto_shape.Auto(max_gamma=3, min_speedup=1.1), 0.55)
+  assert choice.shape is None and choice.best.label == "gamma 2"
+  assert choice.speculative.label == "gamma 3"
+
+
 def test_a_minimum_speedup_keeps_marginal_shapes_out(measured):
   measured(CHEAP_VERIFY)
   best = max(auto_shape.Auto(max_gamma=3).predictions(CHEAP_VERIFY, 0.5), key=lambda p: p.speedup)
