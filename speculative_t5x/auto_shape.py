@@ -343,7 +343,7 @@ class Choice:
   acceptance_tokens: int = 0
   cached: bool = False
   min_speedup: float = 1.0
-  interpolation_margin: float = 0.0
+  interpolation_margin: float = 0.03
 
   @property
   def shape(self) -> draft_shapes.DraftShape | None:
@@ -557,7 +557,7 @@ class Auto:
     """The fastest of `candidates` (not empty), unless it is a chain whose loop was not timed and
     the fastest timed one is within `interpolation_margin` of it: then that one."""
     fastest = max(candidates, key=lambda p: p.speedup)
-    timed = [p for p in candidates if costs.loop is not None and p.label in costs.loop.call]
+    timed = [] if costs.loop is None else [p for p in candidates if p.label in costs.loop.call]
     if not timed or fastest in timed:
       return fastest
     fastest_timed = max(timed, key=lambda p: p.speedup)
