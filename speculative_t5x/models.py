@@ -299,8 +299,12 @@ class EncoderDecoderModel:
       return_all_decodes: bool = False,
       num_decodes: int = 1,
       prompt_with_targets: bool = False,
+      prefilled: Any = None,
   ):
-    """-> (decodes [B, L] or [B, N, L], {'scores': [B] or [B, N]})."""
+    """-> (decodes [B, L] or [B, N, L], {'scores': [B] or [B, N]}).
+
+    prefilled: `prefill(params, batch)`, where the caller computed it (`jit_predict` runs it as
+    a program of its own); None: computed here."""
     params = self.checked_params(params)
     validation.check_boolean(return_all_decodes, "return_all_decodes")
     validation.check_boolean(prompt_with_targets, "prompt_with_targets")
@@ -310,7 +314,7 @@ class EncoderDecoderModel:
       inputs = jnp.where(decoder_inputs == self.eos_id, 0, decoder_inputs)
     else:
       inputs = jnp.zeros_like(decoder_inputs)
-    cache = self.prefill(params, batch)
+    cache = self.prefill(params, batch) if prefilled is None else prefilled
 
     def tokens_to_logits(state: decoding.DecodingState):
       logits, cache = self._target_decode(params, state.cur_token, state.cache, state.cur_index)
@@ -344,7 +348,10 @@ class EncoderDecoderModel:
 
     A concrete greedy temperature (at or below `sampling.MIN_TEMPERATURE`) runs a second compiled
     function, the greedy specialization of the loop (argmaxes of the logits, no distributions;
-    compiled on first use), whose outputs are those of the traced one at that temperature.
+    compiled on first use), whose outputs are those of the traced one at that temperature. Both
+    start from the prefill, a program of its own (`jit_prefill`): the two programs of a call are
+    those of `predict_batch_with_aux`, which is one, split where its loop starts. Under an outer
+    `jax.jit` (`partitioning.Partitioner.partition_predict`, `aot`) they trace into one.
 
     The settings are checked here (NumPy and concrete jax scalars are taken for their values, so
     `topp=jnp.asarray(0.9)` is `topp=0.9` and shares its compiled function), and each call's
@@ -381,7 +388,7 @@ class EncoderDecoderModel:
           "max_decode_steps": max_decode_steps,
       }
 
-    def fn(params, batch, rng, temperature):
+    def fn(params, batch, prefilled, rng, temperature):
       return self.predict_batch_with_aux(
           params,
           batch,
@@ -389,10 +396,16 @@ class EncoderDecoderModel:
           decoder_params=decoder_params(temperature),
           return_all_decodes=return_all_decodes,
           num_decodes=num_decodes,
+          prefilled=prefilled,
       )
 
+    # The prefill a program of its own (`jit_prefill`), shared by the traced and the greedy
+    # loops, which then do not each compile the encoder.
+    prefill = self.jit_prefill()
     compiled = jax.jit(fn)
-    compiled_greedy = jax.jit(lambda params, batch, rng: fn(params, batch, rng, 0.0))
+    compiled_greedy = jax.jit(
+        lambda params, batch, prefilled, rng: fn(params, batch, prefilled, rng, 0.0)
+    )
 
     def predict(params, batch, rng, temperature):
       if isinstance(temperature, (list, tuple)):
@@ -403,11 +416,18 @@ class EncoderDecoderModel:
       # Unboxed here, so boxed and plain trees share one compiled function.
       params = self.checked_params(params)
       self._settings(params, batch, decoder_params(temperature), rng, num_decodes)
+      prefilled = prefill(params, batch)
       if sampling.is_greedy(temperature) and np.ndim(temperature) == 0:
-        return compiled_greedy(params, batch, rng)
-      return compiled(params, batch, rng, temperature)
+        return compiled_greedy(params, batch, prefilled, rng)
+      return compiled(params, batch, prefilled, rng, temperature)
 
     return predict
+
+  @functools.cache  # noqa: B019  (compiled functions live as long as the model)
+  def jit_prefill(self) -> Callable:
+    """`prefill` jitted, one function per model: the program `jit_predict`'s decodes run before
+    their loop, so timing it (`sweep`) compiles nothing more."""
+    return jax.jit(self.prefill)
 
 
 @gin.configurable
@@ -560,12 +580,13 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
       return_all_decodes: bool = False,
       num_decodes: int = 1,
       prompt_with_targets: bool = False,
+      prefilled: Any = None,
   ):
     """-> (decodes, {'scores': ..., 'speculative_stats': {name: [B] or [B, N]}}), the stats named
     `decoding.STAT_NAMES` (`decoding.SpeculativeStats.from_dict` gives alpha and tokens per call).
 
     With decoder_params['return_trace'] = True, aux also has 'speculative_trace', a
-    `decoding.SpeculativeTrace`.
+    `decoding.SpeculativeTrace`. prefilled: as the baseline's.
     """
     if validation.check_boolean(prompt_with_targets, "prompt_with_targets"):
       raise ValueError(
@@ -576,7 +597,7 @@ class SpeculativeEncoderDecoderModel(EncoderDecoderModel):
     validation.check_boolean(return_all_decodes, "return_all_decodes")
     settings = self._settings(params, batch, decoder_params, rng, num_decodes)
     decoder_inputs = batch["decoder_input_tokens"]
-    target_cache, drafter_state = self.prefill(params, batch)
+    target_cache, drafter_state = self.prefill(params, batch) if prefilled is None else prefilled
     output = self._decode_fn(
         inputs=jnp.zeros_like(decoder_inputs),
         target_cache=target_cache,

@@ -204,7 +204,7 @@ def _decode_functions(
       model = models.SpeculativeEncoderDecoderModel(
           target, drafter, vocabulary, vocabulary, **model_kwargs
       )
-    return model.jit_predict(), jax.jit(model.prefill)
+    return model.jit_predict(), model.jit_prefill()
 
   key = ("decode", target_config, vocabulary.vocab_size, vocabulary.eos_id, drafter)
   return benchmark.shared(key + tuple(model_kwargs.items()), make)

@@ -188,3 +188,33 @@ def test_jit_predict_matches_predict_batch_with_aux():
       np.testing.assert_allclose(
           aux["speculative_stats"][name], want_aux["speculative_stats"][name], rtol=1e-6
       )
+
+
+def test_jit_predict_runs_the_prefill_as_its_own_program_shared_by_both_loops():
+  """The greedy and the traced loops start from `jit_prefill`'s program (compiled once, for the
+  one batch shape), so neither compiles the encoder; given that prefill, predict_batch_with_aux
+  decodes as it does from its own."""
+  batch = {k: v for k, v in _batch().items() if k != "decoder_target_tokens"}
+  rng = jax.random.PRNGKey(2)
+  for model, params in (
+      (models.EncoderDecoderModel(TARGET, VOCAB, VOCAB), PARAMS),
+      (
+          models.SpeculativeEncoderDecoderModel(
+              TARGET, drafters.T5Drafter(CONFIG), VOCAB, VOCAB, gamma=2
+          ),
+          {"target": PARAMS, "drafter": network.init_params(CONFIG, jax.random.PRNGKey(1))},
+      ),
+  ):
+    predict, prefill = model.jit_predict(), model.jit_prefill()
+    assert prefill is model.jit_prefill()
+    for temperature in (0.0, 1.0):
+      predict(params, batch, rng, temperature)
+    assert prefill._cache_size() == 1
+    prefilled = prefill(params, batch)
+    for temperature in (0.0, 1.0):
+      settings = {"temperature": temperature}
+      want = model.predict_batch_with_aux(params, batch, rng, decoder_params=settings)[0]
+      got = model.predict_batch_with_aux(
+          params, batch, rng, decoder_params=settings, prefilled=prefilled
+      )[0]
+      np.testing.assert_array_equal(got, want)
