@@ -319,8 +319,8 @@ class Choice:
   chosen: the best prediction of those that reach `Auto.min_speedup` beyond the timing noise
   (`Prediction.clears`), or the baseline's when none does; best: the best speculative candidate
   by its median prediction (chosen or not); speculative: the speculative candidate to show, the
-  chosen one, or where the baseline is chosen the best one under the interpolation margin
-  (`Auto.interpolation_margin`); predictions: every candidate, in order;
+  chosen one, or where the baseline is chosen the best one whose loop was timed (the best one
+  where no loop was); predictions: every candidate, in order;
   costs: what was measured; alpha and where it came from; compile_seconds and timing_seconds:
   what the measurement cost; rounds: timing rounds run; device_kind; acceptance_tokens: the
   positions the acceptance was measured at (0 for a given alpha); cached: whether this
@@ -537,7 +537,7 @@ class Auto:
     _DECISIONS[key] = Choice(
         chosen=chosen,
         best=best,
-        speculative=self._fastest(predictions, costs) if chosen.shape is None else chosen,
+        speculative=self._shown(predictions, costs) if chosen.shape is None else chosen,
         predictions=predictions,
         costs=costs,
         alpha=alpha,
@@ -557,13 +557,18 @@ class Auto:
     """The fastest of `candidates` (not empty), unless it is a chain whose loop was not timed and
     the fastest timed one is within `interpolation_margin` of it: then that one."""
     fastest = max(candidates, key=lambda p: p.speedup)
-    timed = [] if costs.loop is None else [p for p in candidates if p.label in costs.loop.call]
-    if not timed or fastest in timed:
-      return fastest
-    fastest_timed = max(timed, key=lambda p: p.speedup)
-    if fastest.speedup > fastest_timed.speedup * (1 + self.interpolation_margin):
+    fastest_timed = _fastest_timed(candidates, costs)
+    if fastest_timed is None or fastest.speedup > fastest_timed.speedup * (
+        1 + self.interpolation_margin
+    ):
       return fastest
     return fastest_timed
+
+  def _shown(self, candidates: list[Prediction], costs: Costs) -> Prediction:
+    """The candidate shown where the baseline is chosen: the fastest whose loop was timed, its
+    programs compiled already (it is shown, not chosen: an untimed chain predicted faster would
+    cost a compilation to show), or `_fastest` where the loops were not timed."""
+    return _fastest_timed(candidates, costs) or self._fastest(candidates, costs)
 
   def choose_for_pair(
       self,
@@ -759,6 +764,12 @@ class Auto:
           )
       )
     return predictions
+
+
+def _fastest_timed(candidates: list[Prediction], costs: Costs) -> Prediction | None:
+  """The fastest of `candidates` whose loop was timed; None where none was."""
+  timed = [] if costs.loop is None else [p for p in candidates if p.label in costs.loop.call]
+  return max(timed, key=lambda p: p.speedup) if timed else None
 
 
 def _low(tokens: float, ratios: np.ndarray | None, speedup: float) -> float | None:
