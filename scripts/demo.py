@@ -15,8 +15,8 @@ default run's; --record_acceptance rewrites it), else measured on the first --al
 sentences; the decoding loops (the baseline's, and chains of 1 and --max_gamma drafts) are timed
 on four of them beside the target's 1- and k-token steps, then the chain with the highest
 predicted speedup is decoded, before the next temperature is measured. Where none is predicted faster than the
-baseline the demo says so, with the figures, and still decodes the best one, to show it and check
-it.
+baseline the demo says so, with the figures, and still decodes the fastest one whose loop it
+timed, to show it and check it.
 
 A --pair_dir that is missing or incomplete is an error (exit status 1), never replaced: a tiny
 pair of random weights, for the mechanics only (its alpha says nothing about real drafters), is
