@@ -11,9 +11,9 @@ checks that the greedy output is identical to the baseline's, and exits with sta
 The draft shape is chosen on the machine it runs on (--gamma=auto, the default;
 `auto_shape.Auto`): per temperature, alpha is read from its record in --acceptance_file where one
 matches the pair, temperature and sentences (demo_models/measurements/acceptance.json holds the
-default run's; --record_acceptance rewrites it), else measured on the first --alpha_examples
+default run's; --record_acceptance rewrites it), else measured on the first --alpha_examples (by default all 48)
 sentences; the decoding loops (the baseline's, and chains of 1 and --max_gamma drafts) are timed
-on four of them beside the target's 1- and k-token steps, then the chain with the highest
+on four of them spanning their outputs' lengths, beside the target's 1- and k-token steps, then the chain with the highest
 predicted speedup is decoded, before the next temperature is measured. Where none is predicted faster than the
 baseline the demo says so, with the figures, and still decodes the fastest one whose loop it
 timed, to show it and check it.
@@ -137,9 +137,11 @@ _AUTO_BUDGET = flags.DEFINE_float(
 )
 _ALPHA_EXAMPLES = flags.DEFINE_integer(
     "alpha_examples",
-    16,
+    48,
     "With --gamma=auto: alpha is measured on the target's own outputs for this many of the "
-    "first sentences (about 15 tokens each), at each temperature (auto_shape.measure_acceptance).",
+    "first sentences (about 12 tokens each), at each temperature (auto_shape.measure_acceptance); "
+    "by default the --num_examples decoded: the first 16 of the test split have an alpha of "
+    "0.567 / 0.621 at T = 0 / 1, the 48 0.662 / 0.682.",
     lower_bound=1,
 )
 _ACCEPTANCE_FILE = flags.DEFINE_string(

@@ -12,8 +12,10 @@ measured per position (`calibration.Positions`: beta_t = sum_x min(p_t, q_t) alo
 own outputs, alpha their mean):
 
   chain of gamma drafts:  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)              (Eq. 1)
-                          or, per position, mean_j sum_{i<=gamma} prod_{l<i} beta_{j+l} + 1
-                          (`calibration.predict`: acceptances that come in runs, as they do)
+                          or, per position, n / C(gamma): a sentence's tokens over its
+                          expected target calls, each call starting where the one before
+                          ended (`calibration.chain_decodes`: acceptances that come in runs,
+                          as they do; at T = 0 the decode's own calls, exactly)
                           cost      = L(gamma), the speculative loop per target call, timed
                                       (or, without inputs, gamma c_loop + verify(gamma))
   tree of M drafts, depth D, branching (k_1..k_D):
@@ -26,11 +28,16 @@ own outputs, alpha their mean):
 
 in units of the target's single-token step, timed on this device.
 
-Given real inputs (`LoopInputs`; `choose_for_pair` takes four of the acceptance's), the
-decoding loops themselves are timed on them, each input's decode less its prefill
-(`LoopCosts`): the baseline's per decoded token, b (the step, and the loop's own sampling and
-writes), and the speculative loop per target call of chains of 1 and of G = max_gamma drafts,
-L(gamma) linear in gamma between the two, and of each tree. So the loop's own work (the
+Given real inputs (`LoopInputs`; `choose_for_pair` takes four of the acceptance's sentences,
+whose outputs span their lengths, `spanning_inputs`), the decoding loops themselves are timed
+on them, each input's decode less its prefill fitted over the inputs as F + units x cost
+(`LoopCosts`, `_fit_decodes`): the baseline's per decoded token, b (the step, and the loop's own
+sampling and writes), and the speculative loop per target call of chains of 1 and of G =
+max_gamma drafts, L(gamma) linear in gamma between the two, and of each tree; F, a decode's
+fixed part, likewise. With the acceptance per position, each F is spread over the mean
+sentence's n tokens and C calls: the predicted speedup is (F_b + n b) / (F(gamma) + C L(gamma)),
+so short outputs, which pay the fixed parts over fewer tokens, are priced as such (on the demo
+pair, 2 cores, a decode's fixed part was 6.6-9.4 ms, 2-3 tokens' worth; docs/results.md). So the loop's own work (the
 acceptance test, writes, bookkeeping: 10-30% of a call on the demo pair on 2 CPU cores,
 `report.SpeedupRow`'s efficiency in situ) is in every cost. On the demo pair on 2 cores, the
 loops of 2 and 3 drafts, timed too, were 0.02-0.04 target steps off the line between 1 and 4 in
@@ -185,14 +192,18 @@ class LoopInputs:
 
 @dataclasses.dataclass(frozen=True)
 class LoopCosts:
-  """The decoding loops timed whole on `LoopInputs`, beside the steps: per round, the calls'
-  decode times less their prefills', summed over the N inputs.
+  """The decoding loops timed whole on `LoopInputs`, beside the steps: per round, each input's
+  decode time less its prefill's, t_i = F + u_i x (the loop per unit), fitted over the N inputs
+  (`_fit_decodes`), u_i its units: decoded tokens for the baseline, target calls for a shape. F,
+  a decode's fixed part (its time not in proportion to its tokens or calls), is several tokens'
+  worth on the demo pair on 2 cores (docs/results.md), so short inputs cost more per unit.
 
   baseline_token: the baseline's loop per decoded token; call: a shape's label ('gamma 1',
   'gamma G', 'tree 2,2,1', as `Prediction.label`) -> its speculative loop per target call;
   tokens_per_call: label -> what that loop realized on the inputs; rounds: BASELINE and each
   label -> those figures in ms, round by round (every loop is timed once per round), for
-  `Costs.round_ratios`; empty: not kept.
+  `Costs.round_ratios`; empty: not kept. fixed: BASELINE and each label -> F (a Timing over the
+  rounds); fixed_rounds: F in ms, round by round; both empty: F = 0.
   """
 
   baseline_token: benchmark.Timing
@@ -200,14 +211,18 @@ class LoopCosts:
   tokens_per_call: dict[str, float]
   inputs: int
   rounds: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+  fixed: dict[str, benchmark.Timing] = dataclasses.field(default_factory=dict)
+  fixed_rounds: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
   def as_dict(self) -> dict:
     return {
         "baseline_ms_per_token": self.baseline_token.as_dict(),
         "ms_per_target_call": {label: t.as_dict() for label, t in self.call.items()},
+        "ms_fixed_per_decode": {label: t.as_dict() for label, t in self.fixed.items()},
         "tokens_per_call": dict(self.tokens_per_call),
         "inputs": self.inputs,
         "ms_by_round": {label: list(ms) for label, ms in self.rounds.items()},
+        "ms_fixed_by_round": {label: list(ms) for label, ms in self.fixed_rounds.items()},
     }
 
 
@@ -259,6 +274,19 @@ class Costs:
     weight = 0.0 if self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
     return (first + weight * (last - first)) / self.target_step.median_ms
 
+  def fixed(self, label: str, gamma: int | None = None) -> float:
+    """F, a decode's fixed part, of the baseline (BASELINE) or a shape, in target steps (for a
+    chain, `gamma`: linear between the chains timed, as `chain_cost`); 0 where the loops were
+    not timed or no F was fitted."""
+    if self.loop is None or not self.loop.fixed:
+      return 0.0
+    if gamma is None:
+      return self.loop.fixed[label].median_ms / self.target_step.median_ms
+    first = self.loop.fixed[_chain_label(1)].median_ms
+    last = self.loop.fixed[_chain_label(self.gamma)].median_ms
+    weight = 0.0 if self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
+    return (first + weight * (last - first)) / self.target_step.median_ms
+
   def tree_cost(self, label: str, depth: int, drafts: int) -> float:
     """A target call of the tree `label` (`drafts` drafts, `depth`), in target steps: its loop
     per call where the loops were timed; else depth c_loop + verify(drafts)."""
@@ -266,20 +294,32 @@ class Costs:
       return depth * self.c_loop + self.verify_cost(drafts)
     return self.loop.call[label].median_ms / self.target_step.median_ms
 
-  def round_ratios(self, label: str, gamma: int | None = None) -> np.ndarray | None:
+  def round_ratios(
+      self, label: str, gamma: int | None = None, decode: tuple[float, float] | None = None
+  ) -> np.ndarray | None:
     """b_r / L_r for each timed round r: the baseline's loop per token over the candidate's per
     target call, both from round r (for a chain, `gamma`: L_r linear between the chains timed,
     as `chain_cost`), so a slow spell that lands on a round lands on both; tokens per call times
-    it is that round's predicted speedup. None where the rounds were not kept."""
+    it is that round's predicted speedup. decode: (tokens, target calls) of a decode, with which
+    each round's fixed parts are spread over them, b_r + F_r / tokens over L_r + F'_r / calls.
+    None where the rounds were not kept."""
     if self.loop is None or not self.loop.rounds:
       return None
-    rounds = {name: np.asarray(ms) for name, ms in self.loop.rounds.items()}
-    if gamma is None:
-      call = rounds[label]
-    else:
+    weight = 0.0 if gamma is None or self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
+
+    def per_round(kept: dict[str, tuple[float, ...]]) -> tuple[np.ndarray, np.ndarray]:
+      rounds = {name: np.asarray(ms) for name, ms in kept.items()}
+      if gamma is None:
+        return rounds[BASELINE], rounds[label]
       first, last = rounds[_chain_label(1)], rounds[_chain_label(self.gamma)]
-      call = first + (0.0 if self.gamma == 1 else (gamma - 1) / (self.gamma - 1)) * (last - first)
-    return rounds[BASELINE] / call
+      return rounds[BASELINE], first + weight * (last - first)
+
+    baseline, call = per_round(self.loop.rounds)
+    if decode is not None and self.loop.fixed_rounds:
+      tokens, calls = decode
+      baseline_fixed, call_fixed = per_round(self.loop.fixed_rounds)
+      baseline, call = baseline + baseline_fixed / tokens, call + call_fixed / calls
+    return baseline / call
 
   def as_dict(self) -> dict:
     timed = self.iteration is not None
@@ -367,11 +407,12 @@ class Choice:
             f" ({self.best.label}, its loop not timed, is predicted {self.best.speedup:.2f}x: "
             f"within the interpolation margin, {self.interpolation_margin:.0%})"
         )
+      chosen = self.chosen
+      baseline = chosen.speedup * chosen.cost / chosen.expected_tokens  # per token, F spread
       return (
-          f"{self.chosen.expected_tokens:.2f} tokens per target call at alpha {self.alpha:.2f} "
-          f"for {self.chosen.cost:.2f} target steps per call here, against "
-          f"{self.costs.baseline_step:.2f} per token for the baseline: predicted "
-          f"{self.chosen.speedup:.2f}x{interpolated}"
+          f"{chosen.expected_tokens:.2f} tokens per target call at alpha {self.alpha:.2f} "
+          f"for {chosen.cost:.2f} target steps per call here, against {baseline:.2f} per token "
+          f"for the baseline: predicted {chosen.speedup:.2f}x{interpolated}"
       )
     return (
         f"no draft shape is predicted faster than the baseline here (the best, "
@@ -399,9 +440,14 @@ class Choice:
           f"{label} {t.median_ms / costs.target_step.median_ms:.2f}"
           for label, t in costs.loop.call.items()
       )
+      fixed = ""
+      if costs.loop.fixed:
+        fixed = "; per decode, fixed: " + ", ".join(
+            f"{label} {costs.fixed(label):.2f}" for label in costs.loop.fixed
+        )
       lines.append(
           f"  the decoding loops on {costs.loop.inputs} inputs, in target steps: the baseline "
-          f"{costs.baseline_step:.2f} per token; per target call {calls}"
+          f"{costs.baseline_step:.2f} per token; per target call {calls}{fixed}"
       )
     lines += [
         "  predicted: " + ", ".join(_predicted(p) for p in self.predictions),
@@ -584,8 +630,8 @@ class Auto:
   ) -> Choice:
     """`choose` for a loaded pair with a drafter: the acceptance per position measured along
     the target's own outputs of up to decode_length tokens for encoder_tokens [N, Le] (one
-    batch, `measure_acceptance`), then the costs, the loops timed on the first LOOP_INPUTS of
-    them. vocabulary: the output vocabulary (its EOS ends the decodes). `inputs` names them in
+    batch, `measure_acceptance`), then the costs, the loops timed on LOOP_INPUTS of them that
+    span their outputs' lengths (`spanning_inputs`). vocabulary: the output vocabulary (its EOS ends the decodes). `inputs` names them in
     the Choice.
 
     acceptance_file: a file of acceptance records (`acceptance_record`): where it holds the
@@ -596,7 +642,7 @@ class Auto:
       raise validation.InvalidInputError(
           "record=True writes the measured acceptance into acceptance_file: give one."
       )
-    loop_inputs = LoopInputs(np.asarray(encoder_tokens)[:LOOP_INPUTS], decode_length, vocabulary)
+    eos_id = validation.check_eos_id(getattr(vocabulary, "eos_id", None))
     key = found = None
     if acceptance_file is not None:
       key = acceptance_record.Key.of(
@@ -615,7 +661,7 @@ class Auto:
           [encoder_tokens],
           decode_length,
           temperature,
-          loop_inputs.eos_id,
+          eos_id,
           decode_length * len(encoder_tokens),
       )
       measured_on = (
@@ -632,6 +678,11 @@ class Auto:
       source = (
           f"recorded in {acceptance_file} for this pair and these {inputs}: {found.measured_on}"
       )
+    loop_inputs = LoopInputs(
+        spanning_inputs(np.asarray(encoder_tokens), positions, LOOP_INPUTS),
+        decode_length,
+        vocabulary,
+    )
     return self.choose(
         pair.target_config,
         pair.target_params,
@@ -732,21 +783,23 @@ class Auto:
     call from the betas per position where given, else from alpha; a tree's as its timed loop
     realized them where the loops were timed, else from the branching model."""
     predictions = []
+    sequence_tokens = None if positions is None else calibration.chain_decodes(positions, 1)[0]
     for gamma in range(1, self.max_gamma + 1):
+      decode = None
       if positions is None:
         tokens = float(theory.expected_tokens(alpha, gamma))
       else:
-        tokens = calibration.predict(positions, gamma, 0.0, 0.0, 1.0).tokens_per_call
-      cost = costs.chain_cost(gamma)
-      speedup = tokens * costs.baseline_step / cost
+        decode = calibration.chain_decodes(positions, gamma)
+        tokens = decode[0] / decode[1]
       predictions.append(
-          Prediction(
+          _prediction(
+              costs,
               draft_shapes.Chain(gamma),
               _chain_label(gamma),
               tokens,
-              cost,
-              speedup,
-              _low(tokens, costs.round_ratios(_chain_label(gamma), gamma), speedup),
+              costs.chain_cost(gamma),
+              decode,
+              gamma,
           )
       )
     for branching in self.trees:
@@ -756,14 +809,53 @@ class Auto:
         tokens = costs.loop.tokens_per_call[label]
       else:
         tokens = float(theory.tree_expected_tokens(theory.branching_acceptance(alpha, branching)))
+      decode = None if sequence_tokens is None else (sequence_tokens, sequence_tokens / tokens)
       cost = costs.tree_cost(label, shape.depth, shape.num_drafts)
-      speedup = tokens * costs.baseline_step / cost
-      predictions.append(
-          Prediction(
-              shape, label, tokens, cost, speedup, _low(tokens, costs.round_ratios(label), speedup)
-          )
-      )
+      predictions.append(_prediction(costs, shape, label, tokens, cost, decode))
     return predictions
+
+
+def _prediction(
+    costs: Costs,
+    shape: draft_shapes.DraftShape,
+    label: str,
+    tokens: float,
+    cost: float,
+    decode: tuple[float, float] | None,
+    gamma: int | None = None,
+) -> Prediction:
+  """A candidate's Prediction from its tokens and cost per target call: where `decode` (tokens,
+  target calls of a decode) is given, each loop's fixed part (`Costs.fixed`; `gamma` for a
+  chain) is spread over it, the baseline's over the tokens and the candidate's over the calls,
+  so the speedup is (F_b + n b) / (F + C L) for a decode of n tokens in C calls."""
+  baseline = costs.baseline_step
+  if decode is not None:
+    baseline += costs.fixed(BASELINE) / decode[0]
+    cost += costs.fixed(label, gamma) / decode[1]
+  speedup = tokens * baseline / cost
+  return Prediction(
+      shape,
+      label,
+      tokens,
+      cost,
+      speedup,
+      _low(tokens, costs.round_ratios(label, gamma, decode), speedup),
+  )
+
+
+def spanning_inputs(
+    encoder_tokens: np.ndarray, positions: calibration.Positions, count: int
+) -> np.ndarray:
+  """The `count` rows of encoder_tokens [N, Le] whose target outputs (one sequence of
+  `positions` per row, in order) have the lengths at the (2i + 1) / (2 count) quantiles, i <
+  count, in their order in encoder_tokens -> [min(count, N), Le]: inputs that span the outputs'
+  lengths, over which a decode's fixed part and its cost per token or call can be told apart
+  (`_fit_decodes`). The first `count` rows where the positions are not one sequence per row."""
+  if len(positions.beta) != len(encoder_tokens) or len(encoder_tokens) <= count:
+    return encoder_tokens[:count]
+  order = np.argsort([len(beta) for beta in positions.beta], kind="stable")
+  picks = order[(2 * np.arange(count) + 1) * len(order) // (2 * count)]
+  return encoder_tokens[np.sort(picks)]
 
 
 def _fastest_timed(candidates: list[Prediction], costs: Costs) -> Prediction | None:
@@ -821,18 +913,18 @@ def _loop_calls(
 def _loop_costs(
     seconds: dict[Hashable, np.ndarray], outputs: dict[Hashable, Any], loop_inputs: LoopInputs
 ) -> LoopCosts:
-  """`_loop_calls`' times (name -> seconds [rounds]) and outputs -> LoopCosts: per round, the
-  decodes less the prefills, summed over the inputs, over the baseline's decoded tokens and
-  over each speculative decode's target calls. Raises ValueError where a loop's median time is
-  not positive (the noise larger than the loop)."""
+  """`_loop_calls`' times (name -> seconds [rounds]) and outputs -> LoopCosts: per round, each
+  input's decode less its prefill, fitted (`_fit_decodes`) over the inputs' decoded tokens (the
+  baseline) or target calls (each speculative decode). Raises ValueError where a loop's median
+  time is not positive (the noise larger than the loop)."""
   inputs = range(len(loop_inputs.encoder_tokens))
   labels = list(dict.fromkeys(name[1] for name in seconds))
-  loops, tokens, calls = {}, {}, {}
+  per_unit, fixed, tokens, calls = {}, {}, {}, {}
   for label in labels:
-    loops[label] = sum(
-        seconds["loop", label, i, "decode"] - seconds["loop", label, i, "prefill"] for i in inputs
-    )
-    median = float(np.median(loops[label]))
+    loops = np.stack(
+        [seconds["loop", label, i, "decode"] - seconds["loop", label, i, "prefill"] for i in inputs]
+    )  # [N, rounds]
+    median = float(np.median(loops.sum(axis=0)))
     if median <= 0:
       raise ValueError(
           f"could not resolve the {label} loop's time on {len(inputs)} inputs: its decodes less "
@@ -840,22 +932,42 @@ def _loop_costs(
           "longer inputs or a longer decode_length."
       )
     decodes, aux = zip(*(outputs["loop", label, i, "decode"] for i in inputs))
-    tokens[label] = sum(
-        int(np.sum(decoding.decoded_lengths(np.asarray(d), loop_inputs.eos_id))) for d in decodes
+    decoded = np.array(
+        [int(np.sum(decoding.decoded_lengths(np.asarray(d), loop_inputs.eos_id))) for d in decodes]
     )
+    tokens[label] = int(decoded.sum())
+    units = decoded
     if label != BASELINE:
-      calls[label] = sum(
-          int(np.sum(jax.device_get(a["speculative_stats"]["target_calls"]))) for a in aux
+      units = np.array(
+          [int(np.sum(jax.device_get(a["speculative_stats"]["target_calls"]))) for a in aux]
       )
-  per_unit = {BASELINE: loops[BASELINE] / tokens[BASELINE]}
-  per_unit |= {label: loops[label] / n for label, n in calls.items()}
+      calls[label] = int(units.sum())
+    per_unit[label], fixed[label] = _fit_decodes(loops, units)
   return LoopCosts(
       baseline_token=benchmark.Timing.from_seconds(per_unit[BASELINE]),
       call={label: benchmark.Timing.from_seconds(per_unit[label]) for label in calls},
       tokens_per_call={label: tokens[label] / n for label, n in calls.items()},
       inputs=len(inputs),
       rounds={label: tuple(float(x) * 1e3 for x in s) for label, s in per_unit.items()},
+      fixed={label: benchmark.Timing.from_seconds(f) for label, f in fixed.items()},
+      fixed_rounds={label: tuple(float(x) * 1e3 for x in f) for label, f in fixed.items()},
   )
+
+
+def _fit_decodes(seconds: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Each round's t_i = F + u_i x by least squares over the inputs: seconds [N, rounds] and
+  units [N] (tokens or target calls per input) -> (x, F), each [rounds]. Where the units do
+  not differ (no line to fit) or a round's F comes out negative (noise: time does not fall with
+  fewer units), that round is F = 0, x = sum_i t_i / sum_i u_i."""
+  units = np.asarray(units, np.float64)
+  through_origin = seconds.sum(axis=0) / units.sum()
+  if np.ptp(units) == 0:
+    return through_origin, np.zeros_like(through_origin)
+  centered = units - units.mean()
+  slope = centered @ (seconds - seconds.mean(axis=0)) / (centered @ centered)
+  intercept = seconds.mean(axis=0) - slope * units.mean()
+  fitted = intercept >= 0
+  return np.where(fitted, slope, through_origin), np.where(fitted, intercept, 0.0)
 
 
 def _branching(tree: Any) -> tuple[int, ...]:

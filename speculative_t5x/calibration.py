@@ -214,6 +214,32 @@ def _blocks(confidence: np.ndarray, beta: np.ndarray, threshold: float, gamma: i
   return drafted.sum(axis=1), np.sum(np.where(drafted, accept_all, 0.0), axis=1)
 
 
+def chain_decodes(positions: Positions, gamma: int) -> tuple[float, float]:
+  """Chains of gamma drafts decoding the sequences these positions are of, each target call
+  starting where the one before ended -> (tokens, expected target calls), each the mean per
+  sequence.
+
+  A call from position j accepts N drafts, P(N >= i) = prod_{l<i} beta_{j+l} for i <= gamma
+  (beta = 0 past the sequence's end), and adds the target's token, so the next call starts at
+  j + N + 1: calls(j) = 1 + E[calls(j + N + 1)], calls(j >= n) = 0 for a sequence of n
+  positions. Unlike `predict`, whose iterations start at every position alike, the calls start
+  where the decode puts them: after a rejection, at the positions a drafter misses. At
+  temperature 0 (beta 0 or 1) these are the decode's own calls, exactly."""
+  gamma = validation.check_integer(gamma, "gamma", 1, meaning="the most drafts per target call")
+  calls = []
+  for beta in positions.beta:
+    n = len(beta)
+    padded = np.concatenate([np.asarray(beta, np.float64), np.zeros(gamma)])
+    after = np.zeros(n + gamma + 1)  # after[j]: expected calls from position j; 0 from n on
+    for j in range(n - 1, -1, -1):
+      reach = np.concatenate([[1.0], np.cumprod(padded[j : j + gamma])])  # P(N >= i), i <= gamma
+      p_n = np.append(reach[:-1] - reach[1:], reach[-1])  # P(N = i)
+      after[j] = 1.0 + float(np.dot(p_n, after[j + 1 : j + gamma + 2]))
+    calls.append(after[0])
+  tokens = [len(beta) for beta in positions.beta]
+  return float(np.mean(tokens)), float(np.mean(calls))
+
+
 @dataclasses.dataclass(frozen=True)
 class Prediction:
   """The model's outcome of one setting: gamma (the most drafts), threshold, and per target

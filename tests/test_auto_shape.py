@@ -97,6 +97,68 @@ def test_timed_loops_price_every_shape_by_its_loop_and_the_baseline_by_its_own()
     _ = timed.c_loop
 
 
+def test_the_loop_inputs_span_the_outputs_lengths():
+  """Outputs of 9, 13, 5, 5, 41, 5, 16, 7, 5, 5, 13, 16, 20, 5, 17 and 12 tokens: sorted (ties
+  in order) rows 2, 3, 5, 8, 9, 13, 7, 0, 15, 1, 10, 6, 11, 14, 12, 4; the 1/8, 3/8, 5/8 and
+  7/8 quantiles are its entries 2, 6, 10 and 14: rows 5, 7, 10 and 12 (5, 7, 13 and 20 tokens).
+  Positions that are not one sequence per row give the first rows."""
+  lengths = [9, 13, 5, 5, 41, 5, 16, 7, 5, 5, 13, 16, 20, 5, 17, 12]
+  tokens = np.arange(16)[:, None] * np.ones((1, 3), np.int32)
+  positions = calibration.Positions([np.zeros(n) for n in lengths], [np.ones(n) for n in lengths])
+  np.testing.assert_array_equal(
+      auto_shape.spanning_inputs(tokens, positions, 4)[:, 0], [5, 7, 10, 12]
+  )
+  np.testing.assert_array_equal(auto_shape.spanning_inputs(tokens[:3], positions, 4), tokens[:3])
+  short = calibration.Positions(positions.confidence[:4], positions.beta[:4])
+  np.testing.assert_array_equal(auto_shape.spanning_inputs(tokens, short, 4), tokens[:4])
+
+
+def test_a_decodes_fixed_part_is_fitted_over_the_inputs():
+  """t_i = 6 ms + u_i x 2 ms on inputs of 9, 13, 5 and 5 units, in two rounds (the second 10%
+  slower): the fit gives back both figures per round. Inputs of one length leave no line to
+  fit, nor does a round whose intercept comes out negative: F = 0, x = sum t / sum u."""
+  units = np.array([9, 13, 5, 5])
+  seconds = np.stack([6e-3 + units * 2e-3, 1.1 * (6e-3 + units * 2e-3)], axis=1)  # [N, rounds]
+  per_unit, fixed = auto_shape._fit_decodes(seconds, units)
+  np.testing.assert_allclose(per_unit, [2e-3, 2.2e-3])
+  np.testing.assert_allclose(fixed, [6e-3, 6.6e-3])
+  same = np.array([4, 4, 4, 4])
+  per_unit, fixed = auto_shape._fit_decodes(np.stack([same * 3e-3 + 1e-3] * 2, axis=1), same)
+  np.testing.assert_allclose(per_unit, [13e-3 / 4] * 2)
+  np.testing.assert_array_equal(fixed, 0)
+  falling = np.array([[9e-3, 9e-3], [1e-3, 13e-3], [5e-3, 5e-3], [5e-3, 5e-3]])  # round 0: F < 0
+  per_unit, fixed = auto_shape._fit_decodes(falling, np.array([9, 1, 5, 5]))
+  assert fixed[0] == 0 and per_unit[0] == pytest.approx(20e-3 / 20)
+  assert fixed[1] > 0
+
+
+def test_the_fixed_parts_are_spread_over_the_decodes_tokens_and_calls():
+  """One sequence of 4 positions, every draft accepted: 2 calls at gamma 1 (from 0 and 2), 2 at
+  gamma 2 (from 0, then 3), 1 at gamma 3. The baseline's loop 2 ms per token + 6 ms per decode;
+  the chains of 1 and 3 drafts 3 ms and 4 ms per call + 6 ms and 8 ms per decode (gamma 2: 3.5
+  and 7 on the line between). Speedups (6 + 4 x 2) / (F + C L): 14 / 12, 14 / 14, 14 / 12;
+  without the fixed parts gamma 1 would be predicted 2 x 2 / 3 = 1.33x."""
+  loop = auto_shape.LoopCosts(
+      ms(2.0),
+      {"gamma 1": ms(3.0), "gamma 3": ms(4.0)},
+      {"gamma 1": 2.0, "gamma 3": 4.0},
+      4,
+      {"baseline": (2.0,), "gamma 1": (3.0,), "gamma 3": (4.0,)},
+      {"baseline": ms(6.0), "gamma 1": ms(6.0), "gamma 3": ms(8.0)},
+      {"baseline": (6.0,), "gamma 1": (6.0,), "gamma 3": (8.0,)},
+  )
+  timed = auto_shape.Costs(ms(2.0), {3: ms(3.2)}, 3, loop=loop)
+  positions = calibration.Positions([np.full(4, 0.5)], [np.ones(4)])
+  predictions = auto_shape.Auto(max_gamma=3).predictions(timed, 1.0, positions)
+  assert [p.expected_tokens for p in predictions] == pytest.approx([2.0, 2.0, 4.0])
+  assert [p.speedup for p in predictions] == pytest.approx([14 / 12, 14 / 14, 14 / 12])
+  assert [p.speedup_low for p in predictions] == pytest.approx([14 / 12, 14 / 14, 14 / 12])
+  assert timed.fixed("baseline") == 3.0 and timed.fixed("gamma 2", 2) == 3.5
+  assert timed.as_dict()["loop"]["ms_fixed_per_decode"]["gamma 3"]["median_ms"] == 8.0
+  plain = auto_shape.Auto(max_gamma=3).predictions(timed, 1.0)  # no positions: no decode
+  assert plain[0].speedup == pytest.approx(2 * 2 / 3)
+
+
 def noisy_loops(baseline_ms, gamma1_ms, gamma3_ms) -> auto_shape.Costs:
   """Costs with the loops timed in three rounds: ms per token (baseline) and per call (chains of
   1 and 3 drafts) round by round; 1.6 and 2.2 tokens per call."""
@@ -147,14 +209,16 @@ def test_a_shape_faster_only_within_the_noise_leaves_the_baseline(measured):
 
 def test_per_position_acceptance_counts_runs_of_acceptances():
   """Betas that come in runs (1, 1, 0, 1, 1, 0, ...) give more tokens per call at gamma 2 than
-  their mean alpha = 2/3 does under Eq. (1): the per-position model follows the runs."""
+  their mean alpha = 2/3 does under Eq. (1): the per-position model follows the runs, and the
+  calls start where the decode starts them (`calibration.chain_decodes`): every call at a run's
+  start, its two drafts accepted, then the target's token at the 0: 3 tokens per call (calls
+  starting at every phase alike would give 2: 2 + 1, 1 + 1, 0 + 1)."""
   beta = np.tile([1.0, 1.0, 0.0], 200)
   positions = calibration.Positions([np.full(600, 0.5)], [beta])
   auto = auto_shape.Auto(max_gamma=2)
   runs = auto.predictions(CHEAP_VERIFY, float(beta.mean()), positions)[1]
   iid = auto.predictions(CHEAP_VERIFY, float(beta.mean()))[1]
-  # Starting at each of the three phases: 2 + 1 (accepted: 1, 1), 1 + 1 (1, then 0), 0 + 1.
-  assert runs.expected_tokens == pytest.approx(2.0, abs=0.01)
+  assert runs.expected_tokens == pytest.approx(3.0)
   assert iid.expected_tokens == pytest.approx(expected_tokens(2 / 3, 2))
 
 

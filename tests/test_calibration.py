@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import seqio
 
 from conftest import tiny_config
-from speculative_t5x import alpha, calibration, drafters, network, pairs
+from speculative_t5x import alpha, calibration, drafters, models, network, pairs
 
 # One sequence of 4 generated positions.
 CONFIDENCE = np.array([0.9, 0.2, 0.9, 0.9])
@@ -208,3 +209,57 @@ def test_measure_positions_refuses_a_pair_without_a_drafter():
   pair = pairs.Pair(pairs.PairConfig(target_config, random_init_seed=0), None, target, None, {})
   with pytest.raises(ValueError, match="no drafter"):
     calibration.measure_positions(pair, [], 6, 1.0, 1, num_tokens=1)
+
+
+def test_chain_decodes_by_hand():
+  """One sequence of 2 positions, beta 0.5 each, gamma 1: from 0 the draft is accepted (0.5: the
+  call ends past the sequence, 1 call) or not (0.5: a second call from position 1): 1.5 calls.
+  Betas 1, 1, 1, 0, 1 at gamma 2: calls from 0 (two drafts, then the target's token at 2), from 3
+  (rejected, the target's token at 3), from 4: 3 calls; starting at every position alike
+  (`predict`: 2, 2, 1, 0 and 1 accepted from the five starts) would count 1.2 + 1 = 2.2 tokens
+  per call instead of 5 / 3. The same at gamma 1: calls from 0 (the target's token at 1), from 2
+  (its token at 3) and from 4: 3."""
+  half = calibration.Positions([np.zeros(2)], [np.array([0.5, 0.5])])
+  assert calibration.chain_decodes(half, 1) == pytest.approx((2.0, 1.5))
+  runs = calibration.Positions([np.zeros(5)], [np.array([1.0, 1.0, 1.0, 0.0, 1.0])])
+  assert calibration.chain_decodes(runs, 2) == pytest.approx((5.0, 3.0))
+  assert calibration.predict(runs, 2, 0.0, 0.0, 1.0).tokens_per_call == pytest.approx(2.2)
+  both = calibration.Positions.concatenate([half, runs])
+  assert calibration.chain_decodes(both, 1) == pytest.approx((3.5, (1.5 + 3.0) / 2))
+
+
+def test_chain_decodes_are_the_greedy_decodes_own_target_calls():
+  """At temperature 0, on the positions measured along the target's own greedy outputs, each
+  sequence's expected calls are the calls the speculative decode makes, exactly: a drafter that
+  is the target less a decoder layer agrees with it at some positions and not at others."""
+  target_config = tiny_config(13, num_decoder_layers=3)
+  target = network.init_params(target_config, jax.random.PRNGKey(0))
+  drafter_config, drafter_params = network.without_decoder_layers(target_config, target, (2,))
+  drafter = drafters.T5Drafter(drafter_config)
+  pair = pairs.Pair(
+      pairs.PairConfig(target_config, drafter, random_init_seed=0),
+      drafter,
+      target,
+      drafter_params,
+      {},
+  )
+  encoder = np.array([[3, 4, 5, 6, 0], [6, 7, 2, 0, 0], [9, 8, 7, 6, 5], [2, 3, 0, 0, 0]])
+  decode_length = 12
+  positions = calibration.measure_positions(pair, [encoder], decode_length, 0.0, 1, 10**6)
+  betas = np.concatenate(positions.beta)
+  assert 0.2 < betas.mean() < 0.9  # agreement at some positions only
+  vocabulary = seqio.PassThroughVocabulary(target_config.vocab_size, eos_id=1)
+  for gamma in (1, 3):
+    model = models.SpeculativeEncoderDecoderModel(
+        network.Transformer(target_config), drafter, vocabulary, vocabulary, gamma=gamma
+    )
+    params = {"target": target, "drafter": drafter_params}
+    for row, beta in enumerate(positions.beta):
+      batch = {
+          "encoder_input_tokens": encoder[row : row + 1],
+          "decoder_input_tokens": np.zeros((1, decode_length), np.int32),
+      }
+      _, aux = model.predict_batch_with_aux(params, batch, decoder_params={"temperature": 0.0})
+      one = calibration.Positions([np.zeros(len(beta))], [beta])
+      calls = calibration.chain_decodes(one, gamma)[1]
+      assert calls == int(aux["speculative_stats"]["target_calls"][0]), (gamma, row)

@@ -41,7 +41,8 @@ def test_demo_translates_and_checks_greedy_equality():
         r"3: [\d.]+; alpha [\d.]+ \(measured on the \d+ tokens the target generated for 2 "
         r"sentences\)\n"
         r"  the decoding loops on 2 inputs, in target steps: the baseline [\d.]+ per token; per "
-        r"target call gamma 1 [\d.]+, gamma 2 [\d.]+\n"
+        r"target call gamma 1 [\d.]+, gamma 2 [\d.]+; per decode, fixed: baseline [\d.]+, "
+        r"gamma 1 [\d.]+, gamma 2 [\d.]+\n"
         r"  predicted: gamma 1 [\d.]+x \(low [\d.]+x\), gamma 2 [\d.]+x \(low [\d.]+x\)\n"
         r"  measuring took [\d.]+ s compiling, [\d.]+ s timing \(3 rounds\)",
         out,
