@@ -505,14 +505,16 @@ def _auto_settings(
 def _timing_repeats(choices: dict[str, auto_shape.Choice], tokens: float, examples: int) -> int:
   """--repeats, or with --repeats=0 as many (1 to 3) as fit --timing_budget_s at one
   temperature: each example's baseline and speculative decodes are estimated from the baseline's
-  measured loop per token (the target's step where no loop was timed) and the predicted
-  speedup."""
+  measured loop, its fixed part and per token (the target's step where no loop was timed), and
+  the predicted speedup."""
   if _REPEATS.value:
     return _REPEATS.value
   per_repeat = 0.0
   for choice in choices.values():
-    token_s = choice.costs.baseline_step * choice.costs.target_step.median_ms / 1e3
-    per_repeat += examples * tokens * token_s * (1 + 1 / max(choice.speculative.speedup, 0.1))
+    costs = choice.costs
+    steps = costs.fixed(auto_shape.BASELINE) + tokens * costs.baseline_step
+    example_s = steps * costs.target_step.median_ms / 1e3
+    per_repeat += examples * example_s * (1 + 1 / max(choice.speculative.speedup, 0.1))
   return int(np.clip(_TIMING_BUDGET.value // max(per_repeat, 1e-9), 1, 3))
 
 
