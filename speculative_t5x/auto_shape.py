@@ -37,9 +37,9 @@ max_gamma drafts, L(gamma) linear in gamma between the two, and of each tree; F,
 fixed part, likewise. With the acceptance per position, each F is spread over the mean
 sentence's n tokens and C calls: the predicted speedup is (F_b + n b) / (F(gamma) + C L(gamma)),
 so short outputs, which pay the fixed parts over fewer tokens, are priced as such (on the demo
-pair, 2 cores, a decode's fixed part was 6.6-9.4 ms, 2-3 tokens' worth; docs/results.md). So the loop's own work (the
-acceptance test, writes, bookkeeping: 10-30% of a call on the demo pair on 2 CPU cores,
-`report.SpeedupRow`'s efficiency in situ) is in every cost. On the demo pair on 2 cores, the
+pair, 2 cores, a decode's fixed part was 6.6-9.4 ms, 2-3 tokens' worth; docs/results.md). So
+the loop's own work (the acceptance test, writes, bookkeeping: 10-30% of a call on the demo pair
+on 2 CPU cores, `report.SpeedupRow`'s efficiency in situ) is in every cost. On the demo pair on 2 cores, the
 loops of 2 and 3 drafts, timed too, were 0.02-0.04 target steps off the line between 1 and 4 in
 one run, 0.01-0.27 in a noisier one (docs/results.md). The decoders are the ones a sweep after
 reuses (`sweep.build_settings`). The target on G + 1 tokens over its step, verify(G)
@@ -269,10 +269,8 @@ class Costs:
     verify(gamma)."""
     if self.loop is None:
       return gamma * self.c_loop + self.verify_cost(gamma)
-    first = self.loop.call[_chain_label(1)].median_ms
-    last = self.loop.call[_chain_label(self.gamma)].median_ms
-    weight = 0.0 if self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
-    return (first + weight * (last - first)) / self.target_step.median_ms
+    ms = {label: t.median_ms for label, t in self.loop.call.items()}
+    return float(self._on_the_line(ms, gamma)) / self.target_step.median_ms
 
   def fixed(self, label: str, gamma: int | None = None) -> float:
     """F, a decode's fixed part, of the baseline (BASELINE) or a shape, in target steps (for a
@@ -282,10 +280,16 @@ class Costs:
       return 0.0
     if gamma is None:
       return self.loop.fixed[label].median_ms / self.target_step.median_ms
-    first = self.loop.fixed[_chain_label(1)].median_ms
-    last = self.loop.fixed[_chain_label(self.gamma)].median_ms
+    ms = {label: t.median_ms for label, t in self.loop.fixed.items()}
+    return float(self._on_the_line(ms, gamma)) / self.target_step.median_ms
+
+  def _on_the_line(self, by_label: dict[str, Any], gamma: int) -> Any:
+    """A chain of gamma drafts' figure read off the line between the timed chains' (label ->
+    a number, or per-round figures): linear in gamma between the chains of 1 and G drafts."""
+    first = np.asarray(by_label[_chain_label(1)], np.float64)
+    last = np.asarray(by_label[_chain_label(self.gamma)], np.float64)
     weight = 0.0 if self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
-    return (first + weight * (last - first)) / self.target_step.median_ms
+    return first + weight * (last - first)
 
   def tree_cost(self, label: str, depth: int, drafts: int) -> float:
     """A target call of the tree `label` (`drafts` drafts, `depth`), in target steps: its loop
@@ -305,14 +309,10 @@ class Costs:
     None where the rounds were not kept."""
     if self.loop is None or not self.loop.rounds:
       return None
-    weight = 0.0 if gamma is None or self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
 
     def per_round(kept: dict[str, tuple[float, ...]]) -> tuple[np.ndarray, np.ndarray]:
-      rounds = {name: np.asarray(ms) for name, ms in kept.items()}
-      if gamma is None:
-        return rounds[BASELINE], rounds[label]
-      first, last = rounds[_chain_label(1)], rounds[_chain_label(self.gamma)]
-      return rounds[BASELINE], first + weight * (last - first)
+      call = np.asarray(kept[label]) if gamma is None else self._on_the_line(kept, gamma)
+      return np.asarray(kept[BASELINE]), call
 
     baseline, call = per_round(self.loop.rounds)
     if decode is not None and self.loop.fixed_rounds:
@@ -631,8 +631,8 @@ class Auto:
     """`choose` for a loaded pair with a drafter: the acceptance per position measured along
     the target's own outputs of up to decode_length tokens for encoder_tokens [N, Le] (one
     batch, `measure_acceptance`), then the costs, the loops timed on LOOP_INPUTS of them that
-    span their outputs' lengths (`spanning_inputs`). vocabulary: the output vocabulary (its EOS ends the decodes). `inputs` names them in
-    the Choice.
+    span their outputs' lengths (`spanning_inputs`). vocabulary: the output vocabulary (its EOS
+    ends the decodes). `inputs` names them in the Choice.
 
     acceptance_file: a file of acceptance records (`acceptance_record`): where it holds the
     record of this pair, temperature, decode length and encoder_tokens, its positions are taken
@@ -783,7 +783,9 @@ class Auto:
     call from the betas per position where given, else from alpha; a tree's as its timed loop
     realized them where the loops were timed, else from the branching model."""
     predictions = []
-    sequence_tokens = None if positions is None else calibration.chain_decodes(positions, 1)[0]
+    sequence_tokens = None
+    if positions is not None:
+      sequence_tokens = float(np.mean([len(beta) for beta in positions.beta]))
     for gamma in range(1, self.max_gamma + 1):
       decode = None
       if positions is None:
