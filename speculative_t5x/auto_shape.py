@@ -877,9 +877,11 @@ def _low(tokens: float, ratios: np.ndarray | None, speedup: float) -> float | No
 def _loop_calls(
     target_config, target_params, drafter, drafter_params, shapes, loop_inputs, temperature
 ) -> dict[Hashable, tuple[Any, tuple]]:
-  """("loop", label, i, "decode" or "prefill") -> (fn, args): each input's decode and prefill
-  by the baseline (label BASELINE) and by speculative decoding in each of `shapes` (label ->
-  draft shape; Algorithm 1 for a chain, a tree's own verifier), the functions
+  """("loop", label, i, "decode") and ("loop", label, "prefill") -> (fn, args): each input's
+  decode, and one prefill (the inputs share their shapes, and a prefill's work depends on them
+  alone: `sweep.time_prefills`), by the baseline (label BASELINE) and by speculative decoding in
+  each of `shapes` (label -> draft shape; Algorithm 1 for a chain, a tree's own verifier), the
+  functions
   `sweep.build_settings` makes (and keeps, for a sweep after), the rng fold_in(PRNGKey(0), i)."""
   settings = {
       label: sweep.SweepSetting(
@@ -907,8 +909,9 @@ def _loop_calls(
     }
     rng = jax.random.fold_in(jax.random.PRNGKey(0), i)
     for label, decoder in by_label.items():
-      for part, call in sweep.example_calls(decoder, batch, rng, temperature).items():
-        calls["loop", label, i, part] = call
+      example = sweep.example_calls(decoder, batch, rng, temperature)
+      calls["loop", label, i, "decode"] = example["decode"]
+      calls.setdefault(("loop", label, "prefill"), example["prefill"])
   return calls
 
 
@@ -924,7 +927,7 @@ def _loop_costs(
   per_unit, fixed, tokens, calls = {}, {}, {}, {}
   for label in labels:
     loops = np.stack(
-        [seconds["loop", label, i, "decode"] - seconds["loop", label, i, "prefill"] for i in inputs]
+        [seconds["loop", label, i, "decode"] - seconds["loop", label, "prefill"] for i in inputs]
     )  # [N, rounds]
     median = float(np.median(loops.sum(axis=0)))
     if median <= 0:

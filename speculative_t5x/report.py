@@ -4,7 +4,7 @@ This module holds the one definition of "speedup" that every script and the note
 
 A row is built from what `sweep.sweep` measures (sweep.py's docstring says how) for one setting
 against the baseline on the same examples: per example, the wall time of each decode and of its
-prefill, the decoded tokens and the speculative decode's statistics (alpha, tokens per target
+prefill (timed once per input shape), the decoded tokens and the speculative decode's statistics (alpha, tokens per target
 call, acceptance rate); per drafter and temperature, the decode-step costs
 (`benchmark.DecodeCosts`): c, the verification cost, the iteration cost and c in loop.
 
@@ -65,7 +65,8 @@ from speculative_t5x import draft_shapes
 class ExampleResult:
   """One setting's decode of one example.
 
-  timing: the decode call; prefill: the setting's prefill call on the same example; decodes:
+  timing: the decode call; prefill: the setting's prefill call at the example's shapes
+  (`sweep.time_prefills`: it does the same work for every example of them); decodes:
   [B, L] int32 (the example's B rows, 1 at batch 1); tokens: the decoded tokens of its rows, each
   up to and including its first EOS; stats: the speculative decode's per-row statistics (None for
   the baseline).
@@ -360,8 +361,8 @@ COLUMNS = (
 NOTES = (
     "speedup: baseline over speculative time per decoded token (whole calls, median per example); "
     "speedup per example: the mean over examples of baseline over speculative time; loop "
-    "speedup: per token with each call's prefill (encoders and caches, timed alongside) taken "
-    "off, the part Theorem 3.8 models; predicted: Theorem 3.8 at the measured alpha and c; "
+    "speedup: per token with each call's prefill (encoders and caches, timed once per input "
+    "shape) taken off, the part Theorem 3.8 models; predicted: Theorem 3.8 at the measured alpha and c; "
     "c in loop: what a draft costs inside the loop, the iteration's time less the verification's, over gamma, in target steps (c is a drafter step timed alone); predicted_hw: with the measured verify cost in place of one target step; efficiency: loop "
     "speedup / predicted_hw; efficiency (realized): the same with the tokens per target call the "
     "run realized in place of E[tokens](alpha), the loop's cost alone. iteration cost: gamma "

@@ -11,8 +11,10 @@ in the same rounds (`benchmark.time_calls`):
     of `repeats` calls, each ended by `block_until_ready`. Examples may differ in encoder length
     (`pad_to_buckets`: each padded to its own multiple of a bucket size, as a server buckets
     requests, so a short input does not pay a long one's encoder and cross-attention);
-  - the wall time of each one's prefill (`model.prefill`: encoders and caches, the work before the
-    decoding loop);
+  - the wall time of each setting's prefill (`model.prefill`: encoders and caches, the work before
+    the decoding loop), once per encoder shape (`time_prefills`: PREFILL_REPEATS rounds side by
+    side before the shape's first example; a prefill's work depends on the shapes alone), the
+    timing of every example of that shape;
   - the decoded tokens, each row's up to and including its first EOS (`decoding.decoded_lengths`);
   - the speculative decode's own statistics (`decoding.SpeculativeStats`): alpha (mean beta),
     tokens per target call, acceptance rate;
@@ -65,6 +67,8 @@ BASELINE = "baseline"  # the settings' key of the baseline; speculative ones are
 EXTRA_COST_ROUNDS = 10  # more rounds of the decode steps where one is within the noise,
 MAX_EXTRA_COST_ROUNDS = 30  # up to this many (`sweep`), before its error.
 RANDOM_TASK = "random"  # the task label of random inputs.
+# Rounds of each setting's prefill per encoder shape and temperature (`time_prefills`).
+PREFILL_REPEATS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,19 +224,23 @@ def time_example(
     repeats: int,
     warmup: int = benchmark.DEFAULT_WARMUP,
     compiled: bool = False,
+    prefills: Mapping[Hashable, benchmark.Timing] | None = None,
 ) -> dict[Hashable, report.ExampleResult]:
-  """Every setting's decode of one example, and its prefill, timed side by side
-  (`benchmark.time_calls`) -> key -> report.ExampleResult.
+  """Every setting's decode of one example, timed side by side (`benchmark.time_calls`), with its
+  prefill -> key -> report.ExampleResult.
 
   Args:
     batch: {'encoder_input_tokens': [B, Le], 'decoder_input_tokens': [B, L]}.
     warmup, compiled: as in `benchmark.time_calls` (compiled: every call ran before, at this
       batch's shapes).
+    prefills: key -> the setting's prefill timed at this batch's shapes (`time_prefills`); None:
+      each prefill timed here, in the decodes' rounds.
   """
   calls = {}
   for key, setting in decoders.items():
     for part, call in example_calls(setting, batch, rng, temperature).items():
-      calls[part, key] = call
+      if part == "decode" or prefills is None:
+        calls[part, key] = call
   outputs = {}
   timings = benchmark.time_calls(
       calls, repeats=repeats, warmup=warmup, compiled=compiled, outputs=outputs
@@ -240,10 +248,22 @@ def time_example(
   results = {}
   for key in decoders:
     decodes, aux = outputs["decode", key]
+    prefill = timings["prefill", key] if prefills is None else prefills[key]
     results[key] = report.ExampleResult.from_decode(
-        timings["decode", key], timings["prefill", key], decodes, aux, eos_id
+        timings["decode", key], prefill, decodes, aux, eos_id
     )
   return results
+
+
+def time_prefills(
+    decoders: Mapping[Hashable, Setting], batch: Mapping[str, jax.Array]
+) -> dict[Hashable, benchmark.Timing]:
+  """Every setting's prefill at one batch's shapes, PREFILL_REPEATS rounds side by side, each
+  compiled first where it is not -> key -> benchmark.Timing. A prefill (the encoders over
+  [B, Le], empty caches for [B, L]) has no data-dependent work, so one timing serves every batch
+  of these shapes."""
+  calls = {key: (setting.prefill, (setting.params, batch)) for key, setting in decoders.items()}
+  return benchmark.time_calls(calls, repeats=PREFILL_REPEATS, warmup=0)
 
 
 def example_calls(
@@ -582,13 +602,14 @@ def sweep(
           steps, geometry, temperature=temperature, batch=batch_size
       )
     seconds = {key: [] for key in calls}
-    seen = set()
+    prefills = {}  # encoder shape -> key -> the setting's prefill timing (`time_prefills`)
     for i, (batch, rng) in enumerate(zip(batches, rngs)):
       # Only the first example of each shape compiles and warms up; the later ones reuse its
       # executables.
       shape = batch["encoder_input_tokens"].shape
-      first = shape not in seen
-      seen.add(shape)
+      first = shape not in prefills
+      if first:
+        prefills[shape] = time_prefills(decoders, batch)
       for key, result in time_example(
           decoders,
           batch,
@@ -598,6 +619,7 @@ def sweep(
           repeats=repeats,
           warmup=warmup if first else 0,
           compiled=not first,
+          prefills=prefills[shape],
       ).items():
         results[temperature][key].append(result)
       if cost_rounds[i]:

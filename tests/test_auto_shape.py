@@ -413,6 +413,30 @@ def test_a_real_measurement_of_the_loops_on_a_tiny_pair():
   assert twice[0][setting.key].predict is twice[1][setting.key].predict
 
 
+def test_the_loops_time_each_inputs_decode_and_one_prefill_per_loop():
+  """The inputs share their shapes, and so one prefill: each loop's is timed once per round and
+  taken off every input's decode, not timed again per input. Nothing is compiled here."""
+  target_params = benchmark.random_params(CONFIG, 0)
+  drafter_params = benchmark.random_params(DRAFTER.config, 1)
+  vocabulary = seqio.PassThroughVocabulary(CONFIG.vocab_size, eos_id=1)
+  inputs = auto_shape.LoopInputs(np.full((3, 8), 5), 8, vocabulary)
+  calls = auto_shape._loop_calls(
+      CONFIG,
+      target_params,
+      DRAFTER,
+      drafter_params,
+      {"gamma 1": draft_shapes.Chain(1)},
+      inputs,
+      0.0,
+  )
+  labels = (auto_shape.BASELINE, "gamma 1")
+  assert sorted(calls, key=str) == sorted(
+      [("loop", label, i, "decode") for label in labels for i in range(3)]
+      + [("loop", label, "prefill") for label in labels],
+      key=str,
+  )
+
+
 def test_with_the_loops_timed_the_steps_are_greedy_at_every_temperature(monkeypatch):
   """The steps are the unit of loop-timed predictions only: at temperature 1 they are timed at the
   greedy draw (the programs a temperature-0 choice compiled), and at the temperature where no
@@ -468,9 +492,9 @@ def test_loops_within_the_noise_are_refused_not_priced():
   }
   seconds = {
       ("loop", auto_shape.BASELINE, 0, "decode"): np.array([2.0, 2.0, 2.0]),
-      ("loop", auto_shape.BASELINE, 0, "prefill"): np.array([1.0, 1.0, 1.0]),
+      ("loop", auto_shape.BASELINE, "prefill"): np.array([1.0, 1.0, 1.0]),
       ("loop", "gamma 1", 0, "decode"): np.array([1.0, 1.0, 1.0]),
-      ("loop", "gamma 1", 0, "prefill"): np.array([1.0, 1.2, 0.9]),
+      ("loop", "gamma 1", "prefill"): np.array([1.0, 1.2, 0.9]),
   }
   with pytest.raises(ValueError, match="could not resolve the gamma 1 loop's time on 1 inputs"):
     auto_shape._loop_costs(seconds, outputs, inputs)

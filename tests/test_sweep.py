@@ -33,19 +33,25 @@ def run_once(calls, outputs):
 
 
 def _replace_timers(
-    monkeypatch, on_steps=lambda steps, geometry: None, on_example=lambda warmup, compiled: None
+    monkeypatch,
+    on_steps=lambda steps, geometry: None,
+    on_example=lambda warmup, compiled: None,
+    on_prefills=lambda calls: None,
 ):
   """Real decodes, timers replaced: every example call 1 ms, a decode step 1 ms per pass;
   on_steps(steps, geometry) sees each `benchmark.decode_step_calls`, on_example(warmup, compiled)
-  each example's `benchmark.time_calls`."""
+  each example's `benchmark.time_calls`, on_prefills(calls) each `sweep.time_prefills`'."""
 
   def decode_step_calls(steps, geometry, temperature, batch):
     on_steps(steps, geometry)
     return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
 
-  def time_calls(calls, repeats, warmup, compiled, outputs):
-    on_example(warmup, compiled)
-    run_once(calls, outputs)
+  def time_calls(calls, repeats, warmup, compiled=False, outputs=None):
+    if outputs is None:  # the prefills (`sweep.time_prefills`)
+      on_prefills(calls)
+    else:
+      on_example(warmup, compiled)
+      run_once(calls, outputs)
     return {key: ms(1.0) for key in calls}
 
   monkeypatch.setattr(benchmark, "time_calls", time_calls)
@@ -76,17 +82,19 @@ def _tiny_pair():
 def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   """Real decodes of a tiny pair (the drafter a copy of the target), with the timers replaced by
   known times: baseline decodes 10 ms, speculative 4 ms, prefills 1 ms; decode steps (per
-  marginal step) target 2 ms, target on 3 tokens 3 ms, iteration 5 ms."""
+  marginal step) target 2 ms, target on 3 tokens 3 ms, iteration 5 ms. The prefills are timed
+  once, before the first example: the examples share their shapes."""
   step_ms = {("target", 1): 2.0, ("target", 3): 3.0, ("iteration", "copy", 2): 5.0}
-  rounds, example_calls = [], []
+  rounds, example_calls, prefill_calls = [], [], []
 
-  def time_calls(calls, repeats, warmup, compiled, outputs):
+  def time_calls(calls, repeats, warmup, compiled=False, outputs=None):
+    if outputs is None:
+      prefill_calls.append((sorted(calls, key=str), repeats, len(example_calls)))
+      return {key: ms(1.0) for key in calls}
     example_calls.append((repeats, warmup, compiled))
     run_once(calls, outputs)
-    return {
-        key: ms(1.0 if key[0] == "prefill" else 10.0 if key[1] == sweep.BASELINE else 4.0)
-        for key in calls
-    }
+    assert {part for part, _ in calls} == {"decode"}
+    return {key: ms(10.0 if key[1] == sweep.BASELINE else 4.0) for key in calls}
 
   def decode_step_calls(steps, geometry, temperature, batch):
     assert set(steps) == set(step_ms) and batch == 1 and temperature == 0.0
@@ -122,6 +130,7 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   assert rounds == [(2, 1, False), (1, 0, True)]  # the 3 rounds spread over the 2 examples
   # The first example compiles and warms the decodes; the second reuses them, timed at once.
   assert example_calls == [(3, 1, False), (3, 0, True)]
+  assert prefill_calls == [([("copy", 2), sweep.BASELINE], sweep.PREFILL_REPEATS, 0)]
   assert measured.cost_rounds == 3
   (row,) = measured.rows
   assert (row.task, row.drafter, row.temperature, row.gamma) == ("random", "copy", 0.0, 2)
@@ -179,11 +188,17 @@ def test_examples_of_several_lengths_compile_once_per_length_and_decode_as_if_pa
   and warms up, the costs are timed at the length most examples have, and every decode (real
   ones, of a random tiny pair at T = 0 and a drafter that is not the target) is the one the same
   example gives padded to the longest length."""
-  example_calls, geometries = [], []
+  example_calls, geometries, prefill_lengths = [], [], []
+
+  def on_prefills(calls):
+    (length,) = {args[1]["encoder_input_tokens"].shape[1] for _, args in calls.values()}
+    prefill_lengths.append(length)
+
   _replace_timers(
       monkeypatch,
       on_steps=lambda steps, geometry: geometries.append(geometry),
       on_example=lambda warmup, compiled: example_calls.append((warmup, compiled)),
+      on_prefills=on_prefills,
   )
   config, params = _tiny_pair()
   drafter_config = config.replace(emb_dim=6, num_heads=1, mlp_dim=8)
@@ -217,6 +232,7 @@ def test_examples_of_several_lengths_compile_once_per_length_and_decode_as_if_pa
   bucketed = run(buckets)
   # Lengths 4, 12, 4, 8, 12: each new length compiles and warms up, a length seen before does not.
   assert example_calls == [(2, False), (2, False), (0, True), (2, False), (0, True)]
+  assert prefill_lengths == [4, 12, 8]  # the prefills timed once per length
   assert geometries[-1].encoder_length == 12  # 4 and 12 tie at two examples: the longer
   whole = run(padded)
   for key in (sweep.BASELINE, ("small", 2)):
