@@ -881,8 +881,8 @@ def _loop_calls(
   decode, and one prefill (the inputs share their shapes, and a prefill's work depends on them
   alone: `sweep.time_prefills`), by the baseline (label BASELINE) and by speculative decoding in
   each of `shapes` (label -> draft shape; Algorithm 1 for a chain, a tree's own verifier), the
-  functions
-  `sweep.build_settings` makes (and keeps, for a sweep after), the rng fold_in(PRNGKey(0), i)."""
+  functions `sweep.build_settings` makes (and keeps, for a sweep after), the rng
+  fold_in(PRNGKey(0), i)."""
   settings = {
       label: sweep.SweepSetting(
           label,

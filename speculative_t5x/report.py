@@ -4,9 +4,9 @@ This module holds the one definition of "speedup" that every script and the note
 
 A row is built from what `sweep.sweep` measures (sweep.py's docstring says how) for one setting
 against the baseline on the same examples: per example, the wall time of each decode and of its
-prefill (timed once per input shape), the decoded tokens and the speculative decode's statistics (alpha, tokens per target
-call, acceptance rate); per drafter and temperature, the decode-step costs
-(`benchmark.DecodeCosts`): c, the verification cost, the iteration cost and c in loop.
+prefill (timed once per input shape), the decoded tokens and the speculative decode's statistics
+(alpha, tokens per target call, acceptance rate); per drafter and temperature, the decode-step
+costs (`benchmark.DecodeCosts`): c, the verification cost, the iteration cost and c in loop.
 
 What a `SpeedupRow` reports from them:
   speedup                baseline time per decoded token over speculative time per decoded token,
@@ -362,7 +362,8 @@ NOTES = (
     "speedup: baseline over speculative time per decoded token (whole calls, median per example); "
     "speedup per example: the mean over examples of baseline over speculative time; loop "
     "speedup: per token with each call's prefill (encoders and caches, timed once per input "
-    "shape) taken off, the part Theorem 3.8 models; predicted: Theorem 3.8 at the measured alpha and c; "
+    "shape) taken off, the part Theorem 3.8 models; predicted: Theorem 3.8 at the measured "
+    "alpha and c; "
     "c in loop: what a draft costs inside the loop, the iteration's time less the verification's, over gamma, in target steps (c is a drafter step timed alone); predicted_hw: with the measured verify cost in place of one target step; efficiency: loop "
     "speedup / predicted_hw; efficiency (realized): the same with the tokens per target call the "
     "run realized in place of E[tokens](alpha), the loop's cost alone. iteration cost: gamma "

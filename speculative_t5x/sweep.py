@@ -262,8 +262,12 @@ def time_prefills(
   compiled first where it is not -> key -> benchmark.Timing. A prefill (the encoders over
   [B, Le], empty caches for [B, L]) has no data-dependent work, so one timing serves every batch
   of these shapes."""
-  calls = {key: (setting.prefill, (setting.params, batch)) for key, setting in decoders.items()}
+  calls = {key: _prefill_call(setting, batch) for key, setting in decoders.items()}
   return benchmark.time_calls(calls, repeats=PREFILL_REPEATS, warmup=0)
+
+
+def _prefill_call(setting: Setting, batch: Mapping[str, jax.Array]) -> tuple[Callable, tuple]:
+  return setting.prefill, (setting.params, batch)
 
 
 def example_calls(
@@ -273,7 +277,7 @@ def example_calls(
   (fn, args), the decode at `temperature` (a concrete greedy one runs the greedy program)."""
   return {
       "decode": (setting.predict, (setting.params, batch, rng, jnp.float32(temperature))),
-      "prefill": (setting.prefill, (setting.params, batch)),
+      "prefill": _prefill_call(setting, batch),
   }
 
 
