@@ -1,8 +1,8 @@
 # Two entry points; each creates (or reuses) .venv and installs what it needs. `make demo`: what
 # decoding needs (requirements-decoding.txt) and the package without its other dependencies; the
-# demo reads no seqio task, so it runs without TensorFlow (scripts/run_without_tensorflow.py),
-# whose install takes longer than the demo's own. `make lint` and `make test`: the package with
-# all its dependencies and its test extras (torch, transformers, jupyter, the linters).
+# demo reads no seqio task, so it runs without TensorFlow, whose install takes longer than the
+# demo's own. `make lint` and `make test`: the package with all its dependencies and its test
+# extras (torch, transformers, jupyter, the linters).
 PY ?= python3
 VENV := .venv
 DECODING := $(VENV)/.installed-decoding
@@ -11,12 +11,12 @@ TEST_EXTRAS := $(VENV)/.installed-test
 
 .PHONY: demo lint test
 
-# `make demo` installs decoding's requirements without byte-compiling them (7.8 s against 15.4 s
-# here, docs/results_cpu.md 16.23): Python compiles what the demo imports as it imports it. The
-# other targets compile them, for the tests' many processes.
+# `make demo` installs decoding's requirements without byte-compiling them, which halves their
+# install: Python compiles what the demo imports as it imports it. The other targets compile them,
+# for the tests' many processes.
 PIP_COMPILE ?=
 
-# The venv is made without ensurepip's pip (0.1 s against 3.1 s here), and the host's pip (22.3 or
+# The venv is made without ensurepip's pip, which is slower to install, and the host's pip (22.3 or
 # later: --python) installs the newest pip into it; with no such pip on the host, ensurepip's,
 # upgraded.
 $(DECODING): setup.py requirements-decoding.txt
@@ -37,12 +37,14 @@ $(TEST_EXTRAS): $(PACKAGE)
 
 demo: PIP_COMPILE := --no-compile
 demo: $(DECODING)
-	$(VENV)/bin/python scripts/run_without_tensorflow.py scripts/demo.py
+	$(VENV)/bin/python scripts/demo.py
 
-# Google-style formatting (pyink, 2-space indents) and lint (ruff); configured in pyproject.toml.
+# Google-style formatting (pyink, 2-space indents), lint (ruff) and the import contracts
+# (import-linter: imports run one way); configured in pyproject.toml.
 lint: $(TEST_EXTRAS)
-	$(VENV)/bin/pyink --check --quiet speculative_t5x scripts tests setup.py
-	$(VENV)/bin/ruff check --quiet speculative_t5x scripts tests setup.py
+	$(VENV)/bin/pyink --check --quiet speculative_t5x scripts benchmarks tests setup.py
+	$(VENV)/bin/ruff check --quiet speculative_t5x scripts benchmarks tests setup.py
+	$(VENV)/bin/lint-imports
 
 test: lint
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 tests
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 tests benchmarks/tests

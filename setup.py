@@ -51,6 +51,7 @@ setuptools.setup(
             "ipykernel>=6",
             "pyink>=24.10",
             "ruff>=0.6",
+            "import-linter>=2.1",
             # XLA:TPU on any host (tests/test_tpu_compile.py, scripts/aot_check.py --topology):
             # the release jax 0.10.2 pins in its `tpu` extra (tpu_topology.LIBTPU_FOR_JAX).
             "libtpu==0.0.42.*; platform_system == 'Linux' and platform_machine == 'x86_64'",

@@ -54,26 +54,28 @@ import pathlib
 import sys
 from typing import Any, Mapping
 
-import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
+from speculative_t5x.running import bootstrap
+
+bootstrap.start()  # first: keeps JAX off an absent TPU, imports TensorFlow quietly
 
 from absl import app
 from absl import flags
 import gin
 import seqio
 
-from speculative_t5x import aot
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import gin_utils
-from speculative_t5x import hlo_report
-from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import pairs
-from speculative_t5x import paper
-from speculative_t5x import partitioning
-from speculative_t5x import run_dir
-from speculative_t5x import tpu_topology
 from speculative_t5x import validation
+from speculative_t5x.projections import paper
+from speculative_t5x.running import inference
+from speculative_t5x.running import partitioning
+from speculative_t5x.running import run_dir
+from speculative_t5x.tpu import aot
+from speculative_t5x.tpu import hlo_report
+from speculative_t5x.tpu import tpu_topology
+from speculative_t5x.weights import pairs
 
 DEFAULT_GIN_FILE = "configs/runs/aot_xxl.gin"
 GIB = 2**30

@@ -4,7 +4,7 @@ For a target, its drafters, an input source and every (temperature, gamma), `swe
 each example's decodes (the baseline and every speculative setting side by side, with their
 prefills) and, between the examples, the decode steps behind c and the verification cost; each
 setting becomes a `report.SpeedupRow` (per-token, per-example and loop speedups, Theorem 3.8's
-prediction, the hardware-aware one, and the efficiencies; see speculative_t5x/report.py for what
+prediction, the hardware-aware one, and the efficiencies; see speculative_t5x/measuring/report.py for what
 each one means).
 
 Configuration is gin (configs/runs/benchmark.gin and the files including it; paths relative to the
@@ -45,6 +45,10 @@ import platform
 import sys
 from typing import Sequence
 
+from speculative_t5x.running import bootstrap
+
+bootstrap.start()  # first: keeps JAX off an absent TPU, imports TensorFlow quietly
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -52,15 +56,15 @@ import gin
 import jax
 import numpy as np
 
-from speculative_t5x import benchmark
-from speculative_t5x import benchmark_config
 from speculative_t5x import draft_shapes
 from speculative_t5x import gin_utils
-from speculative_t5x import multihost
-from speculative_t5x import report
-from speculative_t5x import run_dir
-from speculative_t5x import sweep
 from speculative_t5x import validation
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import benchmark_config
+from speculative_t5x.measuring import report
+from speculative_t5x.measuring import sweep
+from speculative_t5x.running import multihost
+from speculative_t5x.running import run_dir
 
 DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
 EOS_ID = 1

@@ -28,13 +28,17 @@ from absl import logging
 import gin
 import tqdm
 
-from speculative_t5x import benchmark
-from speculative_t5x import calibration
+from speculative_t5x.running import bootstrap
+
+bootstrap.start()  # first: keeps JAX off an absent TPU, imports TensorFlow quietly
+
 from speculative_t5x import gin_utils
 from speculative_t5x import models
-from speculative_t5x import pairs
-from speculative_t5x import tasks
 from speculative_t5x import validation
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import calibration
+from speculative_t5x.text import tasks
+from speculative_t5x.weights import pairs
 
 DEFAULT_GIN_FILE = "configs/runs/calibrate_draft_length.gin"
 BUCKET_EDGES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

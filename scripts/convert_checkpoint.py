@@ -35,11 +35,16 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from speculative_t5x import checkpoints
+from speculative_t5x.running import bootstrap
+
+bootstrap.start(tensorflow=False)  # first: keeps JAX off an absent TPU (no seqio task read)
+
 from speculative_t5x import gin_utils
-from speculative_t5x import hf_weights
-from speculative_t5x import run_dir
-from speculative_t5x import t5x_checkpoints
+from speculative_t5x import param_checks
+from speculative_t5x.running import run_dir
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import hf_weights
+from speculative_t5x.weights import t5x_checkpoints
 
 MODES = ("t5x_to_orbax", "hf_to_orbax", "orbax_to_hf")
 # The format each mode reads, and the mode that reads each format into the other.
@@ -154,7 +159,7 @@ def main(argv):
       overrides = {"dtype": FLAGS.dtype}
       if FLAGS.mlp_activations:
         overrides["mlp_activations"] = tuple(FLAGS.mlp_activations)
-      config = checkpoints.config_from_params(params, **overrides)
+      config = param_checks.config_from_params(params, **overrides)
       checkpoints.save_model(scratch, params, config)
     elif FLAGS.mode == "hf_to_orbax":
       params, config = hf_weights.load_hf(FLAGS.input, dtype=FLAGS.dtype)

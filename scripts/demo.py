@@ -5,7 +5,7 @@ It translates held-out English sentences into German with the trained demo targe
 temperature (`sweep.sweep`: batch 1, baseline and speculative decodes timed side by side on
 identical inputs and rng, medians, compilation excluded; alpha and tokens per target call from
 the run's own statistics; c and the verification cost from compiled decode steps timed between
-the examples; the speedups beside Theorem 3.8's prediction; see speculative_t5x/report.py). It
+the examples; the speedups beside Theorem 3.8's prediction; see speculative_t5x/measuring/report.py). It
 checks that the greedy output is identical to the baseline's, and exits with status 1 if not.
 
 The draft shape is chosen on the machine it runs on (--gamma=auto, the default;
@@ -35,30 +35,34 @@ import dataclasses
 import pathlib
 import sys
 
-import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
+from speculative_t5x.running import bootstrap
+
+bootstrap.start(
+    tensorflow=False
+)  # first: keeps JAX off an absent TPU (decoding needs no TensorFlow)
 
 from absl import flags
 from absl import logging
 import jax
 import numpy as np
-import seqio
 
-from speculative_t5x import auto_shape
-from speculative_t5x import benchmark
-from speculative_t5x import checkpoints
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
-from speculative_t5x import pairs
-from speculative_t5x import report
 from speculative_t5x import sampling
 from speculative_t5x import speculative
-from speculative_t5x import sweep
-from speculative_t5x import tasks
 from speculative_t5x import trees
 from speculative_t5x import validation
+from speculative_t5x.measuring import auto_shape
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import report
+from speculative_t5x.measuring import sweep
+from speculative_t5x.text import demo_data
+from speculative_t5x.text import vocabularies
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import pairs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RANDOM_DRAFTER = "random drafter"
@@ -66,8 +70,7 @@ RANDOM_DRAFTER = "random drafter"
 COPY_SOURCE = "+source"
 EOS_ID = 1
 RANDOM_INPUT_LENGTH = 16
-# --cost_repeats=0 with a fixed draft shape: 5 rounds, about 3.5 s per temperature here
-# (docs/results_cpu.md 16.23).
+# --cost_repeats=0 with a fixed draft shape: 5 rounds, a few seconds per temperature on a CPU.
 FIXED_SHAPE_COST_REPEATS = 5
 # --acceptance_file's default, under --pair_dir.
 ACCEPTANCE_FILE = "measurements/acceptance.json"
@@ -101,8 +104,8 @@ _NUM_EXAMPLES = flags.DEFINE_integer(
     "num_examples",
     48,
     "Sentences to decode and time (the first of --test_file). Tokens per target call over 16 "
-    "sentences move by a standard deviation of 8% from one block of the test split to the next, "
-    "more than the two targets of docs/results_cpu.md 16.18 differ by; over 48 by 4%.",
+    "sentences move by a standard deviation of 8% from one block of the test split to the next; "
+    "over 48 by 4%.",
     lower_bound=1,
 )
 _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
@@ -147,7 +150,7 @@ _ALPHA_EXAMPLES = flags.DEFINE_integer(
 _ACCEPTANCE_FILE = flags.DEFINE_string(
     "acceptance_file",
     "",
-    "With --gamma=auto: a file of acceptance records (speculative_t5x/acceptance_record.py); "
+    "With --gamma=auto: a file of acceptance records (speculative_t5x/measuring/acceptance_record.py); "
     f"empty: --pair_dir's {ACCEPTANCE_FILE} (the shipped demo_models/ holds the demo's, at "
     "temperatures 0 and 1), none with --random_pair. Where it holds the record of this pair, "
     "temperature, decode length and these sentences, alpha is read from it, not measured; "
@@ -206,8 +209,8 @@ _INPUT_BUCKET = flags.DEFINE_integer(
     "a short sentence does not pay the longest one's encoder; 0 (the default) pads every "
     "sentence to the longest: one length, one set of compiled decodes. Each length compiles its "
     "own, about 10 s on a fast 2-core machine: the demo's 48 sentences fall into 2 lengths at 24 "
-    "(47 and 1 sentences), which gained 0.03x in docs/results_cpu.md 16.21 but keeps `make demo` "
-    "from finishing in two minutes on a slower machine.",
+    "(47 and 1 sentences), which gains little and keeps `make demo` from finishing in two "
+    "minutes on a slower machine.",
     lower_bound=0,
 )
 _DECODE_LENGTH = flags.DEFINE_integer(
@@ -242,13 +245,13 @@ def check_flags() -> tuple[float, ...]:
         "subdirectories of --pair_dir, e.g. --drafter=drafter,feature_drafter"
     )
   members = [_member(entry)[0] for entry in _DRAFTERS.value]
-  needed = ("target", *members, tasks.DEMO_VOCABULARY_FILE)
+  needed = ("target", *members, demo_data.DEMO_VOCABULARY_FILE)
   missing = [name for name in needed if not (pair_dir / name).exists()]
   if missing:
     problem = "does not exist" if not pair_dir.is_dir() else f"has no {', '.join(missing)}"
     raise gin_utils.ConfigError(
         f"--pair_dir={_PAIR_DIR.value} {problem}: give a directory written by "
-        f"pairs.save_pair with its {tasks.DEMO_VOCABULARY_FILE} (the shipped demo_models/ "
+        f"pairs.save_pair with its {demo_data.DEMO_VOCABULARY_FILE} (the shipped demo_models/ "
         "is the default) and --drafter one of its drafter subdirectories, or --random_pair for "
         "a tiny random pair (mechanics only)"
     )
@@ -256,7 +259,7 @@ def check_flags() -> tuple[float, ...]:
     member, copy_source = _member(entry)
     if not copy_source:
       continue
-    drafter = drafters.read_drafter(pair_dir / member)
+    drafter = checkpoints.read_drafter(pair_dir / member)
     if not drafter.can_copy_source:
       raise gin_utils.ConfigError(
           f"--drafter={entry}: {COPY_SOURCE} adds each sentence's source ids to a feature "
@@ -273,13 +276,13 @@ def _member(entry: str) -> tuple[str, bool]:
   return entry, False
 
 
-def _demo_pairs() -> tuple[dict[str, pairs.Pair], seqio.Vocabulary | None, str]:
+def _demo_pairs() -> tuple[dict[str, pairs.Pair], vocabularies.Vocabulary | None, str]:
   """-> (drafter label -> its pair with the target, the sentencepiece vocabulary or None for the
   random pair, a label of where the weights come from)."""
   if _RANDOM_PAIR.value:
     return _random_pair()
   pair_dir = pathlib.Path(gin_utils.resolve_path(_PAIR_DIR.value))
-  vocabulary = seqio.SentencePieceVocabulary(str(pair_dir / tasks.DEMO_VOCABULARY_FILE))
+  vocabulary = vocabularies.SentencePieceVocabulary(str(pair_dir / demo_data.DEMO_VOCABULARY_FILE))
   # Parameters may be stored in bfloat16 (demo_models/ is, to halve its size); from_pair_dir
   # restores them in the compute dtype the target's config.json records (float32 for the demo).
   loaded = {}
@@ -464,7 +467,7 @@ def _auto_settings(
     temperature: float,
     encoder_tokens: np.ndarray,
     decode_length: int,
-    vocabulary: seqio.Vocabulary,
+    vocabulary: vocabularies.Vocabulary,
     verifiers: dict[str, speculative.Verifier],
     geometry: benchmark.DecodeGeometry,
 ) -> tuple[list[sweep.SweepSetting], dict[str, auto_shape.Choice], float]:
@@ -566,7 +569,7 @@ def main(argv):
   else:
     sources, references = zip(*test_pairs)
     encoder_tokens = benchmark.encode_texts(
-        [tasks.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
+        [demo_data.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
     )
   examples = encoder_tokens[:, None]
   if _INPUT_BUCKET.value:
@@ -587,7 +590,7 @@ def main(argv):
       f"{', '.join(f'{n}: {count}' for n, count in lengths.items())}), backend "
       f"{jax.default_backend()}"
   )
-  vocabulary = vocabulary or seqio.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID)
+  vocabulary = vocabulary or vocabularies.PassThroughVocabulary(target.vocab_size, eos_id=EOS_ID)
   choices, repeats = {}, _REPEATS.value or 3
   geometry = None  # the sweep's own
   if auto is not None:

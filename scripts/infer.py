@@ -44,12 +44,16 @@ from absl import app
 from absl import flags
 import gin
 
+from speculative_t5x.running import bootstrap
+
+bootstrap.start()  # first: keeps JAX off an absent TPU, imports TensorFlow quietly
+
 from speculative_t5x import gin_utils
-from speculative_t5x import inference
 from speculative_t5x import models
-from speculative_t5x import multihost
-from speculative_t5x import partitioning
-from speculative_t5x import run_dir
+from speculative_t5x.running import inference
+from speculative_t5x.running import multihost
+from speculative_t5x.running import partitioning
+from speculative_t5x.running import run_dir
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string(
@@ -61,7 +65,7 @@ flags.DEFINE_multi_string(
 flags.DEFINE_multi_string(
     "gin_bindings", [], "Gin bindings, applied after the files; " "--gin.NAME=value is a shorthand."
 )
-# T5X's multi-process flags (t5x/infer.py), with its meaning; see speculative_t5x/multihost.py.
+# T5X's multi-process flags (t5x/infer.py), with its meaning; see speculative_t5x/running/multihost.py.
 flags.DEFINE_bool(
     "multiprocess_gpu",
     False,

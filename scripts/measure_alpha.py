@@ -22,7 +22,9 @@ import functools
 import json
 from typing import Mapping, Sequence
 
-import speculative_t5x  # noqa: F401  (first: TensorFlow, which seqio imports, is imported quietly)
+from speculative_t5x.running import bootstrap
+
+bootstrap.start()  # first: keeps JAX off an absent TPU, imports TensorFlow quietly
 
 from absl import app
 from absl import flags
@@ -35,10 +37,10 @@ from speculative_t5x import alpha
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import gin_utils
 from speculative_t5x import models
-from speculative_t5x import pairs
-from speculative_t5x import run_dir
-from speculative_t5x import tasks
 from speculative_t5x import validation
+from speculative_t5x.running import run_dir
+from speculative_t5x.text import tasks
+from speculative_t5x.weights import pairs
 
 DEFAULT_GIN_FILE = "configs/runs/measure_alpha.gin"
 

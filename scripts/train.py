@@ -5,7 +5,7 @@ r"""Trains a T5 1.1 model T5X-style (gin-configured); rerunning with the same --
     --gin_file=configs/models/t5_1_1_tiny.gin --gin.MODEL_CONFIG=%T5_1_1_TINY --gin.NUM_STEPS=100 \
     --model_dir=/tmp/tiny
 
-Distilling a drafter against a trained target (DistillSpec: speculative_t5x/distillation.py; the
+Distilling a drafter against a trained target (DistillSpec: speculative_t5x/training/distillation.py; the
 divergence, the data and their temperatures are distillation.Distillation's bindings):
 
   python scripts/train.py --gin_file=configs/demo/distill_drafter.gin --model_dir=/tmp/distilled
@@ -21,10 +21,10 @@ own decodes, Distillation(target_dir, divergence='cross_entropy', data='target')
     --distill_from=/tmp/demo_target/model
 
 Writes orbax checkpoints to MODEL_DIR/checkpoints, the final parameters to MODEL_DIR/model (a
-model's checkpoints.save_model, a distilled drafter's Drafter.save_params), the summary to
+model's checkpoints.save_model, a distilled drafter's checkpoints.save_drafter_params), the summary to
 MODEL_DIR/train_summary.json and the gin config to MODEL_DIR/config.gin, the last three together
 at each checkpoint (and the export at the end), renamed into place at once. See
-speculative_t5x/training.py for what `train` does. A flag or setting that `train` refuses (a
+speculative_t5x/training/training.py for what `train` does. A flag or setting that `train` refuses (a
 gin_utils.ConfigError, before anything is built) ends the run with nothing written, and so does a
 rerun that cannot resume the run in MODEL_DIR (NUM_STEPS below its checkpoint's step, another
 model: the error names both values). A rerun of a complete run (NUM_STEPS its step) writes
@@ -39,11 +39,15 @@ from absl import flags
 from absl import logging
 import gin
 
+from speculative_t5x.running import bootstrap
+
+bootstrap.start()  # first: keeps JAX off an absent TPU, imports TensorFlow quietly
+
 from speculative_t5x import gin_utils
 from speculative_t5x import models
-from speculative_t5x import run_dir
-from speculative_t5x import training
 from speculative_t5x import validation
+from speculative_t5x.running import run_dir
+from speculative_t5x.training import training
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string(

@@ -48,7 +48,7 @@ TargetLogitsFn = Callable[..., tuple]
 MoveCache = Callable[[Any, jax.Array, jax.Array], Any]
 
 # The named scopes that label an iteration's stages in the compiled program's metadata (op_name),
-# so a profile can attribute XLA's thunks to them (scripts/profile_loop.py): the drafter's
+# so a profile can attribute XLA's thunks to them (benchmarks/profile_loop.py): the drafter's
 # proposal and the features it observes, the target's call, and the verification (the target's
 # distributions, acceptance, the token's draw). Whatever lies outside them is the loop's own work.
 STAGE_SCOPES = ("drafter", "target", "verifier")

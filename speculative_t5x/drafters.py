@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5x import checkpoints
 from speculative_t5x import draft_length
 from speculative_t5x import network
 from speculative_t5x import param_checks
@@ -38,7 +37,7 @@ from speculative_t5x import validation
 
 # An empty draft slot: the row stopped drafting before it (`draft_length`); verifiers reject it.
 EMPTY = -1
-# The kind `SharedEncoderDrafter.save_params` records in its config.json's 'drafter' entry.
+# The kind `SharedEncoderDrafter.checkpoint_layout` records in its config.json's 'drafter' entry.
 SHARED_ENCODER_KIND = "shared_encoder"
 # The feature shapes `init_params` gets where no batch is at hand (`param_shapes`, untrained
 # parameters in `pairs`): one row of one token each. A drafter's parameters do not depend on them.
@@ -244,6 +243,22 @@ def draft_tree(
   return drafts, q, carry
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointLayout:
+  """What a drafter's checkpoint holds. The weights layer reads and writes it; the drafter only
+  describes it, so decoding never loads the checkpoint libraries.
+
+  config: the network config its config.json records.
+  entry: its config.json 'drafter' entry ({"kind": ..., ...}, what `register_kind`'s reader
+    reads back); None for a bare T5, restored against `config` (T5X's layout too).
+  description: the drafter, as errors about its checkpoint name it.
+  """
+
+  config: network.T5Config
+  entry: Mapping[str, Any] | None = None
+  description: str = ""
+
+
 class Drafter(abc.ABC):
   """A source of drafts: the protocol the decoding loop, the models, alpha measurement and the
   partitioner use; nothing outside this module asks what kind of drafter it holds.
@@ -329,41 +344,35 @@ class Drafter(abc.ABC):
         kind,
         "they are another drafter's, of another kind or other sizes (emb_dim, layers, heads, the "
         "target width it reads). Restore them with the drafter they were saved with "
-        "(pairs.PairConfig.from_pair_dir, or drafters.read_drafter on their directory), or build "
+        "(pairs.PairConfig.from_pair_dir, or checkpoints.read_drafter on their directory), or build "
         f"the drafter with the sizes they have.{cast}",
     )
 
   @property
   def needs_checkpoint(self) -> bool:
-    """Whether useful parameters come only from a checkpoint (`restore_params`); random ones
+    """Whether useful parameters come only from a checkpoint (`checkpoint_layout`); random ones
     (`init_params`) are then for tests and demos only."""
     return False
 
-  def restore_params(self, path: str | os.PathLike, dtype: Any = None) -> Any:
-    """Parameters from a checkpoint directory, cast to `dtype` (None: as stored)."""
-    del dtype
-    raise ValueError(
-        f"{type(self).__name__} has no checkpoint format (got the path {path}): "
-        "leave the drafter's checkpoint path unset."
-    )
+  def checkpoint_layout(self) -> "CheckpointLayout | None":
+    """What this drafter's checkpoint holds (`speculative_t5x.weights.checkpoints` reads and
+    writes it); None where it has no checkpoint format (its parameters come from fitting or it
+    needs none)."""
+    return None
 
-  def restore_with_target(
-      self, path: str | os.PathLike, target_params: Any, dtype: Any = None
+  def from_checkpoint(
+      self,
+      restore: Callable[["Drafter"], Any],
+      saved_entry: Mapping[str, Any] | None,
+      target_params: Any,
+      path: str | os.PathLike,
   ) -> Any:
-    """`restore_params`, completed with what the drafter takes from its target that the
-    checkpoint may not hold (`pairs.load_drafter` restores drafters so); the default takes
-    nothing."""
-    del target_params
-    return self.restore_params(path, dtype)
-
-  def save_params(self, directory: str | os.PathLike, params: Any, overwrite: bool = False) -> None:
-    """Writes `params` to `directory` as a checkpoint `restore_params` reads back (refusing an
-    existing one unless `overwrite`)."""
-    del params, overwrite
-    raise ValueError(
-        f"{type(self).__name__} has no checkpoint format, so there is nothing to write to "
-        f"{directory}: its parameters come from fitting or need none (see `restore_params`)."
-    )
+    """Parameters from the checkpoint at `path` whose config.json drafter entry is `saved_entry`
+    (None: none, or no config.json), completed with what the drafter takes from its target that
+    the checkpoint may not hold. `restore(drafter)` reads the checkpoint as `drafter`'s. The
+    default restores as itself and takes nothing from the target."""
+    del saved_entry, target_params, path
+    return restore(self)
 
   def init_from_target(self, params: Any, target_params: Any) -> Any:
     """Fresh `params` with what the drafter shares with the target copied in (training calls it
@@ -395,7 +404,7 @@ class Drafter(abc.ABC):
   def standalone_config(self) -> network.T5Config | None:
     """The config of the `network.Transformer` its parameters make on their own, with an encoder
     of its own and nothing read from the target: a translation model that can be evaluated alone
-    (BLEU, eval loss: `scripts/evaluate_demo.py`). None for a drafter that reads the target (its
+    (BLEU, eval loss: `benchmarks/evaluate_demo.py`). None for a drafter that reads the target (its
     encoder output or features) or runs no network (tables, prompt lookup)."""
     return None
 
@@ -560,38 +569,25 @@ def as_drafter(drafter: "Drafter | network.Transformer | network.T5Config") -> D
   )
 
 
-# Readers of saved drafters by the 'kind' of their config.json entry (`Drafter.save_params`):
+# Readers of saved drafters by the 'kind' of their config.json entry (`CheckpointLayout.entry`):
 # (the network's T5Config, the entry) -> the Drafter. A drafter class in another module adds its
 # own (`register_kind`).
 _KIND_READERS: dict[str, Callable[[network.T5Config, dict], "Drafter"]] = {}
 
 
 def register_kind(kind: str, reader: Callable[[network.T5Config, dict], "Drafter"]) -> None:
-  """Lets `read_drafter` read directories whose config.json entry has this kind."""
+  """Lets `checkpoints.read_drafter` read directories whose config.json entry has this kind."""
   _KIND_READERS[kind] = reader
 
 
-def read_drafter(directory: str | os.PathLike) -> Drafter:
-  """The drafter whose checkpoint `save_params` (or `pairs.save_pair`) wrote to `directory`,
-  from its config.json: the reader registered for its entry's kind (`register_kind`), or the
-  `T5Drafter` of its config where it has no entry."""
-  config, entry = checkpoints.read_drafter_entry(directory)
-  if entry is None:
-    return T5Drafter(config)
-  reader = _KIND_READERS.get(entry["kind"])
-  if reader is None:
-    raise ValueError(
-        f"{directory}/config.json records a drafter of kind {entry['kind']!r}, which no imported "
-        f"module reads (known: {sorted(_KIND_READERS)}): import the module that defines it "
-        "(e.g. speculative_t5x.feature_drafter), or save the drafter again."
-    )
-  try:
-    return reader(config, entry)
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(
-        f"{directory}/config.json's drafter entry {entry!r} cannot be read ({e}): save the "
-        "drafter again."
-    ) from e
+def kind_reader(kind: str) -> Callable[[network.T5Config, dict], "Drafter"] | None:
+  """The reader `register_kind` registered for `kind`, or None."""
+  return _KIND_READERS.get(kind)
+
+
+def known_kinds() -> list[str]:
+  """The kinds `register_kind` registered, sorted."""
+  return sorted(_KIND_READERS)
 
 
 @flax.struct.dataclass
@@ -731,11 +727,8 @@ class T5Drafter(_CachedDecoderDrafter):
     del input_shapes  # a T5's parameter shapes do not depend on them.
     return network.init_params(self.config, rng)
 
-  def restore_params(self, path, dtype=None):
-    return checkpoints.restore_params(self.config, path, dtype=dtype)
-
-  def save_params(self, directory, params, overwrite=False):
-    checkpoints.save_model(directory, params, self.config, overwrite=overwrite)
+  def checkpoint_layout(self):
+    return CheckpointLayout(self.config)  # a bare T5: T5X's checkpoints and the project's alike
 
   def param_axes(self):
     return network.param_axes(self.config)
@@ -786,21 +779,12 @@ class SharedEncoderDrafter(_CachedDecoderDrafter):
     del input_shapes  # its parameter shapes do not depend on them.
     return network.shared_encoder_init_params(self.config, self.encoder_emb_dim, rng)
 
-  def restore_params(self, path, dtype=None):
-    return checkpoints.restore_checked(
-        self.param_shapes,
-        path,
-        dtype,
-        f"checkpoint {path} (a shared-encoder drafter reading encoder outputs of width "
-        f"encoder_emb_dim={self.encoder_emb_dim})",
-    )
-
-  def save_params(self, directory, params, overwrite=False):
-    """`checkpoints.save_drafter` with the entry {"kind": "shared_encoder", "encoder_emb_dim":
-    E_target}."""
-    entry = {"kind": SHARED_ENCODER_KIND, "encoder_emb_dim": self.encoder_emb_dim}
-    checkpoints.save_drafter(
-        directory, params, self.param_shapes(), self.config, entry, overwrite=overwrite
+  def checkpoint_layout(self):
+    return CheckpointLayout(
+        self.config,
+        {"kind": SHARED_ENCODER_KIND, "encoder_emb_dim": self.encoder_emb_dim},
+        "a shared-encoder drafter reading encoder outputs of width "
+        f"encoder_emb_dim={self.encoder_emb_dim}",
     )
 
   def param_axes(self):

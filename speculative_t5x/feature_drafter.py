@@ -25,8 +25,7 @@ decoding folds them (`fold`, once per decode call: `FeatureDrafter.decode_params
 
 which streams [d, N] + [d, d] per draft instead of [d, E] + [E, N] + [E, d] (E = 512, d = 128,
 N = 2,000 in the demo: 0.27M parameters instead of 1.15M). Inside the loop a draft's cost grows
-with the bytes it reads, because the target's step evicts them from the cache
-(docs/results_cpu.md, 16.6).
+with the bytes it reads, because the target's step evicts them from the cache.
 
 In decoding, the verification pass yields the target's features of the block it scored; the loop
 hands the drafter those of the accepted positions (`FeatureDrafter.observe_features`). A proposal
@@ -53,7 +52,6 @@ vocabulary, N the draft vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Mapping
 
 import flax
@@ -63,15 +61,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5x import checkpoints
 from speculative_t5x import drafters
 from speculative_t5x import layers
 from speculative_t5x import network
-from speculative_t5x import tasks
 from speculative_t5x import trees
 
 FEATURE_KIND = "feature"
-_COUNT_BATCH = 4096  # target sequences per bincount in `_token_counts`
 _FUSE_AXES = ("embed", "mlp")
 _OUT_AXES = ("mlp", "embed")
 
@@ -422,8 +417,8 @@ def without_layers(
 ) -> tuple[network.T5Config, Any]:
   """A trained head with its layers `dropped` removed and the rest renumbered in order
   (`network.without_decoder_layers` on its body), to go on training a cheaper head from it: one
-  layer of width 128 costs about half a two-layer head's price in the loop (docs/results_cpu.md
-  16.14) -> (the cut body's config, its parameters). `config` is the body as trained."""
+  layer of width 128 costs about half a two-layer head's price in the loop -> (the cut body's
+  config, its parameters). `config` is the body as trained."""
   body = {k: v for k, v in params.items() if k.startswith("layers_")}
   cut_config, cut = network.without_decoder_layers(config, {"decoder": body}, dropped)
   return cut_config, {**{k: v for k, v in params.items() if k not in body}, **cut["decoder"]}
@@ -464,13 +459,9 @@ class DecodeParams:
   folded: dict
 
 
-def _saved_copying_source(path) -> bool:
-  """Whether the drafter directory `path` holds 'source_head' (its config.json's drafter entry
-  has copy_source); True where it has no such entry to say (a bare checkpoint)."""
-  try:
-    _, entry = checkpoints.read_drafter_entry(path)
-  except (FileNotFoundError, ValueError):
-    return True
+def _saved_copying_source(entry: Mapping[str, Any] | None) -> bool:
+  """Whether a checkpoint whose config.json drafter entry is `entry` holds 'source_head' (the
+  entry has copy_source); True where it has no such entry to say (a bare checkpoint)."""
   return entry is None or entry.get("kind") != FEATURE_KIND or bool(entry.get("copy_source"))
 
 
@@ -492,42 +483,6 @@ class FeatureDrafterState:
   source_kernel: jax.Array | None = None
 
 
-@gin.configurable
-def frequent_tokens(
-    mixture_or_task_name: str = gin.REQUIRED,
-    size: int = gin.REQUIRED,
-    split: str = "train",
-) -> tuple[int, ...]:
-  """The `size` most frequent target token ids of a seqio task's split (EOS included, padding
-  not), ties to the lower id, sorted ascending: a `FeatureDrafter.draft_vocab`. The counts are
-  read once per process and split (gin evaluates a macro holding this call several times)."""
-  drafters._check_int("frequent_tokens", "size", size, 1)  # noqa: SLF001
-  task = tasks.get_task(mixture_or_task_name)
-  vocab_size = task.output_features["targets"].vocabulary.vocab_size
-  if size > vocab_size:
-    raise ValueError(
-        f"frequent_tokens.size {size} > the vocabulary's {vocab_size} pieces: give at most "
-        f"{vocab_size} (or no draft vocabulary at all for the full one)."
-    )
-  counts = _token_counts(mixture_or_task_name, split).copy()
-  counts[0] = -1  # padding is never a draft.
-  order = np.lexsort((np.arange(vocab_size), -counts))
-  return tuple(sorted(int(i) for i in order[:size]))
-
-
-@functools.lru_cache(maxsize=None)
-def _token_counts(mixture_or_task_name: str, split: str) -> np.ndarray:
-  """How often each target token id occurs in the split -> [V] int64 (read once per process, in
-  padded batches: the padding's count, at id 0, is not one `frequent_tokens` reads)."""
-  task = tasks.get_task(mixture_or_task_name)
-  vocab_size = task.output_features["targets"].vocabulary.vocab_size
-  counts = np.zeros(vocab_size, np.int64)
-  targets = task.get_dataset(split=split, shuffle=False).map(lambda example: example["targets"])
-  for batch in targets.padded_batch(_COUNT_BATCH).as_numpy_iterator():
-    counts += np.bincount(batch.ravel(), minlength=vocab_size)[:vocab_size]
-  return counts
-
-
 @gin.configurable(module="drafters")
 @dataclasses.dataclass(frozen=True, eq=False)
 class FeatureDrafter(drafters.Drafter):
@@ -537,7 +492,7 @@ class FeatureDrafter(drafters.Drafter):
   config: the head's T5Config (emb_dim d, heads, head_dim, mlp_dim, num_decoder_layers; its
     vocab_size is the target's); num_encoder_layers is not used.
   feature_dim: E, the target's emb_dim.
-  draft_vocab: the token ids it may draft (`frequent_tokens`), or () for the whole vocabulary.
+  draft_vocab: the token ids it may draft (`speculative_t5x.text.draft_vocab.frequent_tokens`), or () for the whole vocabulary.
   target_feature_layers: the target's decoder layers whose outputs it reads beside the final
     feature (EAGLE-3's lower-layer features; `network.check_feature_layers`), or ().
   copy_source: each row may also draft the ids of its own encoder input, scored by the
@@ -570,7 +525,7 @@ class FeatureDrafter(drafters.Drafter):
       raise ValueError(
           f"FeatureDrafter.draft_vocab must be distinct token ids in [0, "
           f"{self.config.vocab_size}) in ascending order ({len(vocab)} given): build it with "
-          "feature_drafter.frequent_tokens."
+          "speculative_t5x.text.draft_vocab.frequent_tokens."
       )
     object.__setattr__(self, "feature_dim", int(self.feature_dim))
     object.__setattr__(self, "draft_vocab", tuple(int(i) for i in vocab))
@@ -592,7 +547,7 @@ class FeatureDrafter(drafters.Drafter):
       raise ValueError(
           "FeatureDrafter.copy_source adds each source's ids to a draft vocabulary, but "
           "draft_vocab is () (the whole vocabulary, every id scored already): give a draft_vocab "
-          "(feature_drafter.frequent_tokens), or copy_source=False."
+          "(speculative_t5x.text.draft_vocab.frequent_tokens), or copy_source=False."
       )
     object.__setattr__(self, "copy_source", bool(self.copy_source))
 
@@ -659,22 +614,15 @@ class FeatureDrafter(drafters.Drafter):
         "copy_source": self.copy_source,
     }
 
-  def save_params(self, directory, params, overwrite=False):
-    checkpoints.save_drafter(
-        directory, params, self.param_shapes(), self.config, self._entry(), overwrite=overwrite
-    )
+  def checkpoint_layout(self):
+    return drafters.CheckpointLayout(self.config, self._entry(), "a FeatureDrafter")
 
-  def restore_params(self, path, dtype=None):
-    return checkpoints.restore_checked(
-        self.param_shapes, path, dtype, f"checkpoint {path} (a FeatureDrafter)"
-    )
-
-  def restore_with_target(self, path, target_params, dtype=None):
+  def from_checkpoint(self, restore, saved_entry, target_params, path):
     """With copy_source, a checkpoint of the drafter saved without it (its config.json says so,
     e.g. a drafter trained without copying) restores as that drafter, then gains the target's
     logits kernel (`copying_source`)."""
-    if not self.copy_source or _saved_copying_source(path):
-      return self.restore_params(path, dtype)
+    if not self.copy_source or _saved_copying_source(saved_entry):
+      return restore(self)
     if target_params is None:
       raise ValueError(
           f"FeatureDrafter.copy_source: the checkpoint {path} was saved without copying the "
@@ -682,11 +630,11 @@ class FeatureDrafter(drafters.Drafter):
           "needs the target's parameters (pairs.load_pair passes them)."
       )
     plain = dataclasses.replace(self, copy_source=False)
-    return copying_source(plain, plain.restore_params(path, dtype), target_params)[1]
+    return copying_source(plain, restore(plain), target_params)[1]
 
   @classmethod
   def from_entry(cls, config: network.T5Config, entry: Mapping[str, Any]) -> "FeatureDrafter":
-    """The drafter a `save_params` directory's config.json describes (its 'drafter' entry)."""
+    """The drafter a `checkpoints.save_drafter_params` directory's config.json describes (its 'drafter' entry)."""
     # Checkpoints written before target_feature_layers (copy_source) existed read the final
     # feature alone (draft from the draft vocabulary alone).
     layers_ = tuple(entry.get("target_feature_layers", ()))

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
 
 from speculative_t5x import decoding
 from speculative_t5x import draft_length
@@ -33,6 +32,9 @@ from speculative_t5x import sampling
 from speculative_t5x import speculative
 from speculative_t5x import trees
 from speculative_t5x import validation
+
+if TYPE_CHECKING:  # seqio imports TensorFlow: decoding needs neither
+  import seqio
 
 Batch = Mapping[str, jax.Array]
 # Drafts per target call when neither gamma nor a draft tree is given.
@@ -64,11 +66,21 @@ def _weights(batch: Batch) -> jax.Array:
   return (batch["decoder_target_tokens"] > 0).astype(jnp.float32) if weights is None else weights
 
 
+class _SeqioFeatureConverter:
+  """`seqio.EncDecFeatureConverter`, imported when read: seqio loads TensorFlow, which only the
+  data pipeline needs, not decoding."""
+
+  def __get__(self, instance, owner):
+    import seqio  # pylint: disable=g-import-not-at-top
+
+    return seqio.EncDecFeatureConverter
+
+
 @gin.configurable
 class EncoderDecoderModel:
   """The baseline: T5 1.1 decoded with `decode_fn` (default `decoding.temperature_sample`)."""
 
-  FEATURE_CONVERTER_CLS = seqio.EncDecFeatureConverter
+  FEATURE_CONVERTER_CLS = _SeqioFeatureConverter()
   # The decode function's arguments that the model passes itself (the rest are decoder_params).
   MODEL_DECODE_ARGS = ("inputs", "cache", "tokens_to_logits", "eos_id", "num_decodes")
 

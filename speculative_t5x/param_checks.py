@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from speculative_t5x import checkpoints
 from speculative_t5x import network
 from speculative_t5x import validation
 
@@ -136,11 +135,40 @@ def target_param_shapes(config: network.T5Config) -> dict[str, tuple]:
   return shapes_by_path(network.param_shapes(config), leaves_are_shapes=True)
 
 
+def config_from_params(params: Mapping, **overrides) -> network.T5Config:
+  """The `T5Config` whose parameter tree has the shapes of `params` (T5X layout).
+
+  Sizes come from the shapes. `mlp_activations` is ('gelu', 'linear') for a gated MLP (`wi_0`,
+  `wi_1`: T5 1.1, mT5, Flan-T5) and ('relu',) for a single `wi` (T5 1.0); `logits_via_embedding`
+  is whether `decoder/logits_dense` is absent. `overrides` (e.g. dtype='bfloat16') win.
+  """
+  try:
+    vocab_size, emb_dim = np.shape(params["token_embedder"]["embedding"])
+    num_heads = np.shape(params["encoder"]["relpos_bias"]["rel_embedding"])[0]
+    layer = params["encoder"]["layers_0"]
+    mlp = layer["mlp"]
+    fields = dict(
+        vocab_size=vocab_size,
+        emb_dim=emb_dim,
+        num_heads=num_heads,
+        head_dim=np.shape(layer["attention"]["query"]["kernel"])[1] // num_heads,
+        mlp_dim=np.shape(mlp["wo"]["kernel"])[0],
+        num_encoder_layers=sum(k.startswith("layers_") for k in params["encoder"]),
+        num_decoder_layers=sum(k.startswith("layers_") for k in params["decoder"]),
+        mlp_activations=("relu",) if "wi" in mlp else ("gelu", "linear"),
+        logits_via_embedding="logits_dense" not in params["decoder"],
+        dropout_rate=0.0,
+    )
+  except KeyError as e:
+    raise ValueError(f"not a T5X T5 parameter tree: it has no {e} where T5X puts it") from e
+  return network.T5Config(**{**fields, **overrides})
+
+
 def _other_config(params: Any, config: network.T5Config) -> str:
   """The T5Config fields whose values `params`' shapes imply and `config` does not have, as
   'emb_dim=16 (this model: 8), ...'; '' where the shapes imply none (or no T5 at all)."""
   try:
-    implied = checkpoints.config_from_params(params, dtype=config.dtype)
+    implied = config_from_params(params, dtype=config.dtype)
   except (ValueError, TypeError, KeyError, IndexError, AttributeError):
     return ""
   fields = (

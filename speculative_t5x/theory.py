@@ -11,7 +11,7 @@ section 3 and Appendix A.5. Notation follows the paper:
   c_hat    arithmetic operations per token of M_q over those of M_p (Definition 3.10).
   l        lenience in (0, 1] (Appendix A.5); l = 1 is exact speculative sampling.
 
-Draft trees (issue 17, beyond the paper): a tree of depth D whose depth-(d - 1) nodes have k_d
+Draft trees (beyond the paper): a tree of depth D whose depth-(d - 1) nodes have k_d
 children verifies its M drafts in one target call on M + 1 tokens;
   a_d      acceptance at depth d: P(a child is accepted | the path reached depth d - 1).
   alpha_j  P(the j-th sibling is accepted | its earlier siblings were rejected); alpha_1 = alpha.
@@ -337,7 +337,7 @@ def tokens_per_call(accepted_drafts, target_calls):
   return float((accepted + calls) / calls)
 
 
-# ---- Draft trees (issue 17): several candidates per position, verified in one target call.
+# ---- Draft trees: several candidates per position, verified in one target call.
 #
 # A tree's call accepts a root-to-node path: at a reached node of depth d - 1 its children are tried
 # in sibling order, and the path goes on through the first child accepted (recursive rejection

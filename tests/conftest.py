@@ -42,7 +42,9 @@ requires_libtpu = pytest.mark.skipif(
     reason="libtpu is not installed (pip install -e '.[test]' installs it)",
 )
 
-import speculative_t5x  # noqa: E402,F401  (first: TensorFlow, which seqio imports, quietly)
+from speculative_t5x.running import bootstrap  # noqa: E402
+
+bootstrap.start()  # as the scripts do: TensorFlow, which seqio imports, imported quietly first
 import jax  # noqa: E402
 import seqio  # noqa: E402,F401
 from flax import traverse_util  # noqa: E402
@@ -116,11 +118,17 @@ def default_sigint() -> None:
   signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def script_path(script: str) -> pathlib.Path:
+  """scripts/`script`, a user's entry point, or else benchmarks/`script`, a lab bench."""
+  path = REPO_ROOT / "scripts" / script
+  return path if path.exists() else REPO_ROOT / "benchmarks" / script
+
+
 def script_process(script: str, *flags: str, cwd=None, timeout: int = 600):
-  """Runs scripts/`script` with `flags` in a fresh interpreter on the CPU (in `cwd`, default the
-  current directory) -> its subprocess.CompletedProcess (text stdout and stderr)."""
+  """Runs `script_path(script)` with `flags` in a fresh interpreter on the CPU (in `cwd`, default
+  the current directory) -> its subprocess.CompletedProcess (text stdout and stderr)."""
   return subprocess.run(
-      [sys.executable, str(REPO_ROOT / "scripts" / script), *flags],
+      [sys.executable, str(script_path(script)), *flags],
       cwd=cwd,
       env=SCRIPT_ENV,
       capture_output=True,
@@ -142,7 +150,7 @@ class ScriptRuns:
     self.runner, self.results = None, None
 
   def add(self, key, script: str, *flags: str) -> None:
-    command = [str(REPO_ROOT / "scripts" / script), *flags]
+    command = [str(script_path(script)), *flags]
     if script in self.scripts:
       index = len(self.jobs)
       out, err = (str(self.directory / f"{index}.{name}") for name in ("stdout", "stderr"))
@@ -211,20 +219,19 @@ class Block:
 sys.meta_path.insert(0, Block())
 find = importlib.util.find_spec
 importlib.util.find_spec = lambda n, *a: None if n == 'tensorflow' else find(n, *a)
-sys.argv = ['run_without_tensorflow.py'] + sys.argv[1:]
-sys.path.insert(0, {str(REPO_ROOT / "scripts")!r})
-import run_without_tensorflow
-run_without_tensorflow.main(sys.argv)
+import os, runpy
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
 def make_demo_process(script: str, *flags: str, cwd=None, timeout: int = 600):
-  """`script_process` as `make demo` runs a script: through scripts/run_without_tensorflow.py,
-  with the modules of NOT_FOR_DECODING unimportable, as where requirements-decoding.txt alone is
-  installed (an import of one fails with 'blocked: <module>')."""
+  """`script_process` as `make demo` runs a script: with the modules of NOT_FOR_DECODING
+  unimportable, as where requirements-decoding.txt alone is installed (an import of one fails
+  with 'blocked: <module>')."""
   return subprocess.run(
-      [sys.executable, "-c", _WITHOUT_TASKS_DEPENDENCIES, str(REPO_ROOT / "scripts" / script)]
-      + list(flags),
+      [sys.executable, "-c", _WITHOUT_TASKS_DEPENDENCIES, str(script_path(script))] + list(flags),
       cwd=cwd or REPO_ROOT,
       env=SCRIPT_ENV,
       capture_output=True,

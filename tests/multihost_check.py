@@ -26,15 +26,16 @@ import jax
 
 # tests/ is this script's sys.path[0].
 from conftest import tiny_config
-from speculative_t5x import checkpoints
 from speculative_t5x import drafters
-from speculative_t5x import inference
-from speculative_t5x import multihost
 from speculative_t5x import network
-from speculative_t5x import pairs
-from speculative_t5x import partitioning
-from speculative_t5x import t5x_checkpoints
-from speculative_t5x import tasks
+from speculative_t5x.running import inference
+from speculative_t5x.running import multihost
+from speculative_t5x.running import partitioning
+from speculative_t5x.text import demo_data
+from speculative_t5x.text import tasks
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import pairs
+from speculative_t5x.weights import t5x_checkpoints
 
 VOCAB_SIZE = 32  # covers the test vocabulary's 26 pieces
 # 4 heads: the model-parallel runs split heads, mlp and vocab over 4 devices.
@@ -106,7 +107,7 @@ def main():
         gin.bind_parameter("SpeculativeEncoderDecoderModel.draft_tree", tree)
       inference.infer(
           inference.InferConfig(
-              mixture_or_task_name=tasks.DEMO_ENDE_TASK,
+              mixture_or_task_name=demo_data.DEMO_ENDE_TASK,
               task_feature_lengths=LENGTHS,
               output_dir=os.path.join(directory, name),
               pair=pair,

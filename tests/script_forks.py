@@ -1,7 +1,7 @@
 """Runs many short script invocations from one process that imported their heavy modules once.
 
 `python tests/script_forks.py JOBS RESULTS`: JOBS is a JSON list of {"script", "argv", "stdout",
-"stderr"}. This process imports what the scripts import (TensorFlow through speculative_t5x,
+"stderr"}. This process imports what the scripts import (TensorFlow through the bootstrap,
 seqio, JAX, flax, gin and the package's modules: about 5 CPU-seconds a process), then forks one
 child per job. The child points its file descriptors 1 and 2 at the job's files and runs the
 script as `python SCRIPT ARGV...` would (`runpy.run_path` as __main__, the script's directory
@@ -18,22 +18,24 @@ import runpy
 import sys
 import traceback
 
-import speculative_t5x  # noqa: F401  (first, as the scripts do: TensorFlow is imported quietly)
+from speculative_t5x.running import bootstrap
+
+bootstrap.start()  # first, as the scripts do: TensorFlow is imported quietly
 
 # What the scripts import, loaded once here for every child.
 import flax  # noqa: F401,E402
 import gin  # noqa: F401,E402
 import jax  # noqa: F401,E402
 import seqio  # noqa: F401,E402
-from speculative_t5x import benchmark  # noqa: F401,E402
-from speculative_t5x import calibration  # noqa: F401,E402
-from speculative_t5x import distillation  # noqa: F401,E402
 from speculative_t5x import feature_drafter  # noqa: F401,E402
-from speculative_t5x import inference  # noqa: F401,E402
-from speculative_t5x import pairs  # noqa: F401,E402
-from speculative_t5x import sweep  # noqa: F401,E402
-from speculative_t5x import tasks  # noqa: F401,E402
-from speculative_t5x import training  # noqa: F401,E402
+from speculative_t5x.measuring import benchmark  # noqa: F401,E402
+from speculative_t5x.measuring import calibration  # noqa: F401,E402
+from speculative_t5x.measuring import sweep  # noqa: F401,E402
+from speculative_t5x.running import inference  # noqa: F401,E402
+from speculative_t5x.text import tasks  # noqa: F401,E402
+from speculative_t5x.training import distillation  # noqa: F401,E402
+from speculative_t5x.training import training  # noqa: F401,E402
+from speculative_t5x.weights import pairs  # noqa: F401,E402
 
 
 def _exit_status(error: SystemExit) -> int:

@@ -33,8 +33,9 @@ import seqio  # noqa: E402
 
 # tests/ is this script's sys.path[0].
 from conftest import tiny_config  # noqa: E402
-from speculative_t5x import checkpoints, feature_drafter, models, network  # noqa: E402
-from speculative_t5x import partitioning  # noqa: E402
+from speculative_t5x import feature_drafter, models, network
+from speculative_t5x.running import partitioning  # noqa: E402
+from speculative_t5x.weights import checkpoints  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

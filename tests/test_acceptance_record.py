@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from speculative_t5x import acceptance_record
-from speculative_t5x import calibration
 from speculative_t5x import drafters
+from speculative_t5x.measuring import acceptance_record
+from speculative_t5x.measuring import calibration
 
 CONFIG = tiny_config(16)
 DRAFTER = drafters.T5Drafter(CONFIG)

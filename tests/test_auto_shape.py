@@ -7,16 +7,16 @@ import pytest
 import seqio
 
 from conftest import tiny_config
-from speculative_t5x import auto_shape
-from speculative_t5x import benchmark
-from speculative_t5x import calibration
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters
-from speculative_t5x import pairs
 from speculative_t5x import speculative
-from speculative_t5x import sweep
 from speculative_t5x import table_drafters
 from speculative_t5x import validation
+from speculative_t5x.measuring import auto_shape
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import calibration
+from speculative_t5x.measuring import sweep
+from speculative_t5x.weights import pairs
 
 
 def ms(value: float) -> benchmark.Timing:

@@ -28,25 +28,25 @@ import pytest
 import seqio
 
 from conftest import ScriptRuns, tiny_config
-import speculative_t5x
-from speculative_t5x import calibration
-from speculative_t5x import checkpoints
 from speculative_t5x import decoding
-from speculative_t5x import distillation
 from speculative_t5x import draft_length
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
-from speculative_t5x import inference
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import pairs
 from speculative_t5x import speculative
-from speculative_t5x import sweep
 from speculative_t5x import table_drafters
-from speculative_t5x import tasks
-from speculative_t5x import training
 from speculative_t5x import trees
+from speculative_t5x.measuring import calibration
+from speculative_t5x.measuring import sweep
+from speculative_t5x.running import bootstrap
+from speculative_t5x.running import inference
+from speculative_t5x.text import tasks
+from speculative_t5x.training import distillation
+from speculative_t5x.training import training
 from speculative_t5x.validation import InvalidInputError
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import pairs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 JAX_DIR = os.path.dirname(jax.__file__)
@@ -1185,7 +1185,7 @@ OUTPUT_FLAGS = {
     "benchmark.py": "--output_dir={out}",
     "evaluate_demo.py": "--output_dir={out}",
 }
-START_UP_CHATTER = speculative_t5x._START_UP_CHATTER  # pylint: disable=protected-access
+START_UP_CHATTER = bootstrap._START_UP_CHATTER  # pylint: disable=protected-access
 _INFER_TINY = [  # infer.gin, a unigram drafter, a tiny target
     "--gin_file=configs/runs/infer.gin",
     "--gin_file=configs/drafters/unigram.gin",
@@ -1678,8 +1678,10 @@ THIRD_CASES = [
         r"vocab_size 64 != TARGET_CONFIG vocab_size 32",
     ),
     (
-        "SharedEncoderDrafter.restore_params: no checkpoint, before reading",
-        lambda: drafters.SharedEncoderDrafter(CONFIG, 8).restore_params("/nonexistent/drafter"),
+        "restore_drafter_params(SharedEncoderDrafter): no checkpoint, before reading",
+        lambda: checkpoints.restore_drafter_params(
+            drafters.SharedEncoderDrafter(CONFIG, 8), "/nonexistent/drafter"
+        ),
         FileNotFoundError,
         "no checkpoint at /nonexistent/drafter",
     ),

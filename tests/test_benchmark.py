@@ -8,11 +8,11 @@ import pytest
 
 from conftest import tiny_config
 
-from speculative_t5x import benchmark
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import network
 from speculative_t5x import table_drafters
+from speculative_t5x.measuring import benchmark
 
 
 def test_timing_statistics_from_known_times():

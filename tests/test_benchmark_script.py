@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, require_demo_pair, run_script, script_process
-from speculative_t5x import benchmark
 from speculative_t5x import theory
+from speculative_t5x.measuring import benchmark
 
 ROW_KEYS = {
     "task",

@@ -10,7 +10,9 @@ import pytest
 import seqio
 
 from conftest import tiny_config
-from speculative_t5x import alpha, calibration, drafters, models, network, pairs
+from speculative_t5x import alpha, drafters, models, network
+from speculative_t5x.measuring import calibration
+from speculative_t5x.weights import pairs
 
 # One sequence of 4 generated positions.
 CONFIDENCE = np.array([0.9, 0.2, 0.9, 0.9])

@@ -1,4 +1,4 @@
-"""Tests of the project's own checkpoints (speculative_t5x/checkpoints.py): orbax params and
+"""Tests of the project's own checkpoints (speculative_t5x/weights/checkpoints.py): orbax params and
 config.json round trips, pairs, stored dtypes, checks against a model config, damaged files
 refused, and the convert script. Reading T5X's files: test_t5x_checkpoints.py."""
 
@@ -23,9 +23,10 @@ from conftest import (
     fixture_path,
     flat,
 )
-from speculative_t5x import checkpoints
-from speculative_t5x import hf_weights
-from speculative_t5x import t5x_checkpoints
+from speculative_t5x import param_checks
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import hf_weights
+from speculative_t5x.weights import t5x_checkpoints
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -35,8 +36,8 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # ----------------------------------------------------------------------------------------------
 def test_config_from_params_reads_the_architecture_off_the_shapes():
   ckpt = t5x_checkpoints.load_t5x_checkpoint(fixture_path("test_t5_tiny.checkpoint_0"))
-  assert checkpoints.config_from_params(ckpt["target"]) == FIXTURE_CONFIG
-  assert checkpoints.config_from_params(ckpt["target"], dtype="bfloat16").dtype == "bfloat16"
+  assert param_checks.config_from_params(ckpt["target"]) == FIXTURE_CONFIG
+  assert param_checks.config_from_params(ckpt["target"], dtype="bfloat16").dtype == "bfloat16"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,11 +24,11 @@ import pytest
 
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
-from speculative_t5x import inference
 from speculative_t5x import network
-from speculative_t5x import paper
 from speculative_t5x import table_drafters
-from speculative_t5x import tasks
+from speculative_t5x.projections import paper
+from speculative_t5x.running import inference
+from speculative_t5x.text import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 GIN_FILES = sorted(

@@ -1,4 +1,4 @@
-"""Tests of speculative_t5x/distillation.py: each divergence against its formula on small
+"""Tests of speculative_t5x/training/distillation.py: each divergence against its formula on small
 distributions, finite gradients where p = q and where p or q has zeros, the law of generated data,
 the data sources, the settings' errors, and a tiny end-to-end distillation that raises alpha on
 held-out inputs."""
@@ -13,15 +13,15 @@ import pytest
 import seqio
 
 from conftest import SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS, chisquare_pvalue, tiny_config
-from speculative_t5x import checkpoints
-from speculative_t5x import distillation
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
 from speculative_t5x import table_drafters
-from speculative_t5x import tasks
-from speculative_t5x import training
+from speculative_t5x.text import tasks
+from speculative_t5x.training import distillation
+from speculative_t5x.training import training
+from speculative_t5x.weights import checkpoints
 
 EOS = 1
 # Two distributions over three tokens, and their logits.

@@ -16,9 +16,10 @@ import seqio
 
 from conftest import tiny_config
 from speculative_t5x import decoding, draft_length, draft_shapes, models, network
-from speculative_t5x import speculative, table_drafters, trees, visualize
+from speculative_t5x import speculative, table_drafters, trees
+from speculative_t5x.measuring import visualize
 from speculative_t5x.validation import InvalidInputError
-from speculative_t5x.visualize import Step
+from speculative_t5x.measuring.visualize import Step
 
 VOCAB, LENGTH = 16, 8
 EOS = VOCAB - 1  # never reached: the decodes count 1 .. LENGTH from BOS.

@@ -19,6 +19,7 @@ import pytest
 from conftest import tiny_config
 from speculative_t5x import alpha, drafters, network, sampling, trees
 from speculative_t5x.validation import InvalidInputError
+from speculative_t5x.weights import checkpoints
 
 CONFIG = tiny_config(11)
 GAMMA, LENGTH = 3, 24
@@ -279,7 +280,7 @@ def test_as_drafter():
 # The fix every mismatch names.
 RESTORE_FIX = (
     r"Restore them with the drafter they were saved with \(pairs\.PairConfig\.from_pair_dir, or "
-    r"drafters\.read_drafter on their directory\), or build the drafter with the sizes they have"
+    r"checkpoints\.read_drafter on their directory\), or build the drafter with the sizes they have"
 )
 
 
@@ -372,11 +373,11 @@ def test_protocol_defaults_for_a_drafter_without_weights():
   assert not drafter.needs_checkpoint and not drafter.learns_from_targets
   assert drafter.steps_per_draft == 1
   with pytest.raises(ValueError, match="_Minimal has no checkpoint format .*/some/ckpt"):
-    drafter.restore_params("/some/ckpt")
+    checkpoints.restore_drafter_params(drafter, "/some/ckpt")
   with pytest.raises(ValueError, match="_Minimal is not fitted from data"):
     drafter.fit_params([np.array([1, 2])])
   with pytest.raises(ValueError, match="_Minimal has no checkpoint format, so .* to /some/ckpt"):
-    drafter.save_params("/some/ckpt", {})
+    checkpoints.save_drafter_params(drafter, "/some/ckpt", {})
   drafter.check_target(CONFIG)  # any target
   assert drafter.network_config is None and drafter.network_encoder_emb_dim is None
   assert drafter.for_target(5, 1).eos_id == 1

@@ -14,14 +14,15 @@ import pytest
 import seqio
 import tensorflow as tf
 
-from speculative_t5x import checkpoints
-from speculative_t5x import distillation
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import layers
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x.text import draft_vocab
+from speculative_t5x.training import distillation
+from speculative_t5x.weights import checkpoints
 
 from conftest import tiny_config
 
@@ -511,12 +512,12 @@ def test_copying_source_adds_the_targets_kernel_to_a_trained_drafter():
 @pytest.mark.parametrize("layers, copy_source", [((), False), (LAYERS, False), ((), True)])
 def test_save_and_read_back(tmp_path, layers, copy_source):
   drafter, params, _ = _setup(layers=layers, copy_source=copy_source)
-  drafter.save_params(tmp_path / "drafter", params)
-  read = drafters.read_drafter(tmp_path / "drafter")
+  checkpoints.save_drafter_params(drafter, tmp_path / "drafter", params)
+  read = checkpoints.read_drafter(tmp_path / "drafter")
   assert type(read) is feature_drafter.FeatureDrafter  # pylint: disable=unidiomatic-typecheck
   assert (read.config, read.feature_dim, read.draft_vocab) == (HEAD, 16, DRAFT_VOCAB)
   assert (read.target_feature_layers, read.copy_source) == (layers, copy_source)
-  restored = read.restore_params(tmp_path / "drafter")
+  restored = checkpoints.restore_drafter_params(read, tmp_path / "drafter")
   jax.tree.map(np.testing.assert_array_equal, restored, params)
 
 
@@ -592,10 +593,10 @@ def test_frequent_tokens_counts_a_split_once_and_breaks_ties_to_the_lower_id():
       },
   )
   try:
-    assert feature_drafter.frequent_tokens(name, 2) == (1, 3)
-    assert feature_drafter.frequent_tokens(name, 3) == (1, 3, 5)  # 5 and 7 tie: the lower id
-    assert feature_drafter.frequent_tokens(name, 5) == (1, 3, 5, 7, 9)
-    assert feature_drafter.frequent_tokens(name, 6) == (
+    assert draft_vocab.frequent_tokens(name, 2) == (1, 3)
+    assert draft_vocab.frequent_tokens(name, 3) == (1, 3, 5)  # 5 and 7 tie: the lower id
+    assert draft_vocab.frequent_tokens(name, 5) == (1, 3, 5, 7, 9)
+    assert draft_vocab.frequent_tokens(name, 6) == (
         1,
         2,
         3,
@@ -605,7 +606,7 @@ def test_frequent_tokens_counts_a_split_once_and_breaks_ties_to_the_lower_id():
     )  # unseen: lowest id, not 0
     assert reads == ["train"]  # one pass over the split, whatever the sizes asked
     with pytest.raises(ValueError, match="frequent_tokens.size 13 > the vocabulary's 12 pieces"):
-      feature_drafter.frequent_tokens(name, 13)
+      draft_vocab.frequent_tokens(name, 13)
   finally:
     seqio.TaskRegistry.remove(name)
 

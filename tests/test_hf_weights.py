@@ -12,10 +12,10 @@ import transformers
 from flax import traverse_util
 
 from conftest import FIXTURE_CONFIG, fixture_path, tiny_config
-from speculative_t5x import checkpoints
-from speculative_t5x import hf_weights
 from speculative_t5x import network
-from speculative_t5x import t5x_checkpoints
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import hf_weights
+from speculative_t5x.weights import t5x_checkpoints
 
 T5_1_1 = tiny_config(48, head_dim=4, mlp_dim=24, num_encoder_layers=2, num_decoder_layers=3)
 # T5 1.0-style: one relu `wi` and the head tied to the embedding (rescaled by emb_dim**-0.5).

@@ -11,13 +11,13 @@ from jax.sharding import SingleDeviceSharding
 
 from conftest import requires_libtpu
 from conftest import tiny_config
-from speculative_t5x import aot
 from speculative_t5x import drafters
-from speculative_t5x import hlo_report
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import partitioning
-from speculative_t5x import tpu_topology
+from speculative_t5x.running import partitioning
+from speculative_t5x.tpu import aot
+from speculative_t5x.tpu import hlo_report
+from speculative_t5x.tpu import tpu_topology
 
 pytestmark = requires_libtpu
 

@@ -1,4 +1,4 @@
-"""Inference end to end (speculative_t5x/inference.py and scripts/infer.py) with tiny random models,
+"""Inference end to end (speculative_t5x/running/inference.py and scripts/infer.py) with tiny random models,
 on TFDS mock data and seqio's 26-piece test vocabulary.
 
 The library runs in this process; the script runs once in a subprocess, as users run it (importing
@@ -22,16 +22,17 @@ import seqio
 import tensorflow_datasets as tfds
 
 from conftest import tiny_config
-from speculative_t5x import auto_shape
-from speculative_t5x import benchmark
-from speculative_t5x import checkpoints
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
-from speculative_t5x import inference
 from speculative_t5x import network
-from speculative_t5x import pairs
 from speculative_t5x import table_drafters
-from speculative_t5x import tasks
+from speculative_t5x.measuring import auto_shape
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.running import inference
+from speculative_t5x.text import demo_data
+from speculative_t5x.text import tasks
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import pairs
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEST_VOCABULARY = (
@@ -432,9 +433,9 @@ def test_script_writes_outputs_and_stops_on_configuration_errors(tmp_path):
   corpus = tmp_path / "corpus"
   corpus.mkdir()
   pairs = [("Open file", "Datei öffnen"), ("Close", "Schließen"), ("Save", "Speichern")]
-  for split in tasks.DEMO_SPLITS:
+  for split in demo_data.DEMO_SPLITS:
     (corpus / f"{split}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in pairs))
-  shutil.copy(TEST_VOCABULARY, corpus / tasks.DEMO_VOCABULARY_FILE)
+  shutil.copy(TEST_VOCABULARY, corpus / demo_data.DEMO_VOCABULARY_FILE)
   out = tmp_path / "out"
   run = _start_script(
       "--gin_file=configs/runs/infer.gin",
@@ -455,7 +456,7 @@ def test_script_writes_outputs_and_stops_on_configuration_errors(tmp_path):
       "--gin.partitioning.Partitioner.num_partitions=1",
       "--gin.SpeculativeEncoderDecoderModel.draft_stop=@draft_length.ConfidenceStop()",
       "--gin.draft_length.ConfidenceStop.threshold=0.1",
-      env={tasks.DEMO_DATA_ENV: str(corpus)},
+      env={demo_data.DEMO_DATA_ENV: str(corpus)},
   )
   _, stderr = run.communicate(timeout=300)
   assert run.returncode == 0, stderr

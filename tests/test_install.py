@@ -1,5 +1,6 @@
 """The package installed with `pip install .` (not editable) works from any working directory: it
-finds its gin configs and the demo task's data as package data, and importing it prints nothing."""
+finds its gin configs and the demo task's data as package data, and a script that starts as the
+scripts do (`bootstrap.start()`) prints nothing while importing it."""
 
 import os
 import pathlib
@@ -10,8 +11,13 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 _USE_INSTALLED = """
 import pathlib, sys
+from speculative_t5x.running import bootstrap
+bootstrap.start()
 import speculative_t5x
-from speculative_t5x import gin_utils, inference, tasks
+from speculative_t5x import gin_utils
+from speculative_t5x.running import inference
+from speculative_t5x.text import demo_data
+from speculative_t5x.text import tasks
 
 package = pathlib.Path(speculative_t5x.__file__).parent
 assert package.is_relative_to(sys.argv[1]), package  # the installed copy, not the clone
@@ -23,7 +29,7 @@ gin_utils.parse_gin_flags(
 config = inference.InferConfig()
 example = next(tasks.get_task(config.mixture_or_task_name).get_dataset(
     {"inputs": 32, "targets": 32}, split="test", shuffle=False).as_numpy_iterator())
-print(gin_utils.config_root(), tasks.demo_data_dir(), len(example["inputs"]) > 0)
+print(gin_utils.config_root(), demo_data.demo_data_dir(), len(example["inputs"]) > 0)
 """
 
 

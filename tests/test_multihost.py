@@ -1,4 +1,4 @@
-"""Multi-process inference on localhost (speculative_t5x/multihost.py, scripts/infer.py's flags).
+"""Multi-process inference on localhost (speculative_t5x/running/multihost.py, scripts/infer.py's flags).
 
 Every scenario runs in fresh CPU processes joined by JAX's distributed runtime (gloo collectives),
 all started at once by the module's fixture, since most of each is importing JAX, TensorFlow and
@@ -38,10 +38,10 @@ import pytest
 from conftest import FAST_COMPILE, REPO_ROOT, SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS, flat
 from speculative_t5x import decoding
 from speculative_t5x import gin_utils
-from speculative_t5x import inference
-from speculative_t5x import multihost
 from speculative_t5x import network
-from speculative_t5x import tasks
+from speculative_t5x.running import inference
+from speculative_t5x.running import multihost
+from speculative_t5x.text import demo_data
 import multihost_check
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -81,7 +81,7 @@ def _start(args, corpus, devices: int, log: pathlib.Path | None) -> subprocess.P
       JAX_PLATFORMS="cpu",
       TF_CPP_MIN_LOG_LEVEL="3",
       XLA_FLAGS=f"{FAST_COMPILE} --xla_force_host_platform_device_count={devices}",
-      **{tasks.DEMO_DATA_ENV: str(corpus)},
+      **{demo_data.DEMO_DATA_ENV: str(corpus)},
   )
   process = subprocess.Popen(
       [sys.executable, *map(str, args)],
@@ -145,9 +145,9 @@ def launched(tmp_path_factory):
   root = tmp_path_factory.mktemp("multihost")
   corpus = root / "corpus"
   corpus.mkdir()
-  for split in tasks.DEMO_SPLITS:
+  for split in demo_data.DEMO_SPLITS:
     (corpus / f"{split}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in PAIRS))
-  (corpus / tasks.DEMO_VOCABULARY_FILE).write_bytes(SEQIO_TEST_VOCABULARY.read_bytes())
+  (corpus / demo_data.DEMO_VOCABULARY_FILE).write_bytes(SEQIO_TEST_VOCABULARY.read_bytes())
   check = HERE / "multihost_check.py"
   saved = root / "pair"
   multihost_check.save_pair(str(saved))

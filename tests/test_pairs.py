@@ -1,4 +1,4 @@
-"""Loading a target and its drafter (speculative_t5x/pairs.py): every drafter kind through the
+"""Loading a target and its drafter (speculative_t5x/weights/pairs.py): every drafter kind through the
 one protocol (checkpoint, fitted, no weights, random with a seed), and configuration errors
 raised before anything loads, naming the macro; a pair exported from training runs, and the greedy
 check of a loaded pair against its target alone."""
@@ -14,16 +14,16 @@ import pytest
 import seqio
 
 from conftest import SMALL_CONFIG, assert_trees_equal, bf16, tiny_config
-from speculative_t5x import checkpoints
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import network
-from speculative_t5x import pairs
-from speculative_t5x import t5x_checkpoints
 from speculative_t5x import table_drafters
-from speculative_t5x import tasks
-from speculative_t5x import training
+from speculative_t5x.text import demo_data
+from speculative_t5x.training import training
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import pairs
+from speculative_t5x.weights import t5x_checkpoints
 
 VOCAB = 13
 EOS = 1
@@ -188,7 +188,7 @@ def _with_feature_drafter(saved, directory, member):
   shutil.copytree(saved[0], directory, dirs_exist_ok=True)
   drafter = feature_drafter.FeatureDrafter(DRAFTER, TARGET.emb_dim, draft_vocab=(1, 5, 9))
   params = drafter.init_params(jax.random.PRNGKey(4), {})
-  drafter.save_params(directory / member, params)
+  checkpoints.save_drafter_params(drafter, directory / member, params)
   return drafter, params
 
 
@@ -223,12 +223,12 @@ def test_a_drafter_copying_its_source_restores_a_checkpoint_saved_without(saved,
   # Saved with it (another kernel than the target's): restored as saved.
   _, with_source = feature_drafter.copying_source(plain, params, target)
   with_source["source_head"] = with_source["source_head"] + 1.0
-  copying.save_params(tmp_path / "copying", with_source)
+  checkpoints.save_drafter_params(copying, tmp_path / "copying", with_source)
   config = pairs.PairConfig.from_pair_dir(tmp_path, drafter_member="copying")
   assert config.drafter.copy_source
   _leaves_equal(pairs.load_pair(config, EOS).drafter_params, with_source, np.dtype("float32"))
   with pytest.raises(ValueError, match="needs the target's parameters"):
-    copying.restore_with_target(tmp_path / "plain", None)
+    checkpoints.restore_drafter_with_target(copying, tmp_path / "plain", None)
 
 
 @pytest.mark.parametrize("kind", [table_drafters.UnigramDrafter, table_drafters.BigramDrafter])
@@ -452,12 +452,16 @@ def test_export_pair_writes_two_runs_as_a_pair_in_the_storage_dtype(
   _, target, _ = saved
   drafter_params = drafter.init_params(jax.random.PRNGKey(3), {})
   target_run = _run(tmp_path / "target_run", lambda d: checkpoints.save_model(d, target, TARGET), 7)
-  drafter_run = _run(tmp_path / "drafter_run", lambda d: drafter.save_params(d, drafter_params), 9)
+  drafter_run = _run(
+      tmp_path / "drafter_run",
+      lambda d: checkpoints.save_drafter_params(drafter, d, drafter_params),
+      9,
+  )
   pair_dir = tmp_path / "pair"
-  pairs.export_pair(pair_dir, target_run, drafter_run, storage_dtype)
+  training.export_pair(pair_dir, target_run, drafter_run, storage_dtype)
   assert {path.name for path in pair_dir.iterdir()} == {"target", "drafter", "sentencepiece.model"}
-  vocabulary = (tasks.demo_data_dir() / tasks.DEMO_VOCABULARY_FILE).read_bytes()
-  assert (pair_dir / tasks.DEMO_VOCABULARY_FILE).read_bytes() == vocabulary
+  vocabulary = (demo_data.demo_data_dir() / demo_data.DEMO_VOCABULARY_FILE).read_bytes()
+  assert (pair_dir / demo_data.DEMO_VOCABULARY_FILE).read_bytes() == vocabulary
   for member, steps in zip(pairs.MEMBERS, (7, 9)):
     assert json.loads((pair_dir / member / training.SUMMARY_FILE).read_text()) == {"steps": steps}
     assert checkpoints.stored_dtypes(pair_dir / member) == {storage_dtype}
@@ -470,8 +474,8 @@ def test_export_pair_writes_two_runs_as_a_pair_in_the_storage_dtype(
   _leaves_equal(pair.drafter_params, stored[1], np.dtype("float32"))
 
   with pytest.raises(FileExistsError, match="choose a new directory or pass overwrite=True"):
-    pairs.export_pair(pair_dir, target_run, drafter_run, storage_dtype)
-  pairs.export_pair(pair_dir, target_run, drafter_run, "float32", overwrite=True)
+    training.export_pair(pair_dir, target_run, drafter_run, storage_dtype)
+  training.export_pair(pair_dir, target_run, drafter_run, "float32", overwrite=True)
   assert checkpoints.stored_dtypes(pair_dir / "target") == {"float32"}
 
 
@@ -522,12 +526,14 @@ def test_save_pair_writes_each_member_in_its_format(tmp_path, small_params, shar
   target_params, target_config = checkpoints.restore_model(tmp_path / "target")
   assert target_config == SMALL_CONFIG
   assert_trees_equal(target_params, small_params)
-  assert_trees_equal(SHARED_DRAFTER.restore_params(tmp_path / "drafter"), shared_params)
-  half = SHARED_DRAFTER.restore_params(tmp_path / "drafter", dtype="bfloat16")
+  assert_trees_equal(
+      checkpoints.restore_drafter_params(SHARED_DRAFTER, tmp_path / "drafter"), shared_params
+  )
+  half = checkpoints.restore_drafter_params(SHARED_DRAFTER, tmp_path / "drafter", dtype="bfloat16")
   assert_trees_equal(half, bf16(shared_params))
   assert checkpoints.read_drafter_entry(tmp_path / "drafter")[0] == SHARED_DRAFTER.config
   with pytest.raises(
-      ValueError, match="describes a drafter without an encoder .*drafters.read_drafter"
+      ValueError, match="describes a drafter without an encoder .*checkpoints.read_drafter"
   ):
     checkpoints.restore_model(tmp_path / "drafter")
 

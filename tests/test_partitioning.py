@@ -24,7 +24,8 @@ import seqio
 from jax.sharding import PartitionSpec as P
 
 from conftest import flat, tiny_config
-from speculative_t5x import drafters, models, network, partitioning, table_drafters
+from speculative_t5x import drafters, models, network, table_drafters
+from speculative_t5x.running import partitioning
 
 HERE = pathlib.Path(__file__).resolve().parent
 MESHES = {"1x8": 8, "2x4": 4, "8x1": 1}  # mesh name -> size of the 'model' axis

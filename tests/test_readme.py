@@ -6,7 +6,7 @@ has it, so a README that changes its examples shows up here):
   - every model dimension given as `name=<int>` (vocab_size, emb_dim, num_heads, head_dim,
     mlp_dim, num_encoder_layers, num_decoder_layers) becomes a tiny one;
   - a SentencePiece vocabulary at a gs:// path becomes a 32-id pass-through vocabulary;
-  - `feature_drafter.frequent_tokens(...)` (which reads a task's whole train split) becomes ids
+  - `draft_vocab.frequent_tokens(...)` (which reads a task's whole train split) becomes ids
     1..15.
 The names a snippet uses without defining them (the README's "given these") are made on first
 use: `params` (the random parameters of the snippet's `model`), `batch` (two rows), the tiny
@@ -40,7 +40,7 @@ TINY_DIMENSIONS = {
 }
 _DIMENSION = re.compile(rf"\b({'|'.join(TINY_DIMENSIONS)})=\d+")
 _GS_VOCABULARY = re.compile(r"seqio\.SentencePieceVocabulary\(\s*\"gs://[^\"]*\"\)")
-_FREQUENT_TOKENS = re.compile(r"feature_drafter\.frequent_tokens\([^)]*\)")
+_FREQUENT_TOKENS = re.compile(r"draft_vocab\.frequent_tokens\([^)]*\)")
 REWRITES = (
     (_DIMENSION, lambda m: f"{m.group(1)}={TINY_DIMENSIONS[m.group(1)]}"),
     (_GS_VOCABULARY, lambda m: f"seqio.PassThroughVocabulary({V}, eos_id=1)"),

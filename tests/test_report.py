@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from speculative_t5x import benchmark
 from speculative_t5x import decoding
 from speculative_t5x import draft_shapes
-from speculative_t5x import report
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import report
 
 GEOMETRY = benchmark.DecodeGeometry(4, 8, 0, 1)
 CHAIN = draft_shapes.Chain(2)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from speculative_t5x import roofline
+from speculative_t5x.projections import roofline
 
 XXL = roofline.T5_1_1["xxl"]
 SMALL = roofline.T5_1_1["small"]

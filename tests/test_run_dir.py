@@ -1,4 +1,4 @@
-"""Tests of speculative_t5x/run_dir.py: an output directory is checked before any work, written
+"""Tests of speculative_t5x/running/run_dir.py: an output directory is checked before any work, written
 all at once, refused when it holds another run's outputs, and never left mixed by an error or an
 interrupt."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from conftest import default_sigint
 from speculative_t5x import gin_utils
-from speculative_t5x import run_dir
+from speculative_t5x.running import run_dir
 
 NAMES = ("results.json", "results.md", "config.gin")
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -123,7 +123,7 @@ def test_only_a_run_output_can_be_staged(tmp_path):
 
 _HOLDER = """
 import sys, time
-from speculative_t5x import run_dir
+from speculative_t5x.running import run_dir
 out = run_dir.OutputDir(sys.argv[1], ("a.txt", "b.txt"), "dir", overwrite=True)
 with out:
   out.stage_text("a.txt", "new")

@@ -26,14 +26,14 @@ import gin
 import pytest
 
 from conftest import SCRIPT_ENV, SEQIO_TEST_VOCABULARY, SMALL_CONFIG, default_sigint, tiny_config
-from speculative_t5x import benchmark_config
-from speculative_t5x import checkpoints
 from speculative_t5x import drafters
 from speculative_t5x import gin_utils
-from speculative_t5x import inference
-from speculative_t5x import multihost
-from speculative_t5x import pairs
-from speculative_t5x import tasks
+from speculative_t5x.measuring import benchmark_config
+from speculative_t5x.running import inference
+from speculative_t5x.running import multihost
+from speculative_t5x.text import demo_data
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import pairs
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_ERROR = gin_utils.ConfigError
@@ -199,9 +199,9 @@ def test_an_interrupted_infer_rerun_leaves_the_old_run_untouched(tmp_path):
   corpus = tmp_path / "corpus"
   corpus.mkdir()
   sentences = [("Open file", "Datei öffnen"), ("Close", "Schließen"), ("Save", "Speichern")]
-  for split in tasks.DEMO_SPLITS:
+  for split in demo_data.DEMO_SPLITS:
     (corpus / f"{split}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in sentences))
-  shutil.copy(SEQIO_TEST_VOCABULARY, corpus / tasks.DEMO_VOCABULARY_FILE)
+  shutil.copy(SEQIO_TEST_VOCABULARY, corpus / demo_data.DEMO_VOCABULARY_FILE)
   out = tmp_path / "out"
   old = _old_run(out, inference.OUTPUT_FILES)
   process = subprocess.Popen(
@@ -217,7 +217,7 @@ def test_an_interrupted_infer_rerun_leaves_the_old_run_untouched(tmp_path):
           "--overwrite",
       ],
       cwd=REPO_ROOT,
-      env=dict(SCRIPT_ENV, **{tasks.DEMO_DATA_ENV: str(corpus)}),
+      env=dict(SCRIPT_ENV, **{demo_data.DEMO_DATA_ENV: str(corpus)}),
       stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE,
       preexec_fn=default_sigint,

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import seqio
 
-from speculative_t5x import benchmark
 from speculative_t5x import draft_length
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters
 from speculative_t5x import network
 from speculative_t5x import speculative
-from speculative_t5x import sweep
 from speculative_t5x import trees
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

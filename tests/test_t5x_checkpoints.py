@@ -1,4 +1,4 @@
-"""Tests of reading T5X checkpoints without T5X (speculative_t5x/t5x_checkpoints.py): T5X's own
+"""Tests of reading T5X checkpoints without T5X (speculative_t5x/weights/t5x_checkpoints.py): T5X's own
 files, files written here in its layouts, and missing or damaged files refused with errors that
 name the array and the file."""
 
@@ -16,9 +16,9 @@ import tensorstore as ts
 from flax import traverse_util
 
 from conftest import FIXTURE_CONFIG, SMALL_CONFIG, assert_trees_equal, bf16, fixture_path, flat
-from speculative_t5x import checkpoints
 from speculative_t5x import network
-from speculative_t5x import t5x_checkpoints
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import t5x_checkpoints
 
 # Row 0 of the optimizer state's kernel in T5X's tiny_t5 fixture (fixtures/t5x/README.md).
 KERNEL_ROW_0 = [0.15038408, 0.70071733, 0.50233229, 0.6763428, 0.41820543]

@@ -1,5 +1,5 @@
-"""Tests of speculative_t5x/tasks.py (seqio tasks, metrics, truncation), of the demo corpus builder
-speculative_t5x/demo_corpus.py and of its front end scripts/build_demo_corpus.py (run in a
+"""Tests of speculative_t5x/text/tasks.py (seqio tasks, metrics, truncation), of the demo corpus builder
+benchmarks/demo_corpus.py and of its front end benchmarks/build_demo_corpus.py (run in a
 subprocess, so its absl flags stay out of this process), on TFDS mock data, seqio's test vocabulary
 and tiny .mo files written here."""
 
@@ -19,9 +19,10 @@ import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import speculative_t5x
-from speculative_t5x import demo_corpus as corpus
-from speculative_t5x import tasks
+from speculative_t5x.running import bootstrap
+import demo_corpus as corpus
+from speculative_t5x.text import demo_data
+from speculative_t5x.text import tasks
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 TEST_VOCABULARY_PATH = (
@@ -115,7 +116,7 @@ def test_unknown_task_names_close_matches():
       match=r"unknown task or mixture 'wmt_t2t_ende_v03'.*did you mean " r"'wmt_t2t_ende_v003'",
   ):
     tasks.get_task("wmt_t2t_ende_v03")
-  with pytest.raises(ValueError, match="import speculative_t5x.tasks"):
+  with pytest.raises(ValueError, match="import speculative_t5x.text.tasks"):
     tasks.get_task("glue_cola")
 
 
@@ -205,10 +206,10 @@ def test_demo_task_reads_a_local_corpus(tmp_path, vocabulary):
 
 
 def test_demo_data_dir_follows_the_environment(monkeypatch, tmp_path):
-  monkeypatch.setenv(tasks.DEMO_DATA_ENV, str(tmp_path))
-  assert tasks.demo_data_dir() == tmp_path
-  monkeypatch.delenv(tasks.DEMO_DATA_ENV)
-  assert tasks.demo_data_dir() == REPO_ROOT / "data" / "demo_ende"
+  monkeypatch.setenv(demo_data.DEMO_DATA_ENV, str(tmp_path))
+  assert demo_data.demo_data_dir() == tmp_path
+  monkeypatch.delenv(demo_data.DEMO_DATA_ENV)
+  assert demo_data.demo_data_dir() == REPO_ROOT / "data" / "demo_ende"
 
 
 # ----------------------------------------------------------------------------- corpus builder
@@ -366,7 +367,7 @@ def test_script_writes_corpus_vocabulary_and_stats(tmp_path):
   result = subprocess.run(
       [
           sys.executable,
-          str(REPO_ROOT / "scripts" / "build_demo_corpus.py"),
+          str(REPO_ROOT / "benchmarks" / "build_demo_corpus.py"),
           f"--mo_globs={tmp_path}/*.mo",
           f"--output_dir={out}",
           "--validation_size=4",
@@ -393,25 +394,30 @@ def test_script_writes_corpus_vocabulary_and_stats(tmp_path):
 
 
 # ----------------------------------------------------------------------------- TensorFlow's
-# start-up lines: no environment variable silences them, so the package's quiet import must be
-# the first import of TensorFlow in every entry point (speculative_t5x/__init__.py).
+# start-up lines: no environment variable silences them, so the bootstrap's quiet import must be
+# the first import of TensorFlow in every entry point (speculative_t5x/running/bootstrap.py).
 _TENSORFLOW_IMPORTERS = ("seqio", "tensorflow", "tensorflow_datasets", "t5")
 
 
 def _imports_before_the_package(path: pathlib.Path) -> list[str]:
-  """The top-level modules `path` imports before its first speculative_t5x import."""
+  """The top-level modules `path` imports before it calls `bootstrap.start()` (all of them, and
+  "no bootstrap.start()", where it never does)."""
   names = []
   for node in ast.parse(path.read_text()).body:
+    if (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and ast.unparse(node.value.func) == "bootstrap.start"
+    ):
+      return names
     if isinstance(node, ast.Import):
       modules = [alias.name for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module:
       modules = [node.module]
     else:
       continue
-    if any(m.split(".")[0] == "speculative_t5x" for m in modules):
-      break
     names += [m.split(".")[0] for m in modules]
-  return names
+  return names + ["no bootstrap.start()"]
 
 
 _ENTRY_POINTS = sorted(
@@ -422,15 +428,15 @@ _ENTRY_POINTS = sorted(
 @pytest.mark.parametrize("entry_point", _ENTRY_POINTS)
 def test_entry_points_import_the_package_before_tensorflow(entry_point):
   early = _imports_before_the_package(REPO_ROOT / entry_point)
-  assert not set(early) & set(_TENSORFLOW_IMPORTERS), (
+  assert not set(early) & set(_TENSORFLOW_IMPORTERS + ("no bootstrap.start()",)), (
       f"{entry_point} imports {sorted(set(early) & set(_TENSORFLOW_IMPORTERS))} before "
-      "speculative_t5x: TensorFlow's start-up lines would print; import speculative_t5x first"
+      "bootstrap.start(): TensorFlow's start-up lines would print; call bootstrap.start() first"
   )
 
 
-def test_the_package_imports_tensorflow_quietly_unless_the_user_asks_for_every_line():
-  """Imported before seqio: no start-up line. A user's TF_CPP_MIN_LOG_LEVEL=0 keeps them."""
-  code = "import speculative_t5x, seqio"
+def test_the_bootstrap_imports_tensorflow_quietly_unless_the_user_asks_for_every_line():
+  """Started before seqio: no start-up line. A user's TF_CPP_MIN_LOG_LEVEL=0 keeps them."""
+  code = "from speculative_t5x.running import bootstrap; bootstrap.start(); import seqio"
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   runs = {
       level: subprocess.Popen(
@@ -443,7 +449,7 @@ def test_the_package_imports_tensorflow_quietly_unless_the_user_asks_for_every_l
       for level in ("", "0")
   }
   outputs = {level: run.communicate(timeout=300) for level, run in runs.items()}
-  chatter = speculative_t5x._START_UP_CHATTER  # pylint: disable=protected-access
+  chatter = bootstrap._START_UP_CHATTER  # pylint: disable=protected-access
   quiet_err = outputs[""][1]
   assert runs[""].returncode == 0, quiet_err
   assert not [line for line in quiet_err.splitlines() if chatter.search(line)], quiet_err

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from speculative_t5x import paper
 from speculative_t5x import theory
+from speculative_t5x.projections import paper
 
 INF = math.inf
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_libtpu
-from speculative_t5x import tpu_topology
+from speculative_t5x.tpu import tpu_topology
 
 
 @requires_libtpu

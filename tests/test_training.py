@@ -1,8 +1,8 @@
-"""Tests of speculative_t5x/training.py (and the shipped demo pair): a tiny model on a tiny corpus
+"""Tests of speculative_t5x/training/training.py (and the shipped demo pair): a tiny model on a tiny corpus
 learns, a resumed run equals an uninterrupted one, a run starts from init_from, distill_from is the
 cross-entropy distillation shorthand through the same loop, conflicting settings stop a run before
 anything is built, and demo_models/ decodes greedily the same with and without speculation.
-(speculative_t5x/distillation.py itself: tests/test_distillation.py.)"""
+(speculative_t5x/training/distillation.py itself: tests/test_distillation.py.)"""
 
 import dataclasses
 import json
@@ -17,16 +17,17 @@ import numpy as np
 import pytest
 
 from conftest import SEQIO_TEST_VOCABULARY, TRANSLATION_PAIRS, tiny_config
-from speculative_t5x import checkpoints
-from speculative_t5x import distillation
 from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x import pairs
-from speculative_t5x import tasks
-from speculative_t5x import training
+from speculative_t5x.text import demo_data
+from speculative_t5x.text import tasks
+from speculative_t5x.training import distillation
+from speculative_t5x.training import training
+from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import pairs
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEMO_PAIR = REPO_ROOT / "demo_models"
@@ -39,7 +40,7 @@ TINY = tiny_config(26, num_decoder_layers=1)
 def tiny_task(tmp_path_factory):
   """The demo task's pipeline on an 8-pair corpus, tokenized with seqio's 26-piece test model."""
   data_dir = tmp_path_factory.mktemp("corpus")
-  for split in tasks.DEMO_SPLITS:
+  for split in demo_data.DEMO_SPLITS:
     (data_dir / f"{split}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in TRANSLATION_PAIRS))
   return tasks.register_demo_task(data_dir, tasks.get_vocabulary(str(SEQIO_TEST_VOCABULARY)), TASK)
 
@@ -165,7 +166,7 @@ def test_a_copy_source_drafter_starts_from_a_checkpoint_saved_without_it(tmp_pat
   head = tiny_config(26, emb_dim=8, num_heads=1, head_dim=8, num_decoder_layers=1)
   plain = feature_drafter.FeatureDrafter(head, 16, tuple(range(2, 26, 2)))
   params = plain.init_from_target(plain.init_params(jax.random.PRNGKey(1), {}), target_params)
-  plain.save_params(tmp_path / "plain", params)
+  checkpoints.save_drafter_params(plain, tmp_path / "plain", params)
   copying = dataclasses.replace(plain, copy_source=True)
   settings = distillation.Distillation(str(tmp_path / "target"), divergence="tvd", data="target")
   trainee = training.distillation_trainee(settings, copying, 1, LENGTHS, None)
@@ -240,14 +241,14 @@ def test_demo_pair_greedy_speculative_equals_baseline():
   """The shipped pair (stored in bfloat16, restored in the float32 it computes in), loaded as the
   scripts load it: a target and the drafter its config.json records (the shared-encoder
   drafter)."""
-  vocabulary = tasks.get_vocabulary(str(DEMO_PAIR / tasks.DEMO_VOCABULARY_FILE))
+  vocabulary = tasks.get_vocabulary(str(DEMO_PAIR / demo_data.DEMO_VOCABULARY_FILE))
   pair = pairs.load_pair(pairs.PairConfig.from_pair_dir(DEMO_PAIR), vocabulary.eos_id)
   assert pair.config.restore_dtype == "float32"
   assert isinstance(pair.drafter, drafters.SharedEncoderDrafter)
   sentences = ["Open file", "The file could not be saved.", "Show hidden files", "Invalid argument"]
   inputs = np.zeros((len(sentences), 48), np.int32)
   for i, sentence in enumerate(sentences):
-    ids = list(vocabulary.encode(tasks.TRANSLATE_EN_DE_PREFIX + sentence)) + [vocabulary.eos_id]
+    ids = list(vocabulary.encode(demo_data.TRANSLATE_EN_DE_PREFIX + sentence)) + [vocabulary.eos_id]
     inputs[i, : len(ids)] = ids
   batch = {"encoder_input_tokens": inputs, "decoder_input_tokens": np.zeros((4, 32), np.int32)}
   target = network.Transformer(pair.target_config)

@@ -8,8 +8,9 @@ import pytest
 import seqio
 
 from conftest import tiny_config
-from speculative_t5x import decoding, draft_length, drafters, models, network, visualize
-from speculative_t5x.visualize import Step
+from speculative_t5x import decoding, draft_length, drafters, models, network
+from speculative_t5x.measuring import visualize
+from speculative_t5x.measuring.visualize import Step
 
 EOS = 1
 TARGET = tiny_config(37)

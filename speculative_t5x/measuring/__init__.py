@@ -1,0 +1,1 @@
+"""Measuring: timing, sweeps, reports, acceptance records, the draft shape chosen on the device."""

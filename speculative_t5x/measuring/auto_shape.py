@@ -1,0 +1,1008 @@
+"""The draft shape chosen from the hardware's measured costs: `Auto`.
+
+How many drafts pay is a property of the hardware as much as of the pair: two CPUs of one kind,
+with the same code and weights, can price a 4-token verification at one target step or at two, so
+a gamma tuned on one loses on the other (docs/results.md). `Auto.choose` measures, on the
+device it runs on and before decoding, the figures Theorem 3.8's hardware-aware form needs, and
+picks the candidate with the highest predicted speedup, or the baseline when none is predicted
+faster. Only the draft shape changes, so the output law is the target's whatever is chosen.
+
+For each candidate, with the acceptance of the pair at the temperature, either alpha alone or
+measured per position (`calibration.Positions`: beta_t = sum_x min(p_t, q_t) along the target's
+own outputs, alpha their mean):
+
+  chain of gamma drafts:  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)              (Eq. 1)
+                          or, per position, n / C(gamma): a sentence's tokens over its
+                          expected target calls, each call starting where the one before
+                          ended (`calibration.chain_decodes`: acceptances that come in runs,
+                          as they do; at T = 0 the decode's own calls, exactly)
+                          cost      = L(gamma), the speculative loop per target call, timed
+                                      (or, without inputs, gamma c_loop + verify(gamma))
+  tree of M drafts, depth D, branching (k_1..k_D):
+                          E[tokens] = what its timed loop realized on the inputs (or, without
+                                      inputs, theory.tree_expected_tokens(
+                                        theory.branching_acceptance(alpha, branching)))
+                          cost      = its loop per target call, timed
+                                      (or, without inputs, D c_loop + verify(M))
+  predicted speedup = E[tokens] b / cost   (the baseline: 1)
+
+in units of the target's single-token step, timed on this device.
+
+Given real inputs (`LoopInputs`; `choose_for_pair` takes four of the acceptance's sentences,
+whose outputs span their lengths, `spanning_inputs`), the decoding loops themselves are timed
+on them, each input's decode less its prefill fitted over the inputs as F + units x cost
+(`LoopCosts`, `_fit_decodes`): the baseline's per decoded token, b (the step, and the loop's own
+sampling and writes), and the speculative loop per target call of chains of 1 and of G =
+max_gamma drafts, L(gamma) linear in gamma between the two, and of each tree; F, a decode's
+fixed part, likewise. With the acceptance per position, each F is spread over the mean
+sentence's n tokens and C calls: the predicted speedup is (F_b + n b) / (F(gamma) + C L(gamma)),
+so short outputs, which pay the fixed parts over fewer tokens, are priced as such (on the demo
+pair, 2 cores, a decode's fixed part was 6.6-9.4 ms, 2-3 tokens' worth; docs/results.md). So
+the loop's own work (the acceptance test, writes, bookkeeping: 10-30% of a call on the demo pair
+on 2 CPU cores, `report.SpeedupRow`'s efficiency in situ) is in every cost. On the demo pair on 2 cores, the
+loops of 2 and 3 drafts, timed too, were 0.02-0.04 target steps off the line between 1 and 4 in
+one run, 0.01-0.27 in a noisier one (docs/results.md). The decoders are the ones a sweep after
+reuses (`sweep.build_settings`). The target on G + 1 tokens over its step, verify(G)
+(`benchmark.DecodeCosts.verify_cost`), is timed too: the figure a "no shape pays" decision names.
+With the loops timed, every prediction is a ratio of loop times, the step only their unit, so the
+steps are timed at the greedy draw whatever the temperature: one pair of step programs serves
+every temperature (at T = 1 the demo pair's sampled steps cost 2.6 s to compile on 2 cores).
+
+Without inputs, every cost is predicted from steps, which leave the loop's own work out: verify(M)
+for every chain and tree, and c_loop, a draft's price inside the loop (`DecodeCosts.c_in_loop`):
+G drafter steps and the target on G + 1 tokens timed together in one loop step, less the
+verification, over G, where the two networks evict each other's weights from the caches as in
+the loop (b = 1).
+
+A tree's acceptance model (`theory.branching_acceptance`) over-estimates sampled siblings (on
+the demo pair its tokens per call came out at 0.83 of it, and auto chose a tree that then lost to
+the chains), so with inputs a tree is predicted from what its own loop realized on them (a few
+sentences: a noisier figure than the chains' per-position one, but not a biased one); without,
+its prediction is an upper bound.
+
+A candidate is chosen only where it is predicted at least `Auto.min_speedup` fast beyond the
+timing noise (`Prediction.clears`): with the loops timed, the speedups each round predicts alone
+(the baseline's loop and the candidate's timed in the same round, `Costs.round_ratios`) must
+clear it at their lower quartile too. A machine that swings by more than a shape gains gets the
+baseline: beside two busy processes the demo's T = 0 chain was predicted 1.03x from the medians
+and measured 0.93x (docs/results.md). Among those that clear it, a chain whose loop was not timed
+(its cost read off the line between the timed chains) is taken over the fastest timed candidate
+only where predicted faster by more than `Auto.interpolation_margin`: the line's own error (the
+loops of 2 and 3 drafts were 0.02-0.04 target steps, 1-2% of a call, off it on the demo pair in
+a quiet run) is not a gain, and the timed candidate's program is compiled already.
+
+The timing rounds are budgeted by the measured round time (`Auto.budget_s`); compilation is
+reported apart. A decision is cached per process, keyed by the device kind, the pair (configs and
+a fingerprint of the weights), the geometry, the temperature and the acceptance; not on disk, since
+machines of one kind differ by 2-4x in what k tokens cost. The acceptance, the pair's and not the
+machine's, may be read from a record instead of measured (`acceptance_record`,
+`Auto.choose_for_pair(acceptance_file=...)`): the demo's --gamma=auto reads the shipped one.
+
+Shapes: B = 1 (the timed steps' batch), V the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+from typing import TYPE_CHECKING, Any, Hashable, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import decoding
+from speculative_t5x import draft_shapes
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import network
+from speculative_t5x import speculative
+from speculative_t5x import theory
+from speculative_t5x import trees as trees_lib
+from speculative_t5x import validation
+from speculative_t5x.measuring import acceptance_record
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import calibration
+from speculative_t5x.measuring import sweep
+
+DRAFTER = "drafter"  # the drafter's name in `benchmark.cost_steps`' step names.
+BASELINE = "baseline"
+MIN_ROUNDS = 3  # timing rounds at least, whatever the budget: a median needs a few.
+MAX_ROUNDS = 30
+LOOP_INPUTS = 4  # inputs `Auto.choose_for_pair` times the decoding loops on (`LoopInputs`).
+LOW_QUANTILE = 25  # `Prediction.speedup_low`: this percentile of the rounds' predictions.
+
+if TYPE_CHECKING:  # pairs loads every model; measure_acceptance only reads a loaded pair.
+  from speculative_t5x.weights import pairs
+
+_DECISIONS: dict[Hashable, "Choice"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  """One candidate: its shape (None: the baseline), label, expected tokens per target call,
+  cost per target call in target steps, and the predicted speedup (their ratio, from the
+  medians). speedup_low: the lower quartile of the speedups each timed round predicts alone, the
+  baseline's loop and the candidate's timed in that round (`Costs.round_ratios`), or speedup
+  where that is lower; None where the loops were not timed."""
+
+  shape: draft_shapes.DraftShape | None
+  label: str
+  expected_tokens: float
+  cost: float
+  speedup: float
+  speedup_low: float | None = None
+
+  def clears(self, min_speedup: float) -> bool:
+    """Whether it is predicted at least min_speedup fast beyond the timing noise: its speedup
+    and, where the loops were timed, its rounds' lower quartile too."""
+    low = self.speedup if self.speedup_low is None else self.speedup_low
+    return min(self.speedup, low) >= min_speedup
+
+  def as_dict(self) -> dict:
+    return {
+        "label": self.label,
+        "shape": None if self.shape is None else self.shape.describe(),
+        "expected_tokens": self.expected_tokens,
+        "cost_target_steps": self.cost,
+        "predicted_speedup": self.speedup,
+        "predicted_speedup_lower_quartile": self.speedup_low,
+    }
+
+
+BASELINE_PREDICTION = Prediction(None, BASELINE, 1.0, 1.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopInputs:
+  """Real inputs on which `Auto.measure` times the decoding loops themselves.
+
+  encoder_tokens: [N, Le] int32, each row decoded alone (batch 1); decode_length: tokens decoded
+  per row; vocabulary: the output vocabulary (its EOS ends the decodes). The decoders are
+  `sweep.build_settings`', so a sweep of the same vocabulary size and EOS reuses them compiled.
+  """
+
+  encoder_tokens: np.ndarray
+  decode_length: int
+  vocabulary: Any
+
+  def __post_init__(self):
+    tokens = np.asarray(self.encoder_tokens)
+    if tokens.ndim != 2 or not tokens.size or not np.issubdtype(tokens.dtype, np.integer):
+      raise validation.InvalidInputError(
+          f"LoopInputs.encoder_tokens must be token ids [N, Le] with N, Le >= 1, got shape "
+          f"{tokens.shape} of dtype {tokens.dtype}."
+      )
+    object.__setattr__(self, "encoder_tokens", tokens.astype(np.int32))
+    validation.check_integer(self.decode_length, "decode_length", 1)
+    validation.check_eos_id(getattr(self.vocabulary, "eos_id", None))
+
+  def key(self) -> Hashable:
+    """What the decision depends on: the tokens, the length, the vocabulary's size and EOS."""
+    tokens = self.encoder_tokens
+    digest = hashlib.sha256(tokens.tobytes()).hexdigest()
+    return digest, tokens.shape, self.decode_length, self.vocabulary.vocab_size, self.eos_id
+
+  @property
+  def eos_id(self) -> int:
+    return int(self.vocabulary.eos_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopCosts:
+  """The decoding loops timed whole on `LoopInputs`, beside the steps: per round, each input's
+  decode time less its prefill's, t_i = F + u_i x (the loop per unit), fitted over the N inputs
+  (`_fit_decodes`), u_i its units: decoded tokens for the baseline, target calls for a shape. F,
+  a decode's fixed part (its time not in proportion to its tokens or calls), is several tokens'
+  worth on the demo pair on 2 cores (docs/results.md), so short inputs cost more per unit.
+
+  baseline_token: the baseline's loop per decoded token; call: a shape's label ('gamma 1',
+  'gamma G', 'tree 2,2,1', as `Prediction.label`) -> its speculative loop per target call;
+  tokens_per_call: label -> what that loop realized on the inputs; rounds: BASELINE and each
+  label -> those figures in ms, round by round (every loop is timed once per round), for
+  `Costs.round_ratios`; empty: not kept. fixed: BASELINE and each label -> F (a Timing over the
+  rounds); fixed_rounds: F in ms, round by round; both empty: F = 0.
+  """
+
+  baseline_token: benchmark.Timing
+  call: dict[str, benchmark.Timing]
+  tokens_per_call: dict[str, float]
+  inputs: int
+  rounds: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+  fixed: dict[str, benchmark.Timing] = dataclasses.field(default_factory=dict)
+  fixed_rounds: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+
+  def as_dict(self) -> dict:
+    return {
+        "baseline_ms_per_token": self.baseline_token.as_dict(),
+        "ms_per_target_call": {label: t.as_dict() for label, t in self.call.items()},
+        "ms_fixed_per_decode": {label: t.as_dict() for label, t in self.fixed.items()},
+        "tokens_per_call": dict(self.tokens_per_call),
+        "inputs": self.inputs,
+        "ms_by_round": {label: list(ms) for label, ms in self.rounds.items()},
+        "ms_fixed_by_round": {label: list(ms) for label, ms in self.fixed_rounds.items()},
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+  """What `Auto` measures on one device.
+
+  target_step: the target on 1 token; verify: M -> the target on M + 1 tokens; gamma: the
+  longest chain tried, G; iteration: G drafts then the target on G + 1 tokens in one loop step
+  (timed where the loops were not); loop: the decoding loops themselves (None where no inputs
+  were given: the steps alone).
+  """
+
+  target_step: benchmark.Timing
+  verify: dict[int, benchmark.Timing]
+  gamma: int
+  iteration: benchmark.Timing | None = None
+  loop: LoopCosts | None = None
+
+  def verify_cost(self, drafts: int) -> float:
+    """The target on drafts + 1 tokens over its single-token step."""
+    return self.verify[drafts].median_ms / self.target_step.median_ms
+
+  @property
+  def c_loop(self) -> float:
+    """A draft's price inside the loop, in target steps: (iteration - verification) / G, at
+    least 0 (`benchmark.DecodeCosts.c_in_loop`, taken to hold at every gamma)."""
+    if self.iteration is None:
+      raise ValueError("the iteration was not timed: Auto times it where no loop is timed.")
+    drafting = self.iteration.median_ms - self.verify[self.gamma].median_ms
+    return max(drafting / self.gamma / self.target_step.median_ms, 0.0)
+
+  @property
+  def baseline_step(self) -> float:
+    """b: the baseline's loop per decoded token in target steps (the step, and the loop's own
+    sampling and writes); 1 where the loops were not timed."""
+    if self.loop is None:
+      return 1.0
+    return self.loop.baseline_token.median_ms / self.target_step.median_ms
+
+  def chain_cost(self, gamma: int) -> float:
+    """A target call of a chain of gamma drafts, in target steps: where the loops were timed,
+    the loop's per call, linear in gamma between the chains timed (1 and G); else gamma c_loop +
+    verify(gamma)."""
+    if self.loop is None:
+      return gamma * self.c_loop + self.verify_cost(gamma)
+    ms = {label: t.median_ms for label, t in self.loop.call.items()}
+    return float(self._on_the_line(ms, gamma)) / self.target_step.median_ms
+
+  def fixed(self, label: str, gamma: int | None = None) -> float:
+    """F, a decode's fixed part, of the baseline (BASELINE) or a shape, in target steps (for a
+    chain, `gamma`: linear between the chains timed, as `chain_cost`); 0 where the loops were
+    not timed or no F was fitted."""
+    if self.loop is None or not self.loop.fixed:
+      return 0.0
+    if gamma is None:
+      return self.loop.fixed[label].median_ms / self.target_step.median_ms
+    ms = {label: t.median_ms for label, t in self.loop.fixed.items()}
+    return float(self._on_the_line(ms, gamma)) / self.target_step.median_ms
+
+  def _on_the_line(self, by_label: dict[str, Any], gamma: int) -> Any:
+    """A chain of gamma drafts' figure read off the line between the timed chains' (label ->
+    a number, or per-round figures): linear in gamma between the chains of 1 and G drafts."""
+    first = np.asarray(by_label[_chain_label(1)], np.float64)
+    last = np.asarray(by_label[_chain_label(self.gamma)], np.float64)
+    weight = 0.0 if self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
+    return first + weight * (last - first)
+
+  def tree_cost(self, label: str, depth: int, drafts: int) -> float:
+    """A target call of the tree `label` (`drafts` drafts, `depth`), in target steps: its loop
+    per call where the loops were timed; else depth c_loop + verify(drafts)."""
+    if self.loop is None:
+      return depth * self.c_loop + self.verify_cost(drafts)
+    return self.loop.call[label].median_ms / self.target_step.median_ms
+
+  def round_ratios(
+      self, label: str, gamma: int | None = None, decode: tuple[float, float] | None = None
+  ) -> np.ndarray | None:
+    """b_r / L_r for each timed round r: the baseline's loop per token over the candidate's per
+    target call, both from round r (for a chain, `gamma`: L_r linear between the chains timed,
+    as `chain_cost`), so a slow spell that lands on a round lands on both; tokens per call times
+    it is that round's predicted speedup. decode: (tokens, target calls) of a decode, with which
+    each round's fixed parts are spread over them, b_r + F_r / tokens over L_r + F'_r / calls.
+    None where the rounds were not kept."""
+    if self.loop is None or not self.loop.rounds:
+      return None
+
+    def per_round(kept: dict[str, tuple[float, ...]]) -> tuple[np.ndarray, np.ndarray]:
+      call = np.asarray(kept[label]) if gamma is None else self._on_the_line(kept, gamma)
+      return np.asarray(kept[BASELINE]), call
+
+    baseline, call = per_round(self.loop.rounds)
+    if decode is not None and self.loop.fixed_rounds:
+      tokens, calls = decode
+      baseline_fixed, call_fixed = per_round(self.loop.fixed_rounds)
+      baseline, call = baseline + baseline_fixed / tokens, call + call_fixed / calls
+    return baseline / call
+
+  def as_dict(self) -> dict:
+    timed = self.iteration is not None
+    return {
+        "target_step_ms": self.target_step.as_dict(),
+        "verify_cost": {str(m + 1): self.verify_cost(m) for m in sorted(self.verify)},
+        "verify_ms": {str(m + 1): t.as_dict() for m, t in sorted(self.verify.items())},
+        "iteration_gamma": self.gamma,
+        "iteration_ms": self.iteration.as_dict() if timed else None,
+        "c_in_loop": self.c_loop if timed else None,
+        "chain_call_cost": {str(g): self.chain_cost(g) for g in range(1, self.gamma + 1)},
+        "baseline_loop_step": self.baseline_step,
+        "loop": None if self.loop is None else self.loop.as_dict(),
+    }
+
+
+def _predicted(prediction: Prediction) -> str:
+  """'gamma 2 1.08x', and where the rounds were kept ' (low 1.03x)' (`Prediction.speedup_low`)."""
+  low = prediction.speedup_low
+  return f"{prediction.label} {prediction.speedup:.2f}x" + (
+      "" if low is None else f" (low {low:.2f}x)"
+  )
+
+
+def _chain_label(gamma: int) -> str:
+  return f"gamma {gamma}"
+
+
+def _tree_label(branching: Sequence[int]) -> str:
+  return f"tree {','.join(map(str, branching))}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """What `Auto.choose` decided and every number behind it.
+
+  chosen: the best prediction of those that reach `Auto.min_speedup` beyond the timing noise
+  (`Prediction.clears`), or the baseline's when none does; best: the best speculative candidate
+  by its median prediction (chosen or not); speculative: the speculative candidate to show, the
+  chosen one, or where the baseline is chosen the best one whose loop was timed (the best one
+  where no loop was); predictions: every candidate, in order;
+  costs: what was measured; alpha and where it came from; compile_seconds and timing_seconds:
+  what the measurement cost; rounds: timing rounds run; device_kind; acceptance_tokens: the
+  positions the acceptance was measured at (0 for a given alpha); cached: whether this
+  process had made the decision before (no time spent then); min_speedup and
+  interpolation_margin: `Auto`'s.
+  """
+
+  chosen: Prediction
+  best: Prediction
+  speculative: Prediction
+  predictions: list[Prediction]
+  costs: Costs
+  alpha: float
+  alpha_source: str
+  temperature: float
+  compile_seconds: float
+  timing_seconds: float
+  rounds: int
+  device_kind: str
+  acceptance_tokens: int = 0
+  cached: bool = False
+  min_speedup: float = 1.0
+  interpolation_margin: float = 0.03
+
+  @property
+  def shape(self) -> draft_shapes.DraftShape | None:
+    """The chosen draft shape, None for the baseline."""
+    return self.chosen.shape
+
+  def reason(self) -> str:
+    """One line: why the choice is what it is, with the figures."""
+    if self.chosen.shape is None and self.best.speedup >= self.min_speedup:  # noise, not cost
+      return (
+          f"no draft shape is predicted faster than the baseline here beyond the timing noise "
+          f"(the best, {self.best.label}, {self.best.speedup:.2f}x from the medians, "
+          f"{self.best.speedup_low:.2f}x at its rounds' lower quartile): a verification of "
+          f"{self.costs.gamma + 1} tokens costs {self.costs.verify_cost(self.costs.gamma):.2f} "
+          "target steps on this device, and speculative decoding pays where it costs about 1"
+      )
+    if self.chosen.shape is not None:
+      interpolated = ""
+      if self.best != self.chosen and self.best.clears(self.min_speedup):
+        interpolated = (
+            f" ({self.best.label}, its loop not timed, is predicted {self.best.speedup:.2f}x: "
+            f"within the interpolation margin, {self.interpolation_margin:.0%})"
+        )
+      chosen = self.chosen
+      baseline = chosen.speedup * chosen.cost / chosen.expected_tokens  # per token, F spread
+      return (
+          f"{chosen.expected_tokens:.2f} tokens per target call at alpha {self.alpha:.2f} "
+          f"for {chosen.cost:.2f} target steps per call here, against {baseline:.2f} per token "
+          f"for the baseline: predicted {chosen.speedup:.2f}x{interpolated}"
+      )
+    return (
+        f"no draft shape is predicted faster than the baseline here (the best, "
+        f"{self.best.label}, {self.best.speedup:.2f}x): a verification of "
+        f"{self.costs.gamma + 1} tokens costs {self.costs.verify_cost(self.costs.gamma):.2f} "
+        "target steps on this device, and speculative decoding pays where it costs about 1"
+    )
+
+  def summary(self) -> str:
+    """Lines for a terminal: the decision, the measured costs, every candidate."""
+    costs = self.costs
+    verify = ", ".join(f"{m + 1}: {costs.verify_cost(m):.2f}" for m in sorted(costs.verify))
+    drafting = "" if costs.iteration is None else f"; a draft in the loop {costs.c_loop:.3f}"
+    lines = [
+        f"auto draft shape at temperature {self.temperature:g}: {self.chosen.label}, "
+        f"{self.reason()}.",
+        f"  measured on {self.device_kind}: target step {costs.target_step.median_ms:.2f} ms; "
+        f"verifying k tokens, in target steps: {verify}{drafting}; alpha {self.alpha:.3f} "
+        f"({self.alpha_source})",
+    ]
+    if costs.loop is None:
+      lines.append("  the loops' own work (acceptance, writes) is not in these costs: no inputs")
+    else:
+      calls = ", ".join(
+          f"{label} {t.median_ms / costs.target_step.median_ms:.2f}"
+          for label, t in costs.loop.call.items()
+      )
+      fixed = ""
+      if costs.loop.fixed:
+        fixed = "; per decode, fixed: " + ", ".join(
+            f"{label} {costs.fixed(label):.2f}" for label in costs.loop.fixed
+        )
+      lines.append(
+          f"  the decoding loops on {costs.loop.inputs} inputs, in target steps: the baseline "
+          f"{costs.baseline_step:.2f} per token; per target call {calls}{fixed}"
+      )
+    lines += [
+        "  predicted: " + ", ".join(_predicted(p) for p in self.predictions),
+        f"  measuring took {self.compile_seconds:.1f} s compiling, {self.timing_seconds:.1f} s "
+        f"timing ({self.rounds} rounds)"
+        + (" (decided before in this process: reused)" if self.cached else ""),
+    ]
+    return "\n".join(lines)
+
+  def as_dict(self) -> dict:
+    return {
+        "chosen": self.chosen.as_dict(),
+        "best_speculative": self.best.as_dict(),
+        "shown_speculative": self.speculative.as_dict(),
+        "reason": self.reason(),
+        "predictions": [p.as_dict() for p in self.predictions],
+        "alpha": self.alpha,
+        "alpha_source": self.alpha_source,
+        "acceptance_tokens": self.acceptance_tokens,
+        "temperature": self.temperature,
+        "costs": self.costs.as_dict(),
+        "measurement": {
+            "compile_seconds": self.compile_seconds,
+            "timing_seconds": self.timing_seconds,
+            "rounds": self.rounds,
+            "device_kind": self.device_kind,
+            "cached": self.cached,
+        },
+    }
+
+
+@gin.configurable(module="auto_shape")
+@dataclasses.dataclass(frozen=True)
+class Auto:
+  """The candidates and the measurement's budget.
+
+  max_gamma: chains of 1..max_gamma drafts are candidates. trees: draft trees that are candidates
+  too, for a drafter that proposes trees, each its branching (children per node at each depth,
+  e.g. (2, 2, 1), `trees.DraftTree.from_branching`). budget_s: seconds of timing rounds (compilation apart), at least
+  MIN_ROUNDS rounds. min_speedup: a candidate is chosen only when predicted at least this fast;
+  below it the baseline is. interpolation_margin: how much faster than the fastest timed
+  candidate a chain whose loop was not timed must be predicted to be taken (the module
+  docstring).
+  """
+
+  max_gamma: int = 4
+  trees: Sequence[Any] = ()
+  budget_s: float = 4.0
+  min_speedup: float = 1.0
+  interpolation_margin: float = 0.03
+
+  def __post_init__(self):
+    validation.check_integer(self.max_gamma, "max_gamma", 1, meaning="the longest chain tried")
+    validation.check_number(self.budget_s, "budget_s", 0, meaning="seconds of timing rounds")
+    validation.check_number(
+        self.min_speedup, "min_speedup", 0, meaning="the predicted speedup a shape must reach"
+    )
+    validation.check_number(
+        self.interpolation_margin,
+        "interpolation_margin",
+        0,
+        meaning="the predicted gain an untimed chain needs over a timed candidate",
+    )
+    if isinstance(self.trees, (str, bytes)):
+      raise validation.InvalidInputError(
+          f"trees must be a sequence of branchings, e.g. ((2, 2, 1),), got {self.trees!r}."
+      )
+    object.__setattr__(self, "trees", tuple(_branching(t) for t in self.trees))
+
+  @property
+  def max_block(self) -> int:
+    """The most tokens one target call of a candidate scores: M + 1, M its drafts (the k a
+    `benchmark.DecodeGeometry` must admit)."""
+    return max(shape.num_drafts for shape in self.candidates()) + 1
+
+  def candidates(self) -> list[draft_shapes.DraftShape]:
+    """Chains of 1..max_gamma drafts, then the trees."""
+    chains = [draft_shapes.Chain(g) for g in range(1, self.max_gamma + 1)]
+    return chains + [draft_shapes.Tree(branching) for branching in self.trees]
+
+  def choose(
+      self,
+      target_config: network.T5Config,
+      target_params: Any,
+      drafter: drafters_lib.Drafter,
+      drafter_params: Any,
+      geometry: benchmark.DecodeGeometry,
+      temperature: float,
+      acceptance: float | calibration.Positions,
+      acceptance_source: str = "given",
+      loop_inputs: LoopInputs | None = None,
+  ) -> Choice:
+    """Measures the costs on the default device (the decoding loops on `loop_inputs`, if given,
+    at the temperature; `benchmark.cost_steps` at `geometry`, with the temperature's
+    standardization and draw, or the greedy one where the loops are timed) and predicts every
+    candidate (the module docstring) at `acceptance`, alpha or the betas per position
+    (`measure_acceptance`) -> the Choice. The same arguments again in one process
+    return the cached decision."""
+    benchmark.check_drafter(drafter)
+    if isinstance(acceptance, calibration.Positions):
+      alpha = float(np.mean(np.concatenate(acceptance.beta)))
+      acceptance_key = hashlib.sha256(np.concatenate(acceptance.beta).tobytes()).hexdigest()
+    else:
+      alpha = validation.check_number(
+          acceptance, "acceptance", 0, 1, meaning="alpha, the acceptance rate"
+      )
+      acceptance, acceptance_key = None, alpha
+    temperature = validation.check_number(temperature, "temperature", 0)
+    if self.trees and type(drafter).propose_tree is drafters_lib.Drafter.propose_tree:
+      raise validation.InvalidInputError(
+          f"{type(drafter).__name__} proposes chains only: give Auto(trees=()) for it."
+      )
+    device_kind = jax.devices()[0].device_kind
+    key = (
+        self,
+        device_kind,
+        acceptance_record.pair_fingerprint(target_config, target_params, drafter, drafter_params),
+        geometry,
+        temperature,
+        acceptance_key,
+        None if loop_inputs is None else loop_inputs.key(),
+    )
+    if key in _DECISIONS:
+      # The same acceptance, bit for bit, whether measured or read this time: say which.
+      return dataclasses.replace(_DECISIONS[key], cached=True, alpha_source=acceptance_source)
+    costs, compile_seconds, timing_seconds, rounds = self.measure(
+        target_config, target_params, drafter, drafter_params, geometry, temperature, loop_inputs
+    )
+    predictions = self.predictions(costs, alpha, acceptance)
+    best = max(predictions, key=lambda p: p.speedup)
+    clear = [p for p in predictions if p.clears(self.min_speedup)]
+    chosen = self._fastest(clear, costs) if clear else BASELINE_PREDICTION
+    _DECISIONS[key] = Choice(
+        chosen=chosen,
+        best=best,
+        speculative=self._shown(predictions, costs) if chosen.shape is None else chosen,
+        predictions=predictions,
+        costs=costs,
+        alpha=alpha,
+        alpha_source=acceptance_source,
+        temperature=temperature,
+        compile_seconds=compile_seconds,
+        timing_seconds=timing_seconds,
+        rounds=rounds,
+        device_kind=device_kind,
+        acceptance_tokens=0 if acceptance is None else acceptance.count,
+        min_speedup=self.min_speedup,
+        interpolation_margin=self.interpolation_margin,
+    )
+    return _DECISIONS[key]
+
+  def _fastest(self, candidates: list[Prediction], costs: Costs) -> Prediction:
+    """The fastest of `candidates` (not empty), unless it is a chain whose loop was not timed and
+    the fastest timed one is within `interpolation_margin` of it: then that one."""
+    fastest = max(candidates, key=lambda p: p.speedup)
+    fastest_timed = _fastest_timed(candidates, costs)
+    if fastest_timed is None or fastest.speedup > fastest_timed.speedup * (
+        1 + self.interpolation_margin
+    ):
+      return fastest
+    return fastest_timed
+
+  def _shown(self, candidates: list[Prediction], costs: Costs) -> Prediction:
+    """The candidate shown where the baseline is chosen: the fastest whose loop was timed, its
+    programs compiled already (it is shown, not chosen: an untimed chain predicted faster would
+    cost a compilation to show), or `_fastest` where the loops were not timed."""
+    return _fastest_timed(candidates, costs) or self._fastest(candidates, costs)
+
+  def choose_for_pair(
+      self,
+      pair: pairs.Pair,
+      encoder_tokens: np.ndarray,
+      decode_length: int,
+      geometry: benchmark.DecodeGeometry,
+      temperature: float,
+      vocabulary: Any,
+      inputs: str = "inputs",
+      acceptance_file: str | os.PathLike | None = None,
+      record: bool = False,
+  ) -> Choice:
+    """`choose` for a loaded pair with a drafter: the acceptance per position measured along
+    the target's own outputs of up to decode_length tokens for encoder_tokens [N, Le] (one
+    batch, `measure_acceptance`), then the costs, the loops timed on LOOP_INPUTS of them that
+    span their outputs' lengths (`spanning_inputs`). vocabulary: the output vocabulary (its EOS
+    ends the decodes). `inputs` names them in the Choice.
+
+    acceptance_file: a file of acceptance records (`acceptance_record`): where it holds the
+    record of this pair, temperature, decode length and encoder_tokens, its positions are taken
+    instead of measuring them (the Choice's alpha_source says so). record: measure whatever the
+    file holds, and write the measurement into it (it needs acceptance_file)."""
+    if record and acceptance_file is None:
+      raise validation.InvalidInputError(
+          "record=True writes the measured acceptance into acceptance_file: give one."
+      )
+    eos_id = validation.check_eos_id(getattr(vocabulary, "eos_id", None))
+    key = found = None
+    if acceptance_file is not None:
+      key = acceptance_record.Key.of(
+          pair.target_config,
+          pair.target_params,
+          pair.drafter,
+          pair.drafter_params,
+          temperature,
+          decode_length,
+          encoder_tokens,
+      )
+      found = None if record else acceptance_record.find(acceptance_file, key)
+    if found is None:
+      positions = measure_acceptance(
+          pair,
+          [encoder_tokens],
+          decode_length,
+          temperature,
+          eos_id,
+          decode_length * len(encoder_tokens),
+      )
+      measured_on = (
+          f"the {positions.count} tokens the target generated for {len(encoder_tokens)} {inputs}"
+      )
+      source = f"measured on {measured_on}"
+      if record:
+        acceptance_record.write(
+            acceptance_file, acceptance_record.Record(key, positions, measured_on)
+        )
+        source += f", recorded in {acceptance_file}"
+    else:
+      positions = found.positions
+      source = (
+          f"recorded in {acceptance_file} for this pair and these {inputs}: {found.measured_on}"
+      )
+    loop_inputs = LoopInputs(
+        spanning_inputs(np.asarray(encoder_tokens), positions, LOOP_INPUTS),
+        decode_length,
+        vocabulary,
+    )
+    return self.choose(
+        pair.target_config,
+        pair.target_params,
+        pair.drafter,
+        pair.drafter_params,
+        geometry,
+        temperature,
+        positions,
+        source,
+        loop_inputs,
+    )
+
+  def measure(
+      self,
+      target_config,
+      target_params,
+      drafter,
+      drafter_params,
+      geometry,
+      temperature,
+      loop_inputs: LoopInputs | None = None,
+  ) -> tuple[Costs, float, float, int]:
+    """Times, side by side (`benchmark.time_rounds`): with `loop_inputs`, the decoding loops on
+    them (the baseline's, the chains' of 1 and max_gamma drafts, each tree's) and the target on 1
+    and max_gamma + 1 tokens; without, the target on 1..max_gamma + 1 tokens and each tree's
+    M + 1, and one iteration of max_gamma drafts (marginal step times,
+    `benchmark.marginal_step_timings`) -> (Costs, seconds compiling (with each program's first
+    run), seconds timing, rounds). One timed round runs after the compiling runs; the rest fill
+    `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
+    gamma = self.max_gamma
+    if loop_inputs is None:
+      widths = {k + 1 for k in range(gamma + 1)} | {
+          shape.num_drafts + 1 for shape in self.candidates()
+      }
+    else:
+      widths = {1, gamma + 1}
+    steps = {("target", k): [benchmark.Stage(target_config, target_params, k)] for k in widths}
+    loop_calls = {}
+    if loop_inputs is None:
+      steps["iteration"] = benchmark.cost_steps(
+          target_config, target_params, {DRAFTER: (drafter, drafter_params)}, [gamma]
+      )["iteration", DRAFTER, gamma]
+    else:
+      shapes = {_chain_label(g): draft_shapes.Chain(g) for g in sorted({1, gamma})}
+      shapes |= {_tree_label(b): draft_shapes.Tree(b) for b in self.trees}
+      loop_calls = _loop_calls(
+          target_config, target_params, drafter, drafter_params, shapes, loop_inputs, temperature
+      )
+    # With the loops timed the steps are the predictions' unit only: greedy at every temperature.
+    step_temperature = temperature if loop_inputs is None else 0.0
+    step_calls = benchmark.decode_step_calls(steps, geometry, temperature=step_temperature)
+    calls = {**step_calls, **loop_calls}
+    start = time.perf_counter()
+    outputs = benchmark.first_calls(calls)
+    compile_seconds = time.perf_counter() - start
+    # The compiling runs are the warm-up: on the demo pair on 2 cores the second run of a loop
+    # (30.3 ms) was within the spread of the next six (28.6-34.2 ms).
+    start = time.perf_counter()
+    first = benchmark.time_rounds(calls, repeats=1, warmup=0, compiled=True)
+    round_seconds = sum(float(s[0]) for s in first.values())
+    rounds = int(np.clip(self.budget_s // max(round_seconds, 1e-9), MIN_ROUNDS, MAX_ROUNDS))
+    seconds, done = {name: [first[name]] for name in calls}, 1
+    while True:
+      if rounds > done:
+        for name, times in benchmark.time_rounds(
+            calls, repeats=rounds - done, warmup=0, compiled=True
+        ).items():
+          seconds[name].append(times)
+        done = rounds
+      try:
+        timings = benchmark.marginal_step_timings(
+            {name: np.concatenate(seconds[name]) for name in step_calls}, geometry
+        )
+        loop = None
+        if loop_inputs is not None:
+          loop = _loop_costs(
+              {name: np.concatenate(seconds[name]) for name in loop_calls}, outputs, loop_inputs
+          )
+        break
+      except ValueError:  # steps or loops too short for the noise: up to MAX_ROUNDS, then give up
+        if done >= MAX_ROUNDS:
+          raise
+        rounds = MAX_ROUNDS
+    timing_seconds = time.perf_counter() - start
+    costs = Costs(
+        target_step=timings["target", 1],
+        verify={k - 1: timings["target", k] for k in sorted(widths) if k > 1},
+        gamma=gamma,
+        iteration=timings.get("iteration"),
+        loop=loop,
+    )
+    return costs, compile_seconds, timing_seconds, rounds
+
+  def predictions(
+      self, costs: Costs, alpha: float, positions: calibration.Positions | None = None
+  ) -> list[Prediction]:
+    """The module docstring's prediction of every candidate, chains first: a chain's tokens per
+    call from the betas per position where given, else from alpha; a tree's as its timed loop
+    realized them where the loops were timed, else from the branching model."""
+    predictions = []
+    sequence_tokens = None
+    if positions is not None:
+      sequence_tokens = float(np.mean([len(beta) for beta in positions.beta]))
+    for gamma in range(1, self.max_gamma + 1):
+      decode = None
+      if positions is None:
+        tokens = float(theory.expected_tokens(alpha, gamma))
+      else:
+        decode = calibration.chain_decodes(positions, gamma)
+        tokens = decode[0] / decode[1]
+      predictions.append(
+          _prediction(
+              costs,
+              draft_shapes.Chain(gamma),
+              _chain_label(gamma),
+              tokens,
+              costs.chain_cost(gamma),
+              decode,
+              gamma,
+          )
+      )
+    for branching in self.trees:
+      shape = draft_shapes.Tree(branching)
+      label = _tree_label(branching)
+      if costs.loop is not None:
+        tokens = costs.loop.tokens_per_call[label]
+      else:
+        tokens = float(theory.tree_expected_tokens(theory.branching_acceptance(alpha, branching)))
+      decode = None if sequence_tokens is None else (sequence_tokens, sequence_tokens / tokens)
+      cost = costs.tree_cost(label, shape.depth, shape.num_drafts)
+      predictions.append(_prediction(costs, shape, label, tokens, cost, decode))
+    return predictions
+
+
+def _prediction(
+    costs: Costs,
+    shape: draft_shapes.DraftShape,
+    label: str,
+    tokens: float,
+    cost: float,
+    decode: tuple[float, float] | None,
+    gamma: int | None = None,
+) -> Prediction:
+  """A candidate's Prediction from its tokens and cost per target call: where `decode` (tokens,
+  target calls of a decode) is given, each loop's fixed part (`Costs.fixed`; `gamma` for a
+  chain) is spread over it, the baseline's over the tokens and the candidate's over the calls,
+  so the speedup is (F_b + n b) / (F + C L) for a decode of n tokens in C calls."""
+  baseline = costs.baseline_step
+  if decode is not None:
+    baseline += costs.fixed(BASELINE) / decode[0]
+    cost += costs.fixed(label, gamma) / decode[1]
+  speedup = tokens * baseline / cost
+  return Prediction(
+      shape,
+      label,
+      tokens,
+      cost,
+      speedup,
+      _low(tokens, costs.round_ratios(label, gamma, decode), speedup),
+  )
+
+
+def spanning_inputs(
+    encoder_tokens: np.ndarray, positions: calibration.Positions, count: int
+) -> np.ndarray:
+  """The `count` rows of encoder_tokens [N, Le] whose target outputs (one sequence of
+  `positions` per row, in order) have the lengths at the (2i + 1) / (2 count) quantiles, i <
+  count, in their order in encoder_tokens -> [min(count, N), Le]: inputs that span the outputs'
+  lengths, over which a decode's fixed part and its cost per token or call can be told apart
+  (`_fit_decodes`). The first `count` rows where the positions are not one sequence per row."""
+  if len(positions.beta) != len(encoder_tokens) or len(encoder_tokens) <= count:
+    return encoder_tokens[:count]
+  order = np.argsort([len(beta) for beta in positions.beta], kind="stable")
+  picks = order[(2 * np.arange(count) + 1) * len(order) // (2 * count)]
+  return encoder_tokens[np.sort(picks)]
+
+
+def _fastest_timed(candidates: list[Prediction], costs: Costs) -> Prediction | None:
+  """The fastest of `candidates` whose loop was timed; None where none was."""
+  timed = [] if costs.loop is None else [p for p in candidates if p.label in costs.loop.call]
+  return max(timed, key=lambda p: p.speedup) if timed else None
+
+
+def _low(tokens: float, ratios: np.ndarray | None, speedup: float) -> float | None:
+  """`Prediction.speedup_low`: the LOW_QUANTILE-th percentile of tokens x the rounds' ratios, at
+  most `speedup` (the median of ratios is not the ratio of the medians)."""
+  if ratios is None:
+    return None
+  return min(float(np.percentile(tokens * ratios, LOW_QUANTILE)), speedup)
+
+
+def _loop_calls(
+    target_config, target_params, drafter, drafter_params, shapes, loop_inputs, temperature
+) -> dict[Hashable, tuple[Any, tuple]]:
+  """("loop", label, i, "decode") and ("loop", label, "prefill") -> (fn, args): each input's
+  decode, and one prefill (the inputs share their shapes, and a prefill's work depends on them
+  alone: `sweep.time_prefills`), by the baseline (label BASELINE) and by speculative decoding in
+  each of `shapes` (label -> draft shape; Algorithm 1 for a chain, a tree's own verifier), the
+  functions `sweep.build_settings` makes (and keeps, for a sweep after), the rng
+  fold_in(PRNGKey(0), i)."""
+  settings = {
+      label: sweep.SweepSetting(
+          label,
+          DRAFTER,
+          shape,
+          speculative.ALGORITHM_1 if isinstance(shape, draft_shapes.Chain) else None,
+      )
+      for label, shape in shapes.items()
+  }
+  decoders = sweep.build_settings(
+      target_config,
+      target_params,
+      {DRAFTER: (drafter, drafter_params)},
+      list(settings.values()),
+      loop_inputs.vocabulary,
+  )
+  by_label = {BASELINE: decoders[sweep.BASELINE]}
+  by_label |= {label: decoders[setting.key] for label, setting in settings.items()}
+  calls = {}
+  for i, row in enumerate(loop_inputs.encoder_tokens):
+    batch = {
+        "encoder_input_tokens": jnp.asarray(row[None]),
+        "decoder_input_tokens": jnp.zeros((1, loop_inputs.decode_length), jnp.int32),
+    }
+    rng = jax.random.fold_in(jax.random.PRNGKey(0), i)
+    for label, decoder in by_label.items():
+      example = sweep.example_calls(decoder, batch, rng, temperature)
+      calls["loop", label, i, "decode"] = example["decode"]
+      calls.setdefault(("loop", label, "prefill"), example["prefill"])
+  return calls
+
+
+def _loop_costs(
+    seconds: dict[Hashable, np.ndarray], outputs: dict[Hashable, Any], loop_inputs: LoopInputs
+) -> LoopCosts:
+  """`_loop_calls`' times (name -> seconds [rounds]) and outputs -> LoopCosts: per round, each
+  input's decode less its prefill, fitted (`_fit_decodes`) over the inputs' decoded tokens (the
+  baseline) or target calls (each speculative decode). Raises ValueError where a loop's median
+  time is not positive (the noise larger than the loop)."""
+  inputs = range(len(loop_inputs.encoder_tokens))
+  labels = list(dict.fromkeys(name[1] for name in seconds))
+  per_unit, fixed, tokens, calls = {}, {}, {}, {}
+  for label in labels:
+    loops = np.stack(
+        [seconds["loop", label, i, "decode"] - seconds["loop", label, "prefill"] for i in inputs]
+    )  # [N, rounds]
+    median = float(np.median(loops.sum(axis=0)))
+    if median <= 0:
+      raise ValueError(
+          f"could not resolve the {label} loop's time on {len(inputs)} inputs: its decodes less "
+          f"their prefills took a median of {median * 1e3:.4f} ms, within the noise; give "
+          "longer inputs or a longer decode_length."
+      )
+    decodes, aux = zip(*(outputs["loop", label, i, "decode"] for i in inputs))
+    decoded = np.array(
+        [int(np.sum(decoding.decoded_lengths(np.asarray(d), loop_inputs.eos_id))) for d in decodes]
+    )
+    tokens[label] = int(decoded.sum())
+    units = decoded
+    if label != BASELINE:
+      units = np.array(
+          [int(np.sum(jax.device_get(a["speculative_stats"]["target_calls"]))) for a in aux]
+      )
+      calls[label] = int(units.sum())
+    per_unit[label], fixed[label] = _fit_decodes(loops, units)
+  return LoopCosts(
+      baseline_token=benchmark.Timing.from_seconds(per_unit[BASELINE]),
+      call={label: benchmark.Timing.from_seconds(per_unit[label]) for label in calls},
+      tokens_per_call={label: tokens[label] / n for label, n in calls.items()},
+      inputs=len(inputs),
+      rounds={label: tuple(float(x) * 1e3 for x in s) for label, s in per_unit.items()},
+      fixed={label: benchmark.Timing.from_seconds(f) for label, f in fixed.items()},
+      fixed_rounds={label: tuple(float(x) * 1e3 for x in f) for label, f in fixed.items()},
+  )
+
+
+def _fit_decodes(seconds: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Each round's t_i = F + u_i x by least squares over the inputs: seconds [N, rounds] and
+  units [N] (tokens or target calls per input) -> (x, F), each [rounds]. Where the units do
+  not differ (no line to fit) or a round's F comes out negative (noise: time does not fall with
+  fewer units), that round is F = 0, x = sum_i t_i / sum_i u_i."""
+  units = np.asarray(units, np.float64)
+  through_origin = seconds.sum(axis=0) / units.sum()
+  if np.ptp(units) == 0:
+    return through_origin, np.zeros_like(through_origin)
+  centered = units - units.mean()
+  slope = centered @ (seconds - seconds.mean(axis=0)) / (centered @ centered)
+  intercept = seconds.mean(axis=0) - slope * units.mean()
+  fitted = intercept >= 0
+  return np.where(fitted, slope, through_origin), np.where(fitted, intercept, 0.0)
+
+
+def _branching(tree: Any) -> tuple[int, ...]:
+  """A branching (k_1, ..., k_D), children per node at each depth -> it as a tuple, checked by
+  `trees.DraftTree.from_branching` (an InvalidInputError naming the entry otherwise)."""
+  try:
+    branching = tuple(int(k) for k in tree)
+    trees_lib.DraftTree.from_branching(branching)
+  except (TypeError, ValueError) as e:
+    raise validation.InvalidInputError(
+        f"each of trees must be a branching, children per depth, e.g. (2, 2, 1), got {tree!r}: "
+        f"{e}"
+    ) from e
+  return branching
+
+
+def measure_acceptance(
+    pair: pairs.Pair,
+    encoder_batches,
+    decode_length: int,
+    temperature: float,
+    eos_id: int,
+    num_tokens: int,
+) -> calibration.Positions:
+  """beta per position along about `num_tokens` tokens the target generates itself from
+  `encoder_batches` (arrays [B, Le]) at `temperature` (`calibration.measure_positions`), for a
+  loaded pair with a drafter."""
+  positions = calibration.measure_positions(
+      pair, encoder_batches, decode_length, temperature, eos_id, num_tokens
+  )
+  if not positions.count:
+    raise ValueError("the target generated no token to measure acceptance on: give inputs.")
+  return positions

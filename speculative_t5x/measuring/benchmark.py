@@ -1,0 +1,1004 @@
+"""Timing harness shared by the scripts: wall time of jitted calls, the cost ratios of Thm 3.8,
+and the random or text inputs they run on.
+
+Every measurement excludes the first call (compilation), then makes `warmup` untimed calls, then
+`repeats` timed rounds, each call ended by `jax.block_until_ready`; calls that are compared are
+timed in the same rounds (`time_calls`); results are the median, minimum, maximum and
+interquartile range.
+
+Decode steps are timed the way the decoding loops run them: cached decode steps inside one jitted
+`lax.fori_loop`, the cache carried (and written in place) from step to step, each step's logits
+feeding the next step's input tokens, at advancing positions of a cache of realistic length, after
+an encoder of realistic length. A step's time is marginal: a call of many steps minus a call of
+fewer, over the difference (see `time_decode_steps`), so what a call pays once (dispatch, copying
+the cache in), which the `lax.while_loop` of a real decode does not pay per step, cancels.
+
+From these come the paper's cost coefficient c (Definition 3.7: one drafter step over one target
+step, both on a single token) and the verification cost (the target on gamma + 1 tokens over the
+target on one token), which Theorem 3.8 assumes to be 1.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import network
+from speculative_t5x import sampling
+
+DEFAULT_REPEATS = 20
+DEFAULT_WARMUP = 1
+DEFAULT_STEPS_PER_CALL = 8
+EXTRA_PASSES = 4  # step times: calls of 1 + EXTRA_PASSES passes minus calls of 1 pass.
+# Random drafters for random-weight runs. 'independent': its own random weights (alpha is whatever
+# two unrelated random models share); 'copy': the target's own weights (alpha ~ 1, c ~ 1). Both
+# exercise the mechanics only: the alpha of random models says nothing about real drafters.
+RANDOM_DRAFTER_KINDS = ("independent", "copy")
+_FIRST_NON_SPECIAL_ID = 3  # T5 vocabularies: 0 = PAD, 1 = EOS, 2 = UNK.
+STREAM_WIDTH = 256  # columns of a StreamStage's matrix: rows = bytes / (4 * STREAM_WIDTH).
+
+
+# Before a timing: other processes running on the cores make it not a quiet machine's (the
+# figures of a quiet machine were 2x off otherwise). The 1-minute load average lags (a script
+# run just before, or an install, raises it for minutes), so the verdict rests on the processes
+# runnable at the moment (/proc/loadavg, sampled), the load averages being recorded beside it.
+_RUNNABLE_SAMPLES = 5
+_SAMPLE_SECONDS = 0.1
+
+
+def _runnable_others() -> int | None:
+  """The fewest runnable tasks besides this one over a few samples, or None without
+  /proc/loadavg (then only the load averages speak)."""
+  try:
+    counts = []
+    for _ in range(_RUNNABLE_SAMPLES):
+      with open("/proc/loadavg", encoding="ascii") as f:
+        counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+      time.sleep(_SAMPLE_SECONDS)
+  except (OSError, ValueError, IndexError):
+    return None
+  return max(0, min(counts))
+
+
+def machine_load() -> dict:
+  """The load averages (1, 5, 15 minutes), the core count and the other processes runnable now,
+  to record beside timings."""
+  one, five, fifteen = os.getloadavg()
+  return {
+      "load_1m": one,
+      "load_5m": five,
+      "load_15m": fifteen,
+      "cpus": os.cpu_count(),
+      "runnable_others": _runnable_others(),
+  }
+
+
+def busy_warning(load: dict) -> str | None:
+  """A loud warning when `machine_load()` taken before a timing shows other work running (or,
+  where runnable tasks cannot be read, a 1-minute load average above 0.5), else None."""
+  others = load["runnable_others"]
+  if others is None:
+    if load["load_1m"] <= 0.5:
+      return None
+    seen = f"1-minute load average {load['load_1m']:.2f} > 0.5"
+  elif others == 0:
+    return None
+  else:
+    seen = f"{others} other process(es) running"
+  return (
+      f"WARNING: the machine was busy before this timing ({seen}): other work shares the "
+      "cores, so these times and speedups are not a quiet machine's. Rerun with nothing else "
+      "running before using them."
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """Statistics of `repeats` wall-clock times, in milliseconds (IQR = 75th - 25th percentile)."""
+
+  median_ms: float
+  min_ms: float
+  max_ms: float
+  iqr_ms: float
+  repeats: int
+
+  @classmethod
+  def from_seconds(cls, seconds: Sequence[float]) -> "Timing":
+    """Times in seconds [repeats] -> Timing in milliseconds."""
+    ms = np.asarray(seconds, np.float64) * 1e3
+    if ms.ndim != 1 or ms.size == 0:
+      raise ValueError(f"need a non-empty 1-D sequence of times, got shape {ms.shape}.")
+    q25, q50, q75 = np.percentile(ms, [25, 50, 75])
+    return cls(
+        median_ms=float(q50),
+        min_ms=float(ms.min()),
+        max_ms=float(ms.max()),
+        iqr_ms=float(q75 - q25),
+        repeats=int(ms.size),
+    )
+
+  def per_step(self, steps: int) -> "Timing":
+    """The same statistics divided by `steps` (a call that ran `steps` identical steps)."""
+    return Timing(
+        self.median_ms / steps,
+        self.min_ms / steps,
+        self.max_ms / steps,
+        self.iqr_ms / steps,
+        self.repeats,
+    )
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def time_calls(
+    calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]],
+    *,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    compiled: bool = False,
+    outputs: dict[Hashable, Any] | None = None,
+) -> dict[Hashable, Timing]:
+  """Wall times of several jitted calls measured side by side, compilation excluded.
+
+  Each call runs once (compilation, `first_calls`; not with `compiled`, when every call ran
+  before) and `warmup` more times untimed; then come `repeats` rounds,
+  each timing every call once, in an order rotated from round to round. Calls compared with each
+  other (a baseline and its speculative decode, a target step and a drafter step) so share the
+  same minutes of the machine: a slow spell (another process, frequency scaling) lands on all of
+  them alike instead of on whichever was timed during it.
+
+  Args:
+    calls: name -> (jitted fn, args); each timed as `jax.block_until_ready(fn(*args))`.
+    outputs: where given, filled with name -> the result of that call's last timed run (what a
+      caller would otherwise compute by one more call).
+  Returns:
+    name -> Timing.
+  """
+  return {
+      name: Timing.from_seconds(seconds)
+      for name, seconds in time_rounds(
+          calls, repeats=repeats, warmup=warmup, compiled=compiled, outputs=outputs
+      ).items()
+  }
+
+
+def time_rounds(
+    calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]],
+    *,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    compiled: bool = False,
+    outputs: dict[Hashable, Any] | None = None,
+) -> dict[Hashable, np.ndarray]:
+  """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r.
+  With `compiled` (every call ran before), only the `warmup` calls precede the rounds; `outputs`
+  as in `time_calls`."""
+  if int(repeats) < 1 or int(warmup) < 0:
+    raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
+  if not calls:
+    raise ValueError("no calls to time.")
+  names = list(calls)
+  if not compiled:
+    first_calls(calls)
+  for name in names:
+    fn, args = calls[name]
+    for _ in range(int(warmup)):
+      jax.block_until_ready(fn(*args))
+  seconds = {name: np.zeros(int(repeats)) for name in names}
+  for r in range(int(repeats)):
+    for name in names[r % len(names) :] + names[: r % len(names)]:
+      fn, args = calls[name]
+      start = time.perf_counter()
+      result = jax.block_until_ready(fn(*args))
+      seconds[name][r] = time.perf_counter() - start
+      if outputs is not None:
+        outputs[name] = result
+  return seconds
+
+
+def first_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]]) -> dict:
+  """Each call run once, compiling it -> name -> its output. On the CPU backend the calls run on
+  a thread per core (XLA compiles without Python's lock: 2 cores compiled the demo's decoders
+  1.5-1.9x faster than one at a time); on an accelerator one at a time, since programs running
+  together would hold their buffers at once. The first call of each function goes first: a
+  second call of a function being compiled waits for that compilation and would hold a thread
+  idle."""
+  workers = (os.cpu_count() or 1) if jax.default_backend() == "cpu" else 1
+  firsts = {}  # id(fn) -> the name of its first call
+  for name, (fn, _) in calls.items():
+    firsts.setdefault(id(fn), name)
+  order = list(firsts.values()) + [name for name in calls if name not in firsts.values()]
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    futures = {
+        name: pool.submit(lambda call: jax.block_until_ready(call[0](*call[1])), calls[name])
+        for name in order
+    }
+    return {name: futures[name].result() for name in calls}
+
+
+# ----------------------------------------------------------------------------------------------
+# Random weights, and inputs (random or text)
+# ----------------------------------------------------------------------------------------------
+def random_params(config: network.T5Config, seed: int) -> dict:
+  """float32 parameters from `network.init_params` (activations follow `config.dtype`).
+
+  Run eagerly: compiling the initialiser of a T5-small costs more than running it op by op.
+  """
+  return network.init_params(config, jax.random.PRNGKey(seed))
+
+
+def random_drafter(
+    kind: str,
+    target_config: network.T5Config,
+    target_params: dict,
+    drafter: drafters_lib.Drafter,
+    drafter_params: dict,
+) -> tuple[drafters_lib.Drafter, dict]:
+  """A random-weight drafter of one of RANDOM_DRAFTER_KINDS -> (drafter, params).
+
+  'independent' is `drafter` with its own (random) parameters; 'copy' is the T5 drafter of the
+  target's config with the target's very parameters (alpha ~ 1: the drafter proposes what the
+  target would sample).
+  """
+  if kind == "independent":
+    return drafter, drafter_params
+  if kind == "copy":
+    return drafters_lib.T5Drafter(target_config), target_params
+  raise ValueError(f"unknown random drafter kind {kind!r}: use one of {RANDOM_DRAFTER_KINDS}.")
+
+
+def truncated_copy_pair(
+    config: network.T5Config, residual_scale: float, seed: int
+) -> tuple[dict, network.T5Config, dict]:
+  """A random target with a drafter that agrees with it often, at rates differing by row
+  -> (target params, drafter config, drafter params).
+
+  The target (`config`, random weights from `seed`) has the residual outputs of its decoder layers
+  1.. (attention `out` and MLP `wo` kernels) scaled by `residual_scale`, so that decoder layer 0
+  carries most of the signal; the drafter is that target cut after decoder layer 0 (its
+  embedding, encoder, layer 0, final norm and head: the same arrays, no copy).
+  """
+
+  def scaled(path, x):
+    keys = [k.key for k in path]
+    deep = keys[0] == "decoder" and keys[1].startswith("layers_") and keys[1] != "layers_0"
+    return x * residual_scale if deep and keys[-2] in ("out", "wo") else x
+
+  target = jax.tree_util.tree_map_with_path(scaled, random_params(config, seed))
+  drafter_decoder = {
+      name: value
+      for name, value in target["decoder"].items()
+      if not name.startswith("layers_") or name == "layers_0"
+  }
+  return target, config.replace(num_decoder_layers=1), dict(target, decoder=drafter_decoder)
+
+
+def random_tokens(rng: jax.Array, vocab_size: int, shape: Sequence[int]) -> jax.Array:
+  """Random non-special token ids (none is PAD, EOS or UNK) -> int32 array of `shape`."""
+  if vocab_size <= _FIRST_NON_SPECIAL_ID:
+    raise ValueError(f"vocab_size {vocab_size} leaves no ordinary tokens after PAD, EOS and UNK.")
+  return jax.random.randint(rng, tuple(shape), _FIRST_NON_SPECIAL_ID, vocab_size, jnp.int32)
+
+
+def _host_tokens(draws: np.random.Generator, vocab_size: int, shape: Sequence[int]) -> jax.Array:
+  """`random_tokens` drawn on the host by numpy's `draws` (no program compiled)."""
+  return jnp.asarray(draws.integers(_FIRST_NON_SPECIAL_ID, vocab_size, tuple(shape), np.int32))
+
+
+def random_inputs(
+    vocab_size: int, num_examples: int, length: int, seed: int = 0, eos_id: int = 1
+) -> np.ndarray:
+  """Random encoder inputs -> [num_examples, length] int32: row i holds n_i - 1 random
+  non-special tokens then EOS, n_i drawn from [max(1, length // 2), length], then 0-padding."""
+  if num_examples < 1 or length < 1:
+    raise ValueError(
+        f"random inputs need num_examples >= 1 and length >= 1, got {num_examples} "
+        f"and {length}."
+    )
+  tokens = np.asarray(random_tokens(jax.random.PRNGKey(seed), vocab_size, (num_examples, length)))
+  lengths = np.random.default_rng(seed).integers(max(1, length // 2), length + 1, num_examples)
+  return pad_sequences([list(row[: n - 1]) + [eos_id] for row, n in zip(tokens, lengths)], length)
+
+
+def pad_sequences(sequences: Sequence[Sequence[int]], length: int) -> np.ndarray:
+  """Token sequences, each at most `length` long -> [len(sequences), length] int32, 0-padded."""
+  inputs = np.zeros((len(sequences), length), np.int32)
+  for i, sequence in enumerate(sequences):
+    inputs[i, : len(sequence)] = sequence
+  return inputs
+
+
+def read_lines(path: str, limit: int | None = None) -> list[str]:
+  """The non-empty lines of a text file, stripped; the first `limit` of them when it is set."""
+  with open(path, encoding="utf-8") as f:
+    lines = [line for line in (line.strip() for line in f) if line]
+  if not lines:
+    raise ValueError(f"{path} has no non-empty lines: give a file with one input per line.")
+  return lines[:limit] if limit else lines
+
+
+def check_vocabulary(vocabulary: Any, vocab_size: int, source: str) -> None:
+  """Raises ValueError if `vocabulary` (from `source`) has ids the models' vocab_size lacks."""
+  if vocabulary.vocab_size > vocab_size:
+    raise ValueError(
+        f"{source} has {vocabulary.vocab_size} pieces but the models' vocab_size is "
+        f"{vocab_size}: use the models' vocabulary."
+    )
+
+
+def encode_texts(
+    texts: Sequence[str], vocabulary: Any, length: int | None = None, multiple: int = 8
+) -> np.ndarray:
+  """Texts tokenized by a seqio vocabulary, each followed by EOS, 0-padded
+  -> [len(texts), length] int32; with `length` None, the longest rounded up to a `multiple`.
+  Raises ValueError, naming the first, if a text does not fit `length`."""
+  if not texts:
+    raise ValueError("no texts to encode.")
+  sequences = [list(vocabulary.encode(text)) + [vocabulary.eos_id] for text in texts]
+  longest = max(len(sequence) for sequence in sequences)
+  if length is None:
+    length = -(-longest // multiple) * multiple
+  too_long = [i for i, sequence in enumerate(sequences) if len(sequence) > length]
+  if too_long:
+    first = too_long[0]
+    raise ValueError(
+        f"{len(too_long)} of the {len(texts)} inputs (first: input {first + 1}, "
+        f"{len(sequences[first])} tokens with EOS: {texts[first][:60]!r}) exceed the "
+        f"'inputs' length {length}: raise the 'inputs' feature length "
+        "(TASK_FEATURE_LENGTHS) or shorten them."
+    )
+  return pad_sequences(sequences, length)
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode steps and the cost ratios
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DecodeGeometry:
+  """Where timed decode steps run: encoder length Le, cache length L, first position of the
+  timed steps, and the block sizes k it admits (position + steps_per_call - 1 + k <= L)."""
+
+  encoder_length: int
+  cache_length: int
+  position: int
+  steps_per_call: int
+
+  @classmethod
+  def for_decoding(
+      cls,
+      encoder_length: int,
+      decode_length: int,
+      max_k: int,
+      steps_per_call: int = DEFAULT_STEPS_PER_CALL,
+  ) -> "DecodeGeometry":
+    """The cache of a speculative decode of `decode_length` tokens with blocks of up to `max_k`
+    (= gamma + 1) tokens, L = decode_length + max_k, timed from mid-decode (as far as it fits)."""
+    if min(encoder_length, decode_length, max_k, steps_per_call) < 1:
+      raise ValueError(
+          f"encoder_length, decode_length, max_k and steps_per_call must be >= 1, got "
+          f"{encoder_length}, {decode_length}, {max_k}, {steps_per_call}."
+      )
+    cache_length = decode_length + max_k
+    position = max(0, min(decode_length // 2, cache_length - steps_per_call - max_k + 1))
+    geometry = cls(encoder_length, cache_length, position, steps_per_call)
+    geometry.check(max_k)
+    return geometry
+
+  def check(self, k: int) -> None:
+    end = self.position + self.steps_per_call - 1 + k
+    if end > self.cache_length:
+      raise ValueError(
+          f"{self.steps_per_call} steps of {k} tokens from position {self.position} "
+          f"need {end} cache slots but the cache holds {self.cache_length}: lower "
+          "steps_per_call or lengthen the decode."
+      )
+
+
+def _verification_tokens(
+    standardize: sampling.Standardizer, u: jax.Array, logits: jax.Array
+) -> jax.Array:
+  """What a sampling verification computes from the target's logits [B, k, V]: every position's
+  distribution, each read at one token (the acceptance test), and one draw (the correction token)
+  -> next input tokens [B, k]."""
+  probs = standardize(logits)
+  token = standardize.draw(u, probs[:, -1])
+  read = jnp.take_along_axis(
+      probs, jnp.broadcast_to(token[:, None, None], probs.shape[:2] + (1,)), axis=-1
+  )[..., 0]
+  return jnp.where(read > 1.0, 0, token[:, None]).astype(jnp.int32)  # read <= 1: token everywhere
+
+
+def _feedback_tokens(logits: jax.Array) -> jax.Array:
+  """logits [B, k, V] -> next input tokens [B, k]: a function of every logit (so nothing is dead
+  code or loop-invariant) that costs next to nothing: the network alone is timed."""
+  return jnp.where(
+      jnp.sum(logits, axis=-1) > 0, _FIRST_NON_SPECIAL_ID + 1, _FIRST_NON_SPECIAL_ID
+  ).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """`repeats` cached decode steps of one network on k tokens, at consecutive positions.
+
+  encoder_emb_dim: None for a `network.Transformer(config)`, which runs its own encoder; E_target
+  for a `network.SharedEncoderDecoder(config)` (a `drafters.SharedEncoderDrafter`,
+  `Drafter.network_encoder_emb_dim`), whose cache is made from a random encoder output
+  [B, Le, E_target]. Either way the encoder work is outside the timed steps.
+  """
+
+  config: network.T5Config
+  params: dict
+  k: int = 1
+  repeats: int = 1
+  encoder_emb_dim: int | None = None
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def span(self) -> int:
+    """Cache positions past the step's first that its steps write."""
+    return self.k + self.repeats - 1
+
+  @property
+  def init_key(self) -> Hashable:
+    """What its cache depends on (not k, not the parameters' values)."""
+    return type(self).__name__, self.config, self.encoder_emb_dim
+
+  @property
+  def module(self) -> network.Transformer | network.SharedEncoderDecoder:
+    if self.encoder_emb_dim is None:
+      return network.Transformer(self.config)
+    return network.SharedEncoderDecoder(self.config)
+
+  def init_cache(
+      self, params: dict, encoder_tokens: jax.Array, cache_length: int, rng: jax.Array
+  ) -> dict:
+    """`module.decode`'s cache after encoder_tokens [B, Le], with `params` (the stage's, traced)."""
+    module = self.module
+    variables = {"params": params}
+    if self.encoder_emb_dim is None:
+      return module.apply(variables, encoder_tokens, cache_length, method=module.prefill)[1]
+    encoded = jax.random.normal(rng, encoder_tokens.shape + (self.encoder_emb_dim,), jnp.float32)
+    return module.apply(
+        variables, encoded, encoder_tokens, cache_length, method=module.init_decode_cache
+    )
+
+  def run(self, params, cache, tokens, position, u, standardize, temperature):
+    """The stage's steps from cache index `position` [B] on the first k of tokens [B, width]
+    -> (tokens with their first k replaced by what the steps drew, cache); see
+    `decode_step_call`."""
+    module = self.module
+    for r in range(self.repeats):
+      logits, cache = module.apply(
+          {"params": params}, tokens[:, : self.k], cache, position + r, method=module.decode
+      )
+      if temperature is None:
+        drawn = _feedback_tokens(logits)
+      elif self.k == 1 or standardize.greedy:
+        drawn = standardize.draw_from_logits(u[:, : self.k], logits)[0]
+      else:
+        drawn = _verification_tokens(standardize, u[:, 0], logits)
+      tokens = tokens.at[:, : self.k].set(drawn)
+    return tokens, cache
+
+
+@dataclasses.dataclass(frozen=True)
+class ProposalStage:
+  """One proposal of `gamma` drafts by a drafter, as the loop makes it (`Drafter.propose`, its
+  state carried from call to call): for a drafter whose proposal is not `gamma` single steps of
+  one T5 network (`Drafter.network_config` None), e.g. a `feature_drafter.FeatureDrafter`, which
+  rebuilds gamma + 1 cache entries from the target's features and then steps on its own.
+
+  params: (its parameters, their `Drafter.decode_params` form), made once before the timed calls
+  as the loop makes them once per decode call (`ProposalStage.of`).
+  target_emb_dim: E_target, the width of the random encoder output [B, Le, E] its state is made
+  from (the target's encoder output in the loop); its feature buffer stays as `init_state` makes
+  it (the cost does not depend on the values).
+  """
+
+  drafter: drafters_lib.Drafter
+  params: tuple[Any, Any]
+  gamma: int
+  target_emb_dim: int
+
+  @classmethod
+  def of(
+      cls, drafter: drafters_lib.Drafter, params: Any, gamma: int, target_emb_dim: int
+  ) -> "ProposalStage":
+    return cls(drafter, (params, drafter.decode_params(params)), gamma, target_emb_dim)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.drafter.vocab_size
+
+  @property
+  def k(self) -> int:
+    return self.gamma
+
+  @property
+  def init_key(self) -> Hashable:
+    return type(self).__name__, self.drafter, self.target_emb_dim
+
+  @property
+  def span(self) -> int:
+    return self.gamma + 1
+
+  def init_cache(self, params, encoder_tokens, cache_length, rng):
+    """-> (the drafter's `init_state`, a decoded sequence [B, cache_length] of random tokens)."""
+    rng_encoded, rng_tokens = jax.random.split(rng)
+    encoded = jax.random.normal(
+        rng_encoded, encoder_tokens.shape + (self.target_emb_dim,), jnp.float32
+    )
+    state = self.drafter.init_state(params[0], encoder_tokens, cache_length, target_encoded=encoded)
+    sequences = random_tokens(rng_tokens, self.vocab_size, (encoder_tokens.shape[0], cache_length))
+    return state, sequences
+
+  def run(self, params, carry, tokens, position, u, standardize, temperature):
+    """Writes tokens[:, 0] into the sequence at `position`, then proposes at length
+    position + gamma -> (tokens with the gamma drafts first, (state, sequence))."""
+    del temperature
+    state, sequences = carry
+    sequences = jax.lax.dynamic_update_slice(sequences, tokens[:, :1], (0, position[0]))
+    drafts, _, state = self.drafter.propose(
+        params[1],
+        state,
+        sequences,
+        position + self.gamma,
+        self.gamma,
+        u[:, : self.gamma],
+        standardize,
+    )
+    return tokens.at[:, : self.gamma].set(drafts), (state, sequences)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamStage:
+  """A stage that only reads memory: every byte of params [rows, STREAM_WIDTH] float32 once per
+  step, in a matrix-vector product whose vector comes from the incoming tokens (so it is neither
+  dead nor loop-invariant), passing the tokens on unchanged. Beside a network's stage it shows
+  what streaming that many bytes does to the network's step (benchmarks/bench_interference.py)."""
+
+  params: jax.Array
+  vocab_size: int
+  k: int = 1
+  span: int = 1
+
+  @classmethod
+  def of_megabytes(cls, megabytes: float, vocab_size: int, seed: int = 0) -> "StreamStage":
+    rows = max(1, int(megabytes * 2**20 / (4 * STREAM_WIDTH)))
+    weights = jax.random.normal(jax.random.PRNGKey(seed), (rows, STREAM_WIDTH), jnp.float32)
+    return cls(weights * 1e-3, vocab_size)
+
+  init_key = "stream"
+
+  def init_cache(self, params, encoder_tokens, cache_length, rng):
+    del params, encoder_tokens, cache_length, rng
+    return ()
+
+  def run(self, params, cache, tokens, position, u, standardize, temperature):
+    del position, u, standardize, temperature
+    # Not a multiple of one fixed vector (XLA would factor the product and hoist it out of the
+    # loop): a different vector for each token value.
+    vector = jnp.cos(jnp.arange(STREAM_WIDTH) * (tokens[0, 0] % 7 + 1).astype(jnp.float32))
+    total = jnp.sum(params @ vector)
+    return jnp.where(total > 1e30, tokens + 1, tokens), cache
+
+
+def decode_step_call(
+    stages: Sequence[Stage | ProposalStage | StreamStage],
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    batch: int = 1,
+    passes: int = 1,
+    seed: int = 0,
+) -> tuple[Callable[..., Any], tuple]:
+  """A jitted call of `passes` x `geometry.steps_per_call` loop steps, each running the stages in
+  order, against caches of `geometry.cache_length` after encoder inputs
+  [batch, geometry.encoder_length] -> (fn, args) for `time_calls`.
+
+  Loop step i runs each stage's decode steps at cache_index = position + i (+ r for its r-th
+  repeat), on the first k of the tokens the previous decode step produced from its logits, writing
+  the caches in place. With `temperature` None only the networks are timed; with a temperature
+  every decode step is what the decoding loops run per call: the network, the standardized
+  distribution of all k positions (`sampling.Standardizer`) and a draw (k = 1: the next token), or
+  every position read at one token and one draw (k > 1: a verification); at a greedy temperature
+  the argmax of the logits at every position, as the greedy loops do. One stage
+  [Stage(target, k)] is a step of the baseline (k = 1) or a verification (k = gamma + 1);
+  [Stage(drafter, 1, gamma), Stage(target, gamma + 1)] is the network work of one speculative
+  iteration, and [ProposalStage(drafter, gamma), Stage(target, gamma + 1)] that of a drafter
+  whose proposal is more than single network steps (it draws greedily when `temperature` is None).
+
+  `passes` is the call's last argument, traced: calls of the same stages that differ only in it
+  (`decode_step_calls`) share one compiled program and its caches.
+  """
+  fn, args = _stage_loop(stages, geometry, temperature, batch, seed)
+  return fn, (*args, jnp.int32(passes))
+
+
+def _stage_loop(
+    stages: Sequence[Stage | ProposalStage | StreamStage],
+    geometry: DecodeGeometry,
+    temperature: float | None,
+    batch: int,
+    seed: int,
+) -> tuple[Callable[..., Any], tuple]:
+  """`decode_step_call` less its last argument, the number of passes."""
+  width = max(stage.k for stage in stages)
+  for stage in stages:
+    geometry.check(stage.span)
+  vocab = stages[0].vocab_size
+  if any(stage.vocab_size != vocab for stage in stages):
+    raise ValueError(
+        "the stages' networks must share one vocabulary (they feed each other "
+        f"tokens), got sizes {[stage.vocab_size for stage in stages]}."
+    )
+  # The inputs are drawn on the host: eager jax.random calls would compile a program per shape.
+  draws = np.random.default_rng(seed)
+  encoder_tokens = _host_tokens(draws, vocab, (batch, geometry.encoder_length))
+  tokens = _host_tokens(draws, vocab, (batch, width))
+  # The stages without their parameters (passed as arguments): the programs' static structure.
+  templates = tuple(dataclasses.replace(stage, params=None) for stage in stages)
+  steps = geometry.steps_per_call
+  # One pass's uniforms [steps, batch, width], drawn again by every later pass.
+  u = jnp.asarray(draws.random((steps, batch, width), np.float32))
+  # As in the loops: a greedy temperature is static (argmax only), any other one is traced.
+  greedy = temperature is None or sampling.is_greedy(temperature)
+
+  def make_prepare():
+    def prepare(params, encoder_tokens, rng):
+      return [
+          stage.init_cache(p, encoder_tokens, geometry.cache_length, rng)
+          for stage, p in zip(templates, params)
+      ]
+
+    return jax.jit(prepare)
+
+  def make_run():
+    def run(params, caches, tokens, u, temp, passes):
+      standardize = sampling.Standardizer(0.0 if greedy else temp)
+
+      def step(i, carry):
+        caches, tokens = list(carry[0]), carry[1]
+        position = jnp.full((batch,), geometry.position, jnp.int32) + i % steps
+        for s, stage in enumerate(templates):
+          tokens, caches[s] = stage.run(
+              params[s], caches[s], tokens, position, u[i % steps], standardize, temperature
+          )
+        return caches, tokens
+
+      return jax.lax.fori_loop(0, passes * steps, step, (caches, tokens))[1]
+
+    return jax.jit(run)
+
+  # A target timed on 1, 2, ... tokens prepares one kind of cache: one program for all.
+  prepare = shared(
+      ("prepare", tuple(t.init_key for t in templates), geometry.cache_length), make_prepare
+  )
+  mode = None if temperature is None else greedy
+  run = shared(("run", templates, geometry, batch, mode), make_run)
+  params = [stage.params for stage in stages]
+  caches = prepare(params, encoder_tokens, jax.random.PRNGKey(seed))
+  return run, (params, caches, tokens, u, jnp.float32(temperature or 0.0))
+
+
+# Compiled functions, kept per process (`shared`).
+_PROGRAMS: dict[Hashable, Any] = {}
+
+
+def shared(key: Hashable, make: Callable[[], Any]) -> Any:
+  """The jitted function (or functions) kept under `key`, made by `make` the first time, so the
+  same program timed twice in one process compiles once: the step programs of `auto_shape` and
+  then of a sweep, a sweep per temperature, and `sweep.build_settings`' decoders, which
+  `auto_shape` times before the sweep does. A key holds what the program depends on without the
+  parameters, which stay out of it; a key that is not hashable (a drafter holding arrays) gets a
+  fresh function."""
+  try:
+    hash(key)
+  except TypeError:
+    return make()
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = make()
+  return _PROGRAMS[key]
+
+
+def decode_step_calls(
+    steps: Mapping[Hashable, Sequence[Stage]],
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    batch: int = 1,
+    seed: int = 0,
+) -> dict[Hashable, tuple[Callable[..., Any], tuple]]:
+  """The calls that time `name -> stages` (see `decode_step_call`): (name, passes) -> (fn, args)
+  for 1 and 1 + EXTRA_PASSES passes, the two of a name one compiled program on the same caches;
+  `marginal_step_timings` turns their times into step times."""
+  calls = {}
+  for name, stages in steps.items():
+    fn, args = _stage_loop(stages, geometry, temperature, batch, seed)
+    for passes in (1, 1 + EXTRA_PASSES):
+      calls[name, passes] = fn, (*args, jnp.int32(passes))
+  return calls
+
+
+def marginal_step_timings(
+    seconds: Mapping[Hashable, np.ndarray], geometry: DecodeGeometry
+) -> dict[Hashable, Timing]:
+  """Per-step times from the rounds of `decode_step_calls` ((name, passes) -> seconds [rounds]):
+  in each round, the call of 1 + EXTRA_PASSES passes minus the call of one pass, over the
+  EXTRA_PASSES x `geometry.steps_per_call` extra steps -> name -> Timing.
+  Raises ValueError if the extra steps took no measurable time (noise larger than the steps)."""
+  extra_steps = EXTRA_PASSES * geometry.steps_per_call
+  names = [name for name, passes in seconds if passes == 1]
+  timings = {
+      name: Timing.from_seconds((seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1]) / extra_steps)
+      for name in names
+  }
+  for name, timing in timings.items():
+    if timing.median_ms <= 0:
+      raise ValueError(
+          f"could not resolve the step time of {name}: {extra_steps} extra steps took "
+          f"a median of {timing.median_ms * extra_steps:.4f} ms, within the noise; "
+          "raise the repeats or steps_per_call."
+      )
+  return timings
+
+
+def time_decode_steps(
+    steps: Mapping[Hashable, Sequence[Stage]],
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    batch: int = 1,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    seed: int = 0,
+) -> dict[Hashable, Timing]:
+  """Per-loop-step times of `name -> stages` (see `decode_step_call`), all timed side by side
+  (`time_rounds`).
+
+  A step's time is the marginal one, as a decoding loop pays it: in each round, the time of a call
+  running 1 + EXTRA_PASSES passes over the geometry's `steps_per_call` positions minus that of a
+  call running one pass, divided by the EXTRA_PASSES x `steps_per_call` extra steps. What a call
+  pays once (dispatch, the copy of the cache into the loop, the encoder) cancels.
+  Raises ValueError if the extra steps took no measurable time (noise larger than the steps).
+  """
+  calls = decode_step_calls(steps, geometry, temperature=temperature, batch=batch, seed=seed)
+  return marginal_step_timings(time_rounds(calls, repeats=repeats, warmup=warmup), geometry)
+
+
+def decode_step_timing(
+    config: network.T5Config,
+    params: dict,
+    k: int,
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    batch: int = 1,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+    seed: int = 0,
+) -> Timing:
+  """Per-step time of `Transformer.decode` on k tokens [batch, k] (see `time_decode_steps`)."""
+  return time_decode_steps(
+      {"step": [Stage(config, params, k)]},
+      geometry,
+      temperature=temperature,
+      batch=batch,
+      repeats=repeats,
+      warmup=warmup,
+      seed=seed,
+  )["step"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCosts:
+  """Single-step timings of a (target, drafter) pair and the ratios Theorem 3.8 needs.
+
+  target_step, drafter_step: one token each; verify: gamma -> the target on gamma + 1 tokens;
+  iteration: gamma -> gamma drafter steps then the target on gamma + 1 tokens, timed together in
+  one loop: the network work of one speculative iteration as the loop pays it, where the two
+  networks evict each other's weights from the processor's caches.
+  """
+
+  geometry: DecodeGeometry
+  target_step: Timing
+  drafter_step: Timing
+  verify: dict[int, Timing]
+  iteration: dict[int, Timing]
+
+  @property
+  def c(self) -> float:
+    """The cost coefficient (Definition 3.7): drafter step time over target step time."""
+    return self.drafter_step.median_ms / self.target_step.median_ms
+
+  def verify_cost(self, gamma: int) -> float:
+    """Target time on gamma + 1 tokens over target time on 1 token (Theorem 3.8 assumes 1)."""
+    return self._get(self.verify, gamma).median_ms / self.target_step.median_ms
+
+  def iteration_cost(self, gamma: int) -> float:
+    """The network work of one iteration timed together, over the target's step: what
+    gamma * c + verify_cost would be if the two networks did not slow each other down."""
+    return self._get(self.iteration, gamma).median_ms / self.target_step.median_ms
+
+  def c_in_loop(self, gamma: int) -> float:
+    """What a draft costs inside the loop, in target steps: the iteration's time less the
+    verification's, over gamma; `c` is a drafter step timed alone."""
+    iteration = self._get(self.iteration, gamma).median_ms
+    return (
+        (iteration - self._get(self.verify, gamma).median_ms) / gamma / self.target_step.median_ms
+    )
+
+  def interference_ms(self, gamma: int) -> float:
+    """How much longer the iteration's network work takes together than its parts apart."""
+    apart = gamma * self.drafter_step.median_ms + self._get(self.verify, gamma).median_ms
+    return self._get(self.iteration, gamma).median_ms - apart
+
+  @staticmethod
+  def _get(timings: dict[int, Timing], gamma: int) -> Timing:
+    if gamma not in timings:
+      raise ValueError(f"no timing for gamma={gamma}: measured {sorted(timings)}.")
+    return timings[gamma]
+
+  def as_dict(self) -> dict:
+    gammas = sorted(self.verify)
+    return {
+        "geometry": dataclasses.asdict(self.geometry),
+        "c": self.c,
+        "verify_cost": {str(g): self.verify_cost(g) for g in gammas},
+        "iteration_cost": {str(g): self.iteration_cost(g) for g in gammas},
+        "c_in_loop": {str(g): self.c_in_loop(g) for g in gammas},
+        "interference_ms": {str(g): self.interference_ms(g) for g in gammas},
+        "target_step_ms": self.target_step.as_dict(),
+        "drafter_step_ms": self.drafter_step.as_dict(),
+        "verify_ms": {str(g): t.as_dict() for g, t in sorted(self.verify.items())},
+        "iteration_ms": {str(g): t.as_dict() for g, t in sorted(self.iteration.items())},
+    }
+
+
+def check_drafter(drafter: Any, name: str = "the drafter") -> None:
+  """Raises ValueError unless `drafter` is a `drafters.Drafter` (a T5 network's config is
+  not one: wrap it, `drafters.T5Drafter(config)`)."""
+  if not isinstance(drafter, drafters_lib.Drafter):
+    fix = (
+        f"wrap it: drafters.T5Drafter({type(drafter).__name__}(...))"
+        if isinstance(drafter, (network.T5Config, network.Transformer))
+        else "e.g. drafters.T5Drafter(config), or a pair's drafter (pairs.load_pair)"
+    )
+    raise ValueError(f"{name} must be a drafters.Drafter, got a {type(drafter).__name__}: {fix}.")
+
+
+def drafter_network(drafter: drafters_lib.Drafter) -> tuple[network.T5Config, int | None] | None:
+  """The network one drafter step runs -> (its config, E_target or None), or None when a
+  proposal is not gamma single steps of one T5 network (`ProposalStage` times it): the drafter's
+  `network_config` and `network_encoder_emb_dim` (a shared-encoder drafter's decoder reads the
+  target's encoder output)."""
+  check_drafter(drafter)
+  if drafter.network_config is None:
+    return None
+  return drafter.network_config, drafter.network_encoder_emb_dim
+
+
+def drafter_record(drafter: drafters_lib.Drafter) -> dict:
+  """What a results file records of a drafter: its network's T5Config fields (plus
+  encoder_emb_dim for a decoder reading the target's encoder output), or its kind and fields."""
+  stepped = drafter_network(drafter)
+  if stepped is None:
+    fields = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)}
+    return {
+        "kind": type(drafter).__name__,
+        **{
+            name: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            for name, value in fields.items()
+        },
+    }
+  config, encoder_emb_dim = stepped
+  record = dataclasses.asdict(config)
+  return record if encoder_emb_dim is None else {**record, "encoder_emb_dim": encoder_emb_dim}
+
+
+def cost_steps(
+    target_config: network.T5Config,
+    target_params: dict,
+    drafters: Mapping[str, tuple[drafters_lib.Drafter, dict]],
+    gammas: Sequence[int],
+) -> dict[Hashable, list[Stage | ProposalStage]]:
+  """The decode steps Theorem 3.8's costs need, name -> stages (see `decode_step_call`).
+
+  The target's single-token step and its steps on gamma + 1 tokens (every gamma), shared by the
+  drafters; each drafter's single-token step, except for a drafter that is the target itself (same
+  config, same parameter objects), whose step is the target's (c = 1); and for each drafter and
+  gamma, one iteration's network work together (`DecodeCosts.iteration`). A drafter whose
+  proposal is not single network steps (`drafter_network` None) is timed by its own `propose`
+  (`ProposalStage`): its step is a proposal of one draft, its iteration a proposal of gamma.
+
+  Args:
+    drafters: name -> (a `drafters.Drafter`, params).
+  """
+  if not gammas or min(gammas) < 1:
+    raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
+  gammas = sorted({int(g) for g in gammas})
+  steps = {("target", 1): [Stage(target_config, target_params, 1)]}
+  steps.update({("target", g + 1): [Stage(target_config, target_params, g + 1)] for g in gammas})
+  for name, (drafter, params) in drafters.items():
+    stepped = drafter_network(drafter)
+    if stepped is None:
+      steps[("drafter", name)] = [ProposalStage.of(drafter, params, 1, target_config.emb_dim)]
+      for g in gammas:
+        steps[("iteration", name, g)] = [
+            ProposalStage.of(drafter, params, g, target_config.emb_dim),
+            Stage(target_config, target_params, g + 1),
+        ]
+      continue
+    config, encoder_emb_dim = stepped
+    if not (config == target_config and encoder_emb_dim is None and params is target_params):
+      steps[("drafter", name)] = [Stage(config, params, 1, encoder_emb_dim=encoder_emb_dim)]
+    for g in gammas:
+      steps[("iteration", name, g)] = [
+          Stage(config, params, 1, g, encoder_emb_dim),
+          Stage(target_config, target_params, g + 1),
+      ]
+  return steps
+
+
+def costs_from_timings(
+    timings: Mapping[Hashable, Timing],
+    drafters: Sequence[str],
+    gammas: Sequence[int],
+    geometry: DecodeGeometry,
+) -> dict[str, DecodeCosts]:
+  """Step timings of `cost_steps`' names -> drafter name -> DecodeCosts."""
+  gammas = sorted({int(g) for g in gammas})
+  target_step = timings["target", 1]
+  verify = {g: timings["target", g + 1] for g in gammas}
+  return {
+      name: DecodeCosts(
+          geometry,
+          target_step,
+          timings.get(("drafter", name), target_step),
+          verify,
+          {g: timings["iteration", name, g] for g in gammas},
+      )
+      for name in drafters
+  }
+
+
+def measure_costs(
+    target_config: network.T5Config,
+    target_params: dict,
+    drafters: Mapping[str, tuple[network.T5Config, dict]],
+    gammas: Sequence[int],
+    geometry: DecodeGeometry,
+    *,
+    temperature: float | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    warmup: int = DEFAULT_WARMUP,
+) -> dict[str, DecodeCosts]:
+  """Costs of the target against each drafter (`cost_steps`), all timed side by side in
+  `geometry` (see `DecodeGeometry.for_decoding`); with a `temperature`, every step includes
+  standardizing and drawing from its logits, as the decoding loops do (see `decode_step_call`).
+
+  Args:
+    drafters: name -> (a `drafters.Drafter`, params).
+  Returns:
+    name -> DecodeCosts.
+  """
+  timings = time_decode_steps(
+      cost_steps(target_config, target_params, drafters, gammas),
+      geometry,
+      temperature=temperature,
+      repeats=repeats,
+      warmup=warmup,
+  )
+  return costs_from_timings(timings, list(drafters), gammas, geometry)

@@ -1,0 +1,670 @@
+r"""The timed sweep behind Table 2: a target, its drafters and every (temperature, gamma) against
+the baseline, on the same inputs.
+
+What is measured (`sweep`), for a target, its drafters and every (temperature, gamma), on
+identical inputs with the same rng, per example, every setting of one example timed side by side
+in the same rounds (`benchmark.time_calls`):
+  - the wall time of the baseline (`models.EncoderDecoderModel`, `decoding.temperature_sample`)
+    and of speculative decoding (`models.SpeculativeEncoderDecoderModel`): compilation excluded
+    (the first call at each input shape, then `warmup` untimed calls; later examples of a shape
+    already seen reuse the compiled, warm functions and are timed at once), the median (and IQR)
+    of `repeats` calls, each ended by `block_until_ready`. Examples may differ in encoder length
+    (`pad_to_buckets`: each padded to its own multiple of a bucket size, as a server buckets
+    requests, so a short input does not pay a long one's encoder and cross-attention);
+  - the wall time of each setting's prefill (`model.prefill`: encoders and caches, the work before
+    the decoding loop), once per encoder shape (`time_prefills`: PREFILL_REPEATS rounds side by
+    side before the shape's first example; a prefill's work depends on the shapes alone), the
+    timing of every example of that shape;
+  - the decoded tokens, each row's up to and including its first EOS (`decoding.decoded_lengths`);
+  - the speculative decode's own statistics (`decoding.SpeculativeStats`): alpha (mean beta),
+    tokens per target call, acceptance rate;
+and per drafter and temperature, on compiled decode steps at the run's encoder and cache lengths
+(`benchmark.DecodeCosts`, at the encoder length most examples have), timed between the examples
+(`cost_rounds_after`: cost_repeats rounds in all, spread evenly after the examples' decodes, so
+the costs and the decodes sample the same minutes of the machine):
+  - c, the drafter's single-token step time over the target's (Definition 3.7);
+  - the verification cost, the target on gamma + 1 tokens over the target on 1 token;
+  - the iteration cost, gamma drafter steps and the verification timed together in one loop, over
+    the target's step (apart they cost gamma * c + verification cost), and from it the cost of a
+    draft inside the loop, c in loop = (iteration - verification) / gamma in target steps.
+With cost_repeats=0 no decode step is compiled or timed, and the rows' step-cost figures (c, the
+verification and iteration costs, and the predictions made from them) are NaN: for a caller that
+measured the costs another way (`auto_shape.Auto`'s timed loops, as the demo's --gamma=auto).
+
+Each setting at each temperature becomes a `report.SpeedupRow` (report.py says what its speedups,
+predictions and efficiencies are). The settings (`SweepSetting`, crossed by `grid_settings`) are
+drafters, gammas, verifiers, draft-length rules and draft trees; the examples (`load_inputs`) come
+from a seqio task, a file of lines or random token ids.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import pathlib
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from speculative_t5x import draft_length
+from speculative_t5x import draft_shapes
+from speculative_t5x import drafters as drafters_lib
+from speculative_t5x import models
+from speculative_t5x import network
+from speculative_t5x import speculative
+from speculative_t5x import trees
+from speculative_t5x import validation
+from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import report
+from speculative_t5x.text import vocabularies
+
+BASELINE = "baseline"  # the settings' key of the baseline; speculative ones are (drafter, gamma).
+EXTRA_COST_ROUNDS = 10  # more rounds of the decode steps where one is within the noise,
+MAX_EXTRA_COST_ROUNDS = 30  # up to this many (`sweep`), before its error.
+RANDOM_TASK = "random"  # the task label of random inputs.
+# Rounds of each setting's prefill per encoder shape and temperature (`time_prefills`).
+PREFILL_REPEATS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """One way to decode: `predict(params, batch, rng, temperature) -> (decodes [B, L], aux)` and
+  `prefill(params, batch)`, both jitted, and their params."""
+
+  predict: Callable[..., Any]
+  prefill: Callable[..., Any]
+  params: Any
+
+
+# name -> (a `drafters.Drafter`, e.g. `drafters.T5Drafter(config)`; its params).
+Drafters = Mapping[str, tuple[drafters_lib.Drafter, Any]]
+
+
+Verifiers = Mapping[str, speculative.Verifier]
+DraftStops = Mapping[str, draft_length.DraftStop | None]
+DraftTrees = Mapping[str, trees.DraftTree]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepSetting:
+  """One speculative setting of a sweep: which drafter decodes, with what draft shape and
+  verifier, under which row label. A new axis of the benchmark is one more field here, passed on
+  by `model_kwargs`.
+
+  label: the rows' drafter label (`report.SpeedupRow.drafter`); drafter: a key of the sweep's
+  drafters; shape: a `draft_shapes.DraftShape` (`draft_shapes.Chain(gamma, draft_stop)`,
+  `draft_shapes.Tree(tree)`, or any other); verifier: None is the shape's default (Algorithm 1
+  for a chain, `speculative.TreeVerifier` for a tree).
+  """
+
+  label: str
+  drafter: str
+  shape: draft_shapes.DraftShape
+  verifier: speculative.Verifier | None = None
+
+  @property
+  def gamma(self) -> int:
+    """Drafts per call along one path: gamma of a chain, a tree's depth."""
+    return self.shape.depth
+
+  @property
+  def key(self) -> tuple[str, int]:
+    """Its key in `build_settings` and `Sweep.results`: (label, gamma)."""
+    return self.label, self.gamma
+
+  def model_kwargs(self) -> dict[str, Any]:
+    """The `models.SpeculativeEncoderDecoderModel` arguments it sets."""
+    return dict(draft_shape=self.shape, verifier=self.verifier)
+
+
+def grid_settings(
+    drafters: Iterable[str],
+    gammas: Sequence[int],
+    verifiers: Verifiers | None = None,
+    draft_stops: DraftStops | None = None,
+    draft_trees: DraftTrees | None = None,
+) -> list[SweepSetting]:
+  """Every drafter with every verifier, draft-length rule and gamma, then with every tree at its
+  depth. Labels: the drafter's name, then ', <verifier> verification' where several verifiers
+  are swept and ', <rule> draft length' where several rules are (the defaults: Algorithm 1,
+  static gamma); '<name>, tree <label>' for a tree (verified by the tree shape's default
+  verifier)."""
+  verifiers = verifiers or {"token": speculative.ALGORITHM_1}
+  draft_stops = draft_stops or {"static": None}
+  settings = []
+  for name in drafters:
+    for verifier_label, verifier in verifiers.items():
+      for stop_label, stop in draft_stops.items():
+        label = name
+        if len(verifiers) > 1:
+          label += f", {verifier_label} verification"
+        if len(draft_stops) > 1:
+          label += f", {stop_label} draft length"
+        settings += [
+            SweepSetting(label, name, draft_shapes.Chain(g, stop), verifier)
+            for g in sorted({*map(int, gammas)})
+        ]
+    for tree_label, tree in (draft_trees or {}).items():
+      settings.append(SweepSetting(f"{name}, tree {tree_label}", name, draft_shapes.Tree(tree)))
+  return settings
+
+
+def cost_gammas(settings: Sequence[SweepSetting]) -> list[int]:
+  """The 'gammas' whose verification the costs time: each setting's drafts per verification
+  (the target on that many + 1 tokens)."""
+  return sorted({setting.shape.num_drafts for setting in settings})
+
+
+def build_settings(
+    target_config: network.T5Config,
+    target_params: Any,
+    drafters: Drafters,
+    settings: Sequence[SweepSetting],
+    vocabulary: vocabularies.Vocabulary,
+) -> dict[Hashable, Setting]:
+  """BASELINE and each setting's key (label, gamma) -> Setting, the drafter's parameters in their
+  `Drafter.decode_params` form. The compiled functions are kept per process
+  (`benchmark.shared`), keyed by the configs, the drafter, the setting's model arguments and
+  the vocabulary's size and EOS id (all a decode reads of it): settings that differ only in their
+  drafter's parameters share them, and so do a later sweep and `auto_shape`'s timing of the loops
+  before it."""
+  validation.check_vocabulary(vocabulary, target_config.vocab_size, "vocabulary")
+  result = {BASELINE: Setting(*_decode_functions(target_config, vocabulary), target_params)}
+  decode_params = {}
+  for setting in settings:
+    drafter, drafter_params = drafters[setting.drafter]
+    benchmark.check_drafter(drafter, f"drafter {setting.drafter!r}")
+    if setting.drafter not in decode_params:
+      # The drafter's decode form (`Drafter.decode_params`), made once, as a user decoding many
+      # examples with the same parameters would.
+      decode_params[setting.drafter] = drafter.decode_params(drafter_params)
+    result[setting.key] = Setting(
+        *_decode_functions(target_config, vocabulary, drafter, setting.model_kwargs()),
+        {"target": target_params, "drafter": decode_params[setting.drafter]},
+    )
+  return result
+
+
+def _decode_functions(
+    target_config: network.T5Config,
+    vocabulary: vocabularies.Vocabulary,
+    drafter: drafters_lib.Drafter | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+  """(jitted predict, jitted prefill) of the baseline (no drafter) or of speculative decoding
+  with `model_kwargs`, kept per process (`build_settings`)."""
+  model_kwargs = dict(model_kwargs or {})
+
+  def make():
+    target = network.Transformer(target_config)
+    if drafter is None:
+      model = models.EncoderDecoderModel(target, vocabulary, vocabulary)
+    else:
+      model = models.SpeculativeEncoderDecoderModel(
+          target, drafter, vocabulary, vocabulary, **model_kwargs
+      )
+    return model.jit_predict(), model.jit_prefill()
+
+  key = ("decode", target_config, vocabulary.vocab_size, vocabulary.eos_id, drafter)
+  return benchmark.shared(key + tuple(model_kwargs.items()), make)
+
+
+def time_example(
+    decoders: Mapping[Hashable, Setting],
+    batch: Mapping[str, jax.Array],
+    rng: jax.Array,
+    temperature: float,
+    eos_id: int,
+    *,
+    repeats: int,
+    warmup: int = benchmark.DEFAULT_WARMUP,
+    compiled: bool = False,
+    prefills: Mapping[Hashable, benchmark.Timing] | None = None,
+) -> dict[Hashable, report.ExampleResult]:
+  """Every setting's decode of one example, timed side by side (`benchmark.time_calls`), with its
+  prefill -> key -> report.ExampleResult.
+
+  Args:
+    batch: {'encoder_input_tokens': [B, Le], 'decoder_input_tokens': [B, L]}.
+    warmup, compiled: as in `benchmark.time_calls` (compiled: every call ran before, at this
+      batch's shapes).
+    prefills: key -> the setting's prefill timed at this batch's shapes (`time_prefills`); None:
+      each prefill timed here, in the decodes' rounds.
+  """
+  calls = {}
+  for key, setting in decoders.items():
+    for part, call in example_calls(setting, batch, rng, temperature).items():
+      if part == "decode" or prefills is None:
+        calls[part, key] = call
+  outputs = {}
+  timings = benchmark.time_calls(
+      calls, repeats=repeats, warmup=warmup, compiled=compiled, outputs=outputs
+  )
+  results = {}
+  for key in decoders:
+    decodes, aux = outputs["decode", key]
+    prefill = timings["prefill", key] if prefills is None else prefills[key]
+    results[key] = report.ExampleResult.from_decode(
+        timings["decode", key], prefill, decodes, aux, eos_id
+    )
+  return results
+
+
+def time_prefills(
+    decoders: Mapping[Hashable, Setting], batch: Mapping[str, jax.Array]
+) -> dict[Hashable, benchmark.Timing]:
+  """Every setting's prefill at one batch's shapes, PREFILL_REPEATS rounds side by side, each
+  compiled first where it is not -> key -> benchmark.Timing. A prefill (the encoders over
+  [B, Le], empty caches for [B, L]) has no data-dependent work, so one timing serves every batch
+  of these shapes."""
+  calls = {key: _prefill_call(setting, batch) for key, setting in decoders.items()}
+  return benchmark.time_calls(calls, repeats=PREFILL_REPEATS, warmup=0)
+
+
+def _prefill_call(setting: Setting, batch: Mapping[str, jax.Array]) -> tuple[Callable, tuple]:
+  return setting.prefill, (setting.params, batch)
+
+
+def example_calls(
+    setting: Setting, batch: Mapping[str, jax.Array], rng: jax.Array, temperature: float
+) -> dict[str, tuple[Callable[..., Any], tuple]]:
+  """One setting's calls on one example, for `benchmark.time_rounds`: 'decode' and 'prefill' ->
+  (fn, args), the decode at `temperature` (a concrete greedy one runs the greedy program)."""
+  return {
+      "decode": (setting.predict, (setting.params, batch, rng, jnp.float32(temperature))),
+      "prefill": _prefill_call(setting, batch),
+  }
+
+
+def check_input_source(
+    task: str | None,
+    split: str,
+    input_file: str | None,
+    sentencepiece_model: str | None,
+    num_examples: int,
+) -> None:
+  """What `load_inputs` will read, checked without reading it: one source (a task or an input
+  file), a registered task with `split`, an input file and sentencepiece model that exist, and a
+  count of examples >= 0 (>= 1 for random inputs). Raises ValueError naming the fix."""
+  if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)):
+    raise ValueError(f"num_examples must be an integer >= 0, got {num_examples!r}.")
+  if num_examples < 0:
+    raise ValueError(f"num_examples must be >= 0 (0: every example), got {num_examples}.")
+  if task is not None and input_file is not None:
+    raise ValueError(f"give a task ({task}) or an input file ({input_file}), not both.")
+  if task is not None:
+    tasks = _tasks()
+    tasks.check_split(tasks.get_task(task), split, "the split")
+    return
+  if input_file is not None:
+    if not sentencepiece_model:
+      raise ValueError(f"the input file {input_file!r} needs a sentencepiece model to tokenize it.")
+    for path, what in ((input_file, "input file"), (sentencepiece_model, "sentencepiece model")):
+      if not os.path.isfile(path):
+        raise ValueError(f"the {what} {path!r} does not exist (or is not a file).")
+    return
+  if num_examples < 1:
+    raise ValueError(f"random inputs need num_examples >= 1, got {num_examples}.")
+
+
+def _tasks():
+  """speculative_t5x.text.tasks, imported where a task is read: seqio and TensorFlow load then, and
+  a sweep of an input file or of random inputs runs without them."""
+  try:
+    from speculative_t5x.text import tasks  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(
+        f"reading a seqio task needs seqio and TensorFlow, which cannot be imported here ({e}): "
+        "install the package with its dependencies (pip install -e .), or give an input file "
+        "or random inputs instead of a task."
+    ) from e
+  return tasks
+
+
+def load_inputs(
+    vocab_size: int,
+    task_feature_lengths: Mapping[str, int],
+    *,
+    task: str | None = None,
+    split: str = "test",
+    input_file: str | None = None,
+    sentencepiece_model: str | None = None,
+    num_examples: int = 0,
+    seed: int = 0,
+    eos_id: int = 1,
+) -> tuple[str, vocabularies.Vocabulary, np.ndarray]:
+  """A sweep's examples, from one of three sources:
+    - `task`: the 'inputs' of its `split` through the task's pipeline (truncated as in T5X), in
+      the task's vocabulary;
+    - `input_file`: its non-empty lines, tokenized with `sentencepiece_model`;
+    - neither: `num_examples` random ones (`benchmark.random_inputs`, seeded by `seed`).
+  `num_examples` caps the first two (0: all).
+
+  Args:
+    vocab_size: the models' vocabulary size (a task's or file's vocabulary must fit it).
+    task_feature_lengths: {'inputs': Le, 'targets': ...}.
+  Returns:
+    (task label, vocabulary, encoder inputs [N, Le] int32, EOS-ended and 0-padded).
+  """
+  check_input_source(task, split, input_file, sentencepiece_model, num_examples)
+  length = int(task_feature_lengths["inputs"])
+  if task:
+    tasks = _tasks()
+    seqio_task = tasks.get_task(task)
+    vocabulary = seqio_task.output_features["targets"].vocabulary
+    benchmark.check_vocabulary(vocabulary, vocab_size, f"task {task}")
+    return (
+        f"{task}:{split}",
+        vocabulary,
+        tasks.feature_arrays(
+            seqio_task, split, "inputs", task_feature_lengths, num_examples or None
+        ),
+    )
+  if input_file:
+    vocabulary = vocabularies.SentencePieceVocabulary(sentencepiece_model)
+    benchmark.check_vocabulary(vocabulary, vocab_size, sentencepiece_model)
+    lines = benchmark.read_lines(input_file, num_examples or None)
+    return (
+        pathlib.Path(input_file).stem,
+        vocabulary,
+        benchmark.encode_texts(lines, vocabulary, length),
+    )
+  return (
+      RANDOM_TASK,
+      vocabularies.PassThroughVocabulary(vocab_size, eos_id=eos_id),
+      benchmark.random_inputs(vocab_size, num_examples, length, seed, eos_id),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """What `sweep` measured.
+
+  rows: one per drafter, gamma and temperature (in that nesting); costs: temperature -> drafter ->
+  DecodeCosts (none with cost_repeats=0); results: temperature -> setting (BASELINE or
+  (drafter, gamma)) -> one report.ExampleResult per example; cost_rounds: the timed rounds behind each step cost (the
+  most at any temperature, more than cost_repeats where a step needed more to resolve).
+  """
+
+  rows: list[report.SpeedupRow]
+  costs: dict[float, dict[str, benchmark.DecodeCosts]]
+  results: dict[float, dict[Hashable, list[report.ExampleResult]]]
+  cost_rounds: int
+
+
+def _check_sweep(
+    target_config,
+    drafters,
+    settings,
+    temperatures,
+    encoder_inputs,
+    decode_length,
+    repeats,
+    cost_repeats,
+) -> None:
+  if not drafters:
+    raise ValueError("no drafters to sweep: give at least one name -> (drafter, params).")
+  for name, (drafter, _) in drafters.items():
+    benchmark.check_drafter(drafter, f"drafter {name!r}")
+    vocab_size = drafter.vocab_size
+    if vocab_size != target_config.vocab_size:
+      raise ValueError(
+          f"drafter {name!r} has vocab_size {vocab_size} but the target has "
+          f"{target_config.vocab_size}: speculative decoding needs one vocabulary (a drafter "
+          "whose vocab_size is unset takes the target's through `Drafter.for_target`, as "
+          "`pairs.load_pair` does)."
+      )
+  if not settings:
+    raise ValueError("no settings to sweep: give at least one (sweep.grid_settings).")
+  for setting in settings:
+    if not isinstance(setting, SweepSetting):
+      raise ValueError(
+          f"settings must be sweep.SweepSetting objects (sweep.grid_settings makes them), got "
+          f"{setting!r}."
+      )
+    if setting.drafter not in drafters:
+      raise ValueError(
+          f"setting {setting.label!r} names drafter {setting.drafter!r}, which is not one of "
+          f"the drafters {sorted(drafters)}."
+      )
+    if not isinstance(setting.shape, draft_shapes.DraftShape):
+      raise ValueError(
+          f"setting {setting.label!r}: shape must be a draft_shapes.DraftShape (e.g. "
+          f"draft_shapes.Chain(2) or draft_shapes.Tree((2, 1))), got {setting.shape!r}."
+      )
+  keys = [setting.key for setting in settings]
+  if len(set(keys)) != len(keys):
+    raise ValueError(f"two settings share a (label, gamma): {sorted(keys)}; give distinct labels.")
+  if not temperatures:
+    raise ValueError("no temperatures to sweep: give at least one (0 is greedy).")
+  shapes = [np.shape(x) for x in encoder_inputs]
+  if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+    raise ValueError(
+        "encoder_inputs must be one or more examples, each [batch, length] with both sizes "
+        f">= 1 (an array [examples, batch, length] is such a sequence), got shapes "
+        f"{sorted(set(shapes))[:4]} (one batch-1 example per row of x [N, Le]: pass x[:, None])."
+    )
+  if len({batch for batch, _ in shapes}) > 1:
+    raise ValueError(
+        f"the examples' batch sizes differ ({sorted({batch for batch, _ in shapes})}): a sweep "
+        "times one batch size; sweep each separately."
+    )
+  if min(decode_length, repeats) < 1 or cost_repeats < 0:
+    raise ValueError(
+        f"decode_length and repeats must be >= 1 and cost_repeats >= 0 (0: no step costs), got "
+        f"{decode_length}, {repeats} and {cost_repeats}."
+    )
+
+
+def encoder_lengths(encoder_inputs: Sequence[np.ndarray]) -> dict[int, int]:
+  """Examples [B, Le] -> {Le: how many examples have it}, by increasing Le."""
+  counts = collections.Counter(np.shape(x)[-1] for x in encoder_inputs)
+  return dict(sorted(counts.items()))
+
+
+def most_common_length(encoder_inputs: Sequence[np.ndarray]) -> int:
+  """The encoder length Le that most examples [B, Le] have (the longest of those tied): where
+  the decode steps behind the costs are timed."""
+  counts = encoder_lengths(encoder_inputs)
+  return max(counts, key=lambda length: (counts[length], length))
+
+
+def _resolved_step_timings(
+    calls: Mapping[Hashable, tuple[Callable[..., Any], tuple]],
+    seconds: Mapping[Hashable, list[np.ndarray]],
+    geometry: benchmark.DecodeGeometry,
+) -> tuple[dict[Hashable, benchmark.Timing], int]:
+  """`benchmark.marginal_step_timings` of the rounds timed between the examples, with more
+  rounds of `calls`, EXTRA_COST_ROUNDS at a time up to MAX_EXTRA_COST_ROUNDS, where a step is
+  too short for the machine's noise (a busy machine: a draft of 0.02 target steps, 16 extra
+  steps, did not resolve in 5 rounds beside two busy processes) -> (timings, extra rounds run).
+  Raises the ValueError that names the step if it still does not resolve."""
+  stacked = {key: np.concatenate(times) for key, times in seconds.items()}
+  extra = 0
+  while True:
+    try:
+      return benchmark.marginal_step_timings(stacked, geometry), extra
+    except ValueError:
+      if extra >= MAX_EXTRA_COST_ROUNDS:
+        raise
+      more = benchmark.time_rounds(calls, repeats=EXTRA_COST_ROUNDS, warmup=0, compiled=True)
+      stacked = {key: np.concatenate([stacked[key], more[key]]) for key in stacked}
+      extra += EXTRA_COST_ROUNDS
+
+
+def cost_rounds_after(cost_repeats: int, examples: int) -> list[int]:
+  """Rounds of the decode-step costs to time after each example's decodes: cost_repeats in all,
+  spread evenly, at least one after the first example (which compiles the steps), so more
+  examples add decodes, not cost rounds. Round r of the cost_repeats runs after example
+  floor(r * examples / cost_repeats): entry i is ceil((i + 1) R / N) - ceil(i R / N)."""
+  if cost_repeats < 1 or examples < 1:
+    raise ValueError(f"need cost_repeats >= 1 and examples >= 1, got {cost_repeats}, {examples}.")
+  return [
+      -(-(i + 1) * cost_repeats // examples) - -(-i * cost_repeats // examples)
+      for i in range(examples)
+  ]
+
+
+def pad_to_buckets(encoder_inputs: np.ndarray, multiple: int) -> list[np.ndarray]:
+  """Each example's encoder inputs cut to its own length bucket: [examples, B, Le] -> a list of
+  [B, Le_i], Le_i the example's longest row (up to its last non-padding token) rounded up to a
+  `multiple`, and at most Le. Only trailing padding (token 0) is removed, so every example keeps
+  every token; decoding a bucket gives what decoding it at Le gives, since the padding is masked.
+  A sweep compiles once per bucket."""
+  encoder_inputs = np.asarray(encoder_inputs)
+  if encoder_inputs.ndim != 3 or isinstance(multiple, bool) or int(multiple) < 1:
+    raise ValueError(
+        f"need encoder inputs [examples, batch, length] and a multiple >= 1, got shape "
+        f"{encoder_inputs.shape} and multiple {multiple!r}."
+    )
+  length = encoder_inputs.shape[-1]
+  buckets = []
+  for example in encoder_inputs:
+    used = np.nonzero(example.any(axis=0))[0]
+    end = int(used[-1]) + 1 if used.size else 1
+    buckets.append(example[:, : min(length, -(-end // multiple) * multiple)])
+  return buckets
+
+
+def sweep(
+    target_config: network.T5Config,
+    target_params: Any,
+    drafters: Drafters,
+    settings: Sequence[SweepSetting],
+    temperatures: Sequence[float],
+    encoder_inputs: np.ndarray,
+    decode_length: int,
+    *,
+    vocabulary: vocabularies.Vocabulary,
+    task: str,
+    seed: int = 0,
+    repeats: int = 3,
+    warmup: int = benchmark.DEFAULT_WARMUP,
+    cost_repeats: int = benchmark.DEFAULT_REPEATS,
+    steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
+    cost_geometry: benchmark.DecodeGeometry | None = None,
+    progress: bool = False,
+) -> Sweep:
+  """Measures every setting at every temperature against the baseline (the module docstring).
+
+  For each temperature, each example's decodes (the baseline and every speculative setting, with
+  the rng fold_in(PRNGKey(seed), example)) are timed side by side (`time_example`); after them,
+  the example's share of the cost_repeats rounds of the decode steps behind the costs
+  (`cost_rounds_after`; `benchmark.cost_steps`, at the examples' batch size, encoder length and
+  cache length, with the temperature's standardization and draw).
+
+  Args:
+    drafters: name -> (a `drafters.Drafter`, params).
+    settings: the speculative settings (`SweepSetting`; `grid_settings` crosses drafters,
+      gammas, verifiers, draft-length rules and trees), all timed side by side per example.
+    encoder_inputs: the examples, each [B, Le_i] int32, a batch of B rows (1 for Table 2); an
+      array [examples, B, Le], or examples of several lengths (`pad_to_buckets`).
+    decode_length: tokens decoded per row (the decoder input length).
+    vocabulary: the models' output vocabulary (its eos_id ends the decodes).
+    task: the rows' task label.
+    cost_repeats: rounds of the decode steps per temperature; 0: none compiled or timed (the
+      rows' step-cost figures NaN, the module docstring).
+    cost_geometry: where the decode steps behind the costs are timed; None: the examples' most
+      common encoder length, a cache for decode_length and the longest block, steps_per_call
+      steps. Give the geometry an earlier timing used (`auto_shape.Auto.choose`) and its
+      compiled step programs are reused (`benchmark.decode_step_calls`).
+    progress: show a progress bar over the examples.
+  Returns:
+    The rows, the costs, every example's results and the cost rounds.
+  """
+  temperatures = [float(t) for t in temperatures]
+  _check_sweep(
+      target_config,
+      drafters,
+      settings,
+      temperatures,
+      encoder_inputs,
+      decode_length,
+      repeats,
+      cost_repeats,
+  )
+  examples = len(encoder_inputs)
+  batch_size = np.shape(encoder_inputs[0])[0]
+  timed = cost_gammas(settings)
+  geometry, steps = None, {}
+  used = {setting.drafter: drafters[setting.drafter] for setting in settings}
+  if cost_repeats:
+    geometry = cost_geometry or benchmark.DecodeGeometry.for_decoding(
+        most_common_length(encoder_inputs), decode_length, max(timed) + 1, steps_per_call
+    )
+    geometry.check(max(timed) + 1)
+    steps = benchmark.cost_steps(target_config, target_params, used, timed)
+  decoders = build_settings(target_config, target_params, drafters, settings, vocabulary)
+  batches = [
+      {
+          "encoder_input_tokens": jnp.asarray(x, jnp.int32),
+          "decoder_input_tokens": jnp.zeros((batch_size, decode_length), jnp.int32),
+      }
+      for x in encoder_inputs
+  ]
+  rngs = [jax.random.fold_in(jax.random.PRNGKey(seed), i) for i in range(examples)]
+  cost_rounds = cost_rounds_after(cost_repeats, examples) if cost_repeats else [0] * examples
+  rounds_done = sum(cost_rounds)
+  results = {t: {key: [] for key in decoders} for t in temperatures}
+  costs = {}
+  bar = tqdm.tqdm(
+      total=len(temperatures) * examples, desc="examples", unit="example", disable=not progress
+  )
+  for temperature in temperatures:
+    calls = {}
+    if cost_repeats:
+      calls = benchmark.decode_step_calls(
+          steps, geometry, temperature=temperature, batch=batch_size
+      )
+    seconds = {key: [] for key in calls}
+    prefills = {}  # encoder shape -> key -> the setting's prefill timing (`time_prefills`)
+    for i, (batch, rng) in enumerate(zip(batches, rngs)):
+      # Only the first example of each shape compiles and warms up; the later ones reuse its
+      # executables.
+      shape = batch["encoder_input_tokens"].shape
+      first = shape not in prefills
+      if first:
+        prefills[shape] = time_prefills(decoders, batch)
+      for key, result in time_example(
+          decoders,
+          batch,
+          rng,
+          temperature,
+          vocabulary.eos_id,
+          repeats=repeats,
+          warmup=warmup if first else 0,
+          compiled=not first,
+          prefills=prefills[shape],
+      ).items():
+        results[temperature][key].append(result)
+      if cost_rounds[i]:
+        # The decode steps compile in the first example's rounds.
+        for key, times in benchmark.time_rounds(
+            calls, repeats=cost_rounds[i], warmup=warmup if i == 0 else 0, compiled=i > 0
+        ).items():
+          seconds[key].append(times)
+      bar.update()
+    costs[temperature] = {}
+    if cost_repeats:
+      timings, extra = _resolved_step_timings(calls, seconds, geometry)
+      rounds_done = max(rounds_done, sum(cost_rounds) + extra)
+      costs[temperature] = benchmark.costs_from_timings(timings, list(used), timed, geometry)
+  bar.close()
+  rows = [
+      report.SpeedupRow.from_results(
+          task,
+          setting.label,
+          t,
+          setting.shape,
+          costs[t].get(setting.drafter),
+          results[t][BASELINE],
+          results[t][setting.key],
+      )
+      for setting in settings
+      for t in temperatures
+  ]
+  return Sweep(rows, costs, results, rounds_done)

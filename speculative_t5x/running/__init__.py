@@ -1,0 +1,1 @@
+"""Running the method: inference on seqio tasks, partitioning, multi-host, output directories."""

@@ -1,0 +1,1 @@
+"""Text in and out: seqio tasks and metrics, vocabularies, the demo corpus."""

@@ -1,0 +1,1 @@
+"""Training: drafters and targets with optax (training.py), DistillSpec (distillation.py)."""
