@@ -45,9 +45,10 @@ from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import theory
-from speculative_t5x.measuring import benchmark
 from speculative_t5x.measuring import report
+from speculative_t5x.measuring import step_costs
 from speculative_t5x.measuring import sweep
+from speculative_t5x.measuring import workloads
 from speculative_t5x.running import run_dir
 
 EOS_ID = 1
@@ -72,7 +73,7 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("cost_repeats", 20, "Timed rounds per decode-step cost (c, verification).")
 flags.DEFINE_integer(
     "steps_per_call",
-    benchmark.DEFAULT_STEPS_PER_CALL,
+    step_costs.DEFAULT_STEPS_PER_CALL,
     "Decode steps per timed call when measuring c and the verification cost.",
 )
 flags.DEFINE_float("residual_scale", 0.1, "Scale of the target's decoder layers 1.. outputs.")
@@ -182,13 +183,13 @@ def main(argv):
       mlp_activations=("gelu", "linear"),
       dropout_rate=0.0,
   )
-  target_params, drafter_config, drafter_params = benchmark.truncated_copy_pair(
+  target_params, drafter_config, drafter_params = workloads.truncated_copy_pair(
       target_config, FLAGS.residual_scale, FLAGS.seed
   )
   vocabulary = seqio.PassThroughVocabulary(FLAGS.vocab_size, eos_id=EOS_ID)
   results, costs = [], {}
   for batch_size in [int(b) for b in FLAGS.batch_sizes]:
-    inputs = benchmark.random_tokens(
+    inputs = workloads.random_tokens(
         jax.random.PRNGKey(FLAGS.seed), FLAGS.vocab_size, (1, batch_size, FLAGS.input_length)
     )
     measured = sweep.sweep(

@@ -14,7 +14,7 @@ variants that each change one thing:
 
 Each jitted variant runs the chain `--steps` times in a fori_loop (the next input a function of
 the last output, so nothing is hoisted), timed against a loop of 1 + EXTRA_PASSES times as many
-steps (`benchmark.time_rounds`, side by side, the median of `--repeats` rounds): a step's marginal
+steps (`stopwatch.time_rounds`, side by side, the median of `--repeats` rounds): a step's marginal
 time. XLA flags change a process's compiler: pass them in XLA_FLAGS and run again, e.g.
 
   python benchmarks/bench_cpu_dots.py --output_dir=/tmp/dots
@@ -41,7 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import gin_utils
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.running import run_dir
 
 EMB, MLP, VOCAB, LAYERS = 512, 1024, 8000, 4
@@ -104,7 +105,7 @@ def chain(xp, params, x, variant: str, precision=None):
 
 
 def jitted(variant: str, params, k: int):
-  """(fn, args) for `benchmark.time_rounds`: passes x --steps chain steps in a fori_loop."""
+  """(fn, args) for `stopwatch.time_rounds`: passes x --steps chain steps in a fori_loop."""
   precision = jax.lax.Precision.HIGHEST if variant == "highest" else None
   base = "fused" if variant == "fused" else "separate"
 
@@ -118,7 +119,7 @@ def jitted(variant: str, params, k: int):
 
   x = jnp.ones((k, EMB), jnp.float32)
   device_params = jax.device_put(params)
-  return {p: (run, (device_params, x, jnp.int32(p))) for p in (1, 1 + benchmark.EXTRA_PASSES)}
+  return {p: (run, (device_params, x, jnp.int32(p))) for p in (1, 1 + step_costs.EXTRA_PASSES)}
 
 
 def numpy_call(params, k: int):
@@ -131,7 +132,7 @@ def numpy_call(params, k: int):
       y = y + 1e-3 * chain(np, params, y, "separate")[:, :EMB]
     return jnp.zeros(())  # time_rounds blocks on a jax value
 
-  return {p: (run, (p,)) for p in (1, 1 + benchmark.EXTRA_PASSES)}
+  return {p: (run, (p,)) for p in (1, 1 + step_costs.EXTRA_PASSES)}
 
 
 def main(argv):
@@ -146,7 +147,7 @@ def main(argv):
   output = run_dir.OutputDir(
       _OUTPUT_DIR.value, OUTPUTS, "--output_dir", flags.FLAGS.overwrite
   ).check()
-  load = benchmark.machine_load()
+  load = stopwatch.machine_load()
   params = weights()
   by_variant = {"separate": params, "highest": params, "fused": fused(params), "numpy": params}
   calls = {}
@@ -157,11 +158,11 @@ def main(argv):
       )
       calls.update({(variant, k, passes): call for passes, call in made.items()})
   start = time.perf_counter()
-  seconds = benchmark.time_rounds(calls, repeats=_REPEATS.value)
-  extra = benchmark.EXTRA_PASSES * _STEPS.value
+  seconds = stopwatch.time_rounds(calls, repeats=_REPEATS.value)
+  extra = step_costs.EXTRA_PASSES * _STEPS.value
   ms = {
-      (variant, k): benchmark.Timing.from_seconds(
-          (seconds[variant, k, 1 + benchmark.EXTRA_PASSES] - seconds[variant, k, 1]) / extra
+      (variant, k): stopwatch.Timing.from_seconds(
+          (seconds[variant, k, 1 + step_costs.EXTRA_PASSES] - seconds[variant, k, 1]) / extra
       ).median_ms
       for variant in VARIANTS
       for k in ks

@@ -1,20 +1,20 @@
 r"""Does the drafter slow the target down inside the loop by evicting its weights from the caches?
 
 Inside the speculative loop a drafter step and the target's verification, timed together, cost
-more than the two timed apart (`benchmark.DecodeCosts.interference_ms`). The explanation to test:
+more than the two timed apart (`step_costs.DecodeCosts.interference_ms`). The explanation to test:
 the drafter's weights and the target's (about 75 MB of decoder weights per step for the demo
 target) evict each other from the processor's last-level cache, so each runs from memory in the
 loop where, timed alone, its weights stayed cached.
 
 This isolates it. Beside the target's single-token step, a stage that does nothing but stream X MB
-of float32 weights through a matrix-vector product (`benchmark.StreamStage`: no attention, no cache, no logits)
+of float32 weights through a matrix-vector product (`step_costs.StreamStage`: no attention, no cache, no logits)
 is timed alone and together with the target step, for several X. If eviction is the cause, the
 extra time of the pair over its parts grows with X and, at the drafter's parameter bytes, is about
 the drafter's own interference, timed in the same rounds:
 
   interference(stage) = t(stage, then target step, in one loop step) - t(stage) - t(target step)
 
-Every step is timed as the benchmark times them (`benchmark.time_decode_steps`: marginal steps of
+Every step is timed as the benchmark times them (`step_costs.time_decode_steps`: marginal steps of
 jitted fori_loops, all calls side by side in the same rounds). Writes interference.json (with
 the machine's load before and after) into --output_dir and prints a table. Needs a quiet machine:
 it warns when the load average says otherwise.
@@ -39,7 +39,8 @@ import jax
 import numpy as np
 
 from speculative_t5x import gin_utils
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.running import run_dir
 from speculative_t5x.weights import pairs
 
@@ -80,29 +81,29 @@ def main(argv):
   written = run_dir.OutputDir(FLAGS.output_dir, OUTPUTS, "--output_dir", FLAGS.overwrite)
   written.check()  # before any work
   sizes = check_flags()
-  load = benchmark.machine_load()
-  warning = benchmark.busy_warning(load)
+  load = stopwatch.machine_load()
+  warning = stopwatch.busy_warning(load)
   if warning:
     print(warning, file=sys.stderr)
   logging.set_verbosity(logging.WARNING)
   config = pairs.PairConfig.from_pair_dir(FLAGS.pair_dir)
   pair = pairs.load_pair(config, 1)
-  target = benchmark.Stage(pair.target_config, pair.target_params, 1)
+  target = step_costs.Stage(pair.target_config, pair.target_params, 1)
   vocab = pair.target_config.vocab_size
-  drafter_steps = benchmark.cost_steps(
+  drafter_steps = step_costs.cost_steps(
       pair.target_config, pair.target_params, {"drafter": (pair.drafter, pair.drafter_params)}, [1]
   )
   drafter_stage = drafter_steps["drafter", "drafter"][0]
   stages = {
       "drafter": drafter_stage,
-      **{mb: benchmark.StreamStage.of_megabytes(mb, vocab) for mb in sizes},
+      **{mb: step_costs.StreamStage.of_megabytes(mb, vocab) for mb in sizes},
   }
   steps = {"target": [target]}
   for name, stage in stages.items():
     steps[name, "alone"] = [stage]
     steps[name, "with target"] = [stage, target]
-  geometry = benchmark.DecodeGeometry.for_decoding(FLAGS.encoder_length, FLAGS.decode_length, 2)
-  timings = benchmark.time_decode_steps(steps, geometry, temperature=0.0, repeats=FLAGS.repeats)
+  geometry = step_costs.DecodeGeometry.for_decoding(FLAGS.encoder_length, FLAGS.decode_length, 2)
+  timings = step_costs.time_decode_steps(steps, geometry, temperature=0.0, repeats=FLAGS.repeats)
   target_ms = timings["target"].median_ms
   rows = []
   for name, stage in stages.items():
@@ -128,7 +129,7 @@ def main(argv):
       "rows": rows,
       "timings": {str(k): t.as_dict() for k, t in timings.items()},
       "load_before": load,
-      "load_after": benchmark.machine_load(),
+      "load_after": stopwatch.machine_load(),
       "busy": warning is not None,
   }
   written.write({"interference.json": json.dumps(output, indent=2)})

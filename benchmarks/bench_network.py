@@ -6,8 +6,8 @@ configs/models/t5_1_1_<size>.gin; its activation dtype is overridden by --dtype 
 float32: bfloat16 matmuls are emulated, and several times slower, on CPUs; pass --dtype=config to
 keep the gin file's bfloat16).
 
-Per-step times follow `speculative_t5x.benchmark.time_decode_steps`, every k of a size timed side
-by side: jitted fori_loops of --steps_per_call steps and of 1 + benchmark.EXTRA_PASSES times as
+Per-step times follow `speculative_t5x.step_costs.time_decode_steps`, every k of a size timed side
+by side: jitted fori_loops of --steps_per_call steps and of 1 + step_costs.EXTRA_PASSES times as
 many (cache carried in place, as in the decoding loop), compilation excluded, one warm-up call,
 the median (and IQR) over --repeats rounds of their difference divided by the extra steps.
 
@@ -34,7 +34,8 @@ import jax
 
 from speculative_t5x import gin_utils
 from speculative_t5x import network  # noqa: F401  (registers network.T5Config with gin)
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import workloads
 from speculative_t5x.running import run_dir
 
 MODEL_GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs" / "models"
@@ -47,7 +48,7 @@ flags.DEFINE_list("ks", ["1", "4", "8"], "Tokens per decode call; must include 1
 flags.DEFINE_integer("repeats", 20, "Timed rounds per size; the median is reported.")
 flags.DEFINE_integer(
     "steps_per_call",
-    benchmark.DEFAULT_STEPS_PER_CALL,
+    step_costs.DEFAULT_STEPS_PER_CALL,
     "Decode steps per timed call (in a fori_loop); 1 times a single call.",
 )
 flags.DEFINE_enum(
@@ -109,7 +110,7 @@ def main(argv):
   ks = sorted({int(k) for k in FLAGS.ks})
   if 1 not in ks:
     raise ValueError(f"--ks={FLAGS.ks} must include 1: every ratio is time(k)/time(1).")
-  geometry = benchmark.DecodeGeometry.for_decoding(
+  geometry = step_costs.DecodeGeometry.for_decoding(
       FLAGS.encoder_length, FLAGS.decode_length, max(ks), FLAGS.steps_per_call
   )
   rows = []
@@ -117,10 +118,10 @@ def main(argv):
     config = load_config(size)
     if FLAGS.dtype != "config":
       config = config.replace(dtype=FLAGS.dtype)
-    params = benchmark.random_params(config, FLAGS.seed)
+    params = workloads.random_params(config, FLAGS.seed)
     # Every k of one size timed side by side: their ratios are the point.
-    ms = benchmark.time_decode_steps(
-        {k: [benchmark.Stage(config, params, k)] for k in ks},
+    ms = step_costs.time_decode_steps(
+        {k: [step_costs.Stage(config, params, k)] for k in ks},
         geometry,
         repeats=FLAGS.repeats,
         seed=FLAGS.seed,
@@ -151,7 +152,7 @@ def main(argv):
           "bench_network.md": f"Per-step time of one cached decode of k tokens, batch 1, random weights; encoder length "
           f"{geometry.encoder_length}, cache length {geometry.cache_length}, steps from position "
           f"{geometry.position}; marginal time per step (calls of {geometry.steps_per_call} and "
-          f"{(1 + benchmark.EXTRA_PASSES) * geometry.steps_per_call} steps), median over "
+          f"{(1 + step_costs.EXTRA_PASSES) * geometry.steps_per_call} steps), median over "
           f"{FLAGS.repeats} rounds ({jax.default_backend()}).\n\n{table}",
       }
   )

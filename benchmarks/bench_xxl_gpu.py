@@ -37,7 +37,7 @@ abstract arrays (jax.eval_shape and .lower(): nothing allocated, nothing compile
 the bytes. Results: results.json and results.md in --output_dir, rewritten after every stage, so
 a run stopped early keeps what it measured. Exit status 1 if a stage failed.
 
-Without TensorFlow (the GPU image), run it through scripts/run_without_tensorflow.py.
+It needs no TensorFlow (the GPU image has none): it reads no task, and decoding imports JAX alone.
 """
 
 from __future__ import annotations
@@ -69,7 +69,11 @@ import jax.numpy as jnp
 import numpy as np
 import seqio
 
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import step_costs
+
+from speculative_t5x.measuring import stopwatch
+
+from speculative_t5x.measuring import workloads
 import device_init
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters as drafters_lib
@@ -104,7 +108,7 @@ class Sizes:
   copy_megabytes: float
   default_compile_s: float
   hf_gamma: int
-  steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL
+  steps_per_call: int = step_costs.DEFAULT_STEPS_PER_CALL
 
 
 def _tiny(emb, heads, mlp, layers, vocab=512):
@@ -273,10 +277,10 @@ class Bench:
     self.drafters: dict[str, tuple[drafters_lib.Drafter, Any]] = {}
     self.gammas_timed = list(range(1, max(max(options.gammas), 7) + 1))
     max_k = max(max(self.gammas_timed), trees.DraftTree.from_branching(sizes.tree).num_nodes) + 1
-    self.geometry = benchmark.DecodeGeometry.for_decoding(
+    self.geometry = step_costs.DecodeGeometry.for_decoding(
         sizes.input_length, sizes.decode_length, max_k, sizes.steps_per_call
     )
-    inputs = benchmark.random_inputs(
+    inputs = workloads.random_inputs(
         self.target_config.vocab_size, options.num_examples, sizes.input_length, options.seed
     )
     self.batches = [
@@ -338,7 +342,7 @@ class Bench:
         "python": platform.python_version(),
         "target_config": dataclasses.asdict(self.target_config),
         "geometry": dataclasses.asdict(self.geometry),
-        "load_before": benchmark.machine_load(),
+        "load_before": stopwatch.machine_load(),
     }
 
   def compile_estimate(self, kind: str) -> float:
@@ -455,7 +459,7 @@ class Bench:
     """Marginal step timings of `steps` (name -> benchmark stages) at temperature t, compiling
     only those not compiled before; every name's timing is stored in self.steps."""
     new = {name: stages for name, stages in steps.items() if (t, name) not in self.calls}
-    for (name, passes), call in benchmark.decode_step_calls(
+    for (name, passes), call in step_costs.decode_step_calls(
         new, self.geometry, temperature=t
     ).items():
       self.calls[t, (name, passes)] = call
@@ -465,15 +469,15 @@ class Bench:
     calls = {
         (name, passes): self.calls[t, (name, passes)]
         for name in steps
-        for passes in (1, 1 + benchmark.EXTRA_PASSES)
+        for passes in (1, 1 + step_costs.EXTRA_PASSES)
     }
     try:
-      seconds = benchmark.time_rounds(calls, repeats=self.options.cost_repeats, warmup=1)
-      timings = benchmark.marginal_step_timings(seconds, self.geometry)
+      seconds = stopwatch.time_rounds(calls, repeats=self.options.cost_repeats, warmup=1)
+      timings = step_costs.marginal_step_timings(seconds, self.geometry)
     except ValueError as e:  # a step within the noise (tiny models on a busy CPU): once more
       self.log(f"  {e} Timing again with 3x the rounds.")
-      seconds = benchmark.time_rounds(calls, repeats=3 * self.options.cost_repeats, warmup=0)
-      timings = benchmark.marginal_step_timings(seconds, self.geometry)
+      seconds = stopwatch.time_rounds(calls, repeats=3 * self.options.cost_repeats, warmup=0)
+      timings = step_costs.marginal_step_timings(seconds, self.geometry)
     for name, timing in timings.items():
       self.steps[t, name] = timing
     return timings
@@ -524,20 +528,20 @@ class Bench:
       return self.setup()
     if stage.kind == "baseline":
       results = self.time_baseline(t)
-      self.time_steps(t, {("target", 1): [benchmark.Stage(self.target_config, self.params, 1)]})
+      self.time_steps(t, {("target", 1): [step_costs.Stage(self.target_config, self.params, 1)]})
       return self.baseline_summary(t, results)
     if stage.kind in ("chain", "tree"):
       return self.speculative_stage(stage)
     if stage.kind == "costs":
       steps = {
-          ("target", g + 1): [benchmark.Stage(self.target_config, self.params, g + 1)]
+          ("target", g + 1): [step_costs.Stage(self.target_config, self.params, g + 1)]
           for g in self.gammas_timed
       }
-      steps[("target", 1)] = [benchmark.Stage(self.target_config, self.params, 1)]
+      steps[("target", 1)] = [step_costs.Stage(self.target_config, self.params, 1)]
       for name in PAPER_DRAFTERS:
         drafter, params = self.drafter(name)
-        config, _ = benchmark.drafter_network(drafter)
-        steps[("drafter", name)] = [benchmark.Stage(config, params, 1)]
+        config, _ = step_costs.drafter_network(drafter)
+        steps[("drafter", name)] = [step_costs.Stage(config, params, 1)]
       timings = self.time_steps(t, steps)
       target = timings[("target", 1)].median_ms
       costs = {
@@ -605,25 +609,25 @@ class Bench:
     base = sweep.Setting(self.baseline_predict, self.baseline_prefill, self.params)
     results = self.decode({sweep.BASELINE: base, key: setting}, t)
     k = shape.num_drafts
-    config, encoder_emb_dim = benchmark.drafter_network(drafter)
+    config, encoder_emb_dim = step_costs.drafter_network(drafter)
     steps = {
-        ("target", 1): [benchmark.Stage(self.target_config, self.params, 1)],
-        ("target", k + 1): [benchmark.Stage(self.target_config, self.params, k + 1)],
+        ("target", 1): [step_costs.Stage(self.target_config, self.params, 1)],
+        ("target", k + 1): [step_costs.Stage(self.target_config, self.params, k + 1)],
         ("drafter", stage.drafter): [
-            benchmark.Stage(config, drafter_params, 1, encoder_emb_dim=encoder_emb_dim)
+            step_costs.Stage(config, drafter_params, 1, encoder_emb_dim=encoder_emb_dim)
         ],
     }
     iteration = {}
     if stage.kind == "chain":
       name = ("iteration", stage.drafter, stage.gamma)
       steps[name] = [
-          benchmark.Stage(config, drafter_params, 1, stage.gamma, encoder_emb_dim),
-          benchmark.Stage(self.target_config, self.params, stage.gamma + 1),
+          step_costs.Stage(config, drafter_params, 1, stage.gamma, encoder_emb_dim),
+          step_costs.Stage(self.target_config, self.params, stage.gamma + 1),
       ]
     timings = self.time_steps(t, steps)
     if stage.kind == "chain":
       iteration = {stage.gamma: timings[("iteration", stage.drafter, stage.gamma)]}
-    costs = benchmark.DecodeCosts(
+    costs = step_costs.DecodeCosts(
         self.geometry,
         timings[("target", 1)],
         timings[("drafter", stage.drafter)],
@@ -962,7 +966,7 @@ def run(options: Options) -> dict:
       bench.run_s.setdefault(stage.kind, []).append(max(0.0, took - compiled))
     bench.results["stages"].append(record)
     bench.write()
-  bench.results["run"]["load_after"] = benchmark.machine_load()
+  bench.results["run"]["load_after"] = stopwatch.machine_load()
   bench.results["failed"] = bench.failed
   bench.write()
   bench.log(f"wrote {bench.out / 'results.json'} and {bench.out / 'results.md'}")
@@ -1036,7 +1040,7 @@ def abstract_check(options: Options) -> dict:
         model,
         {"target": target, "drafter": params},
     )
-  result["geometry_position"] = benchmark.DecodeGeometry.for_decoding(
+  result["geometry_position"] = step_costs.DecodeGeometry.for_decoding(
       sizes.input_length, sizes.decode_length, 8
   ).position
   return result

@@ -12,7 +12,7 @@ reductions, conds...) and reports them per decode call and per loop iteration (=
 It prints the unprofiled wall time per call beside them. On XLA:CPU independent thunks run at once
 on the cores, so the thunk times can add up to more than the wall time, and a stage's share of
 thunk time is not its share of the wall time. What the drafter adds to the wall time is the
-benchmark's `c in loop` (`benchmark.DecodeCosts.c_in_loop`).
+benchmark's `c in loop` (`step_costs.DecodeCosts.c_in_loop`).
 
   python benchmarks/profile_loop.py [--pair_dir=demo_models] [--drafter=feature_drafter_128x1]
     [--gamma=3] [--temperature=0]
@@ -45,7 +45,7 @@ from speculative_t5x import draft_shapes
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import workloads
 from speculative_t5x.weights import pairs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ def main(argv):
   )
   decoder_params = {"temperature": _TEMPERATURE.value, "max_decode_steps": _STEPS.value}
   batch = {
-      "encoder_input_tokens": benchmark.random_inputs(
+      "encoder_input_tokens": workloads.random_inputs(
           pair.target_config.vocab_size, 1, INPUT_LENGTH, eos_id=EOS_ID
       ),
       "decoder_input_tokens": np.zeros((1, 2 * _STEPS.value), np.int32),

@@ -59,9 +59,10 @@ import numpy as np
 from speculative_t5x import draft_shapes
 from speculative_t5x import gin_utils
 from speculative_t5x import validation
-from speculative_t5x.measuring import benchmark
 from speculative_t5x.measuring import benchmark_config
 from speculative_t5x.measuring import report
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
 from speculative_t5x.running import multihost
 from speculative_t5x.running import run_dir
@@ -91,14 +92,14 @@ flags.DEFINE_integer("repeats", 3, "Timed decodes per example and setting.")
 flags.DEFINE_integer("warmup", 1, "Untimed decodes after the compiling one.")
 flags.DEFINE_integer(
     "cost_repeats",
-    benchmark.DEFAULT_REPEATS,
+    stopwatch.DEFAULT_REPEATS,
     "Timed rounds per decode-step measurement (c and the verification cost), "
     "spread evenly over the examples (sweep.cost_rounds_after: the first gets one, more "
     "examples than rounds leave some without).",
 )
 flags.DEFINE_integer(
     "steps_per_call",
-    benchmark.DEFAULT_STEPS_PER_CALL,
+    step_costs.DEFAULT_STEPS_PER_CALL,
     "Decode steps per timed call when measuring c and the verification cost.",
 )
 flags.DEFINE_string("input_file", None, "Text file, one input per line (default: random tokens).")
@@ -226,7 +227,7 @@ def write_costs(
               "command": sys.argv,
               "target_config": dataclasses.asdict(target),
               "load_before": load,
-              "load_after": benchmark.machine_load(),
+              "load_after": stopwatch.machine_load(),
               "costs": report.costs_as_dict(costs_by_temperature),
           },
           indent=2,
@@ -245,8 +246,8 @@ def main(argv):
   output = check_flags()
   setup = load_setup()
   inputs = None if FLAGS.costs_only else load_inputs(setup)
-  load = benchmark.machine_load()  # before anything of ours runs: other work on the machine.
-  warning = benchmark.busy_warning(load)
+  load = stopwatch.machine_load()  # before anything of ours runs: other work on the machine.
+  warning = stopwatch.busy_warning(load)
   if warning:
     print(warning, file=sys.stderr)
   pair, drafters = benchmark_config.load_models(setup, EOS_ID)
@@ -258,7 +259,7 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
   """The timings, staged in `output` and committed at the end (`run_dir.OutputDir`)."""
   gammas, temperatures = sorted(set(setup.gammas)), list(setup.temperatures)
   if FLAGS.costs_only:
-    geometry = benchmark.DecodeGeometry.for_decoding(
+    geometry = step_costs.DecodeGeometry.for_decoding(
         setup.task_feature_lengths["inputs"],
         setup.task_feature_lengths["targets"],
         max(gammas) + 1,
@@ -268,7 +269,7 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
     write_costs(
         output,
         {
-            t: benchmark.measure_costs(
+            t: step_costs.measure_costs(
                 pair.target_config,
                 pair.target_params,
                 drafters,
@@ -343,7 +344,7 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
       "warmup": FLAGS.warmup,
       "cost_rounds": result.cost_rounds,
       "target_config": dataclasses.asdict(pair.target_config),
-      "drafter_configs": {n: benchmark.drafter_record(d) for n, (d, _) in drafters.items()},
+      "drafter_configs": {n: step_costs.drafter_record(d) for n, (d, _) in drafters.items()},
       "checkpoint_path": setup.pair.checkpoint_path,
       "drafter_checkpoint_path": setup.pair.drafter_checkpoint_path,
       "weights": pair.sources,
@@ -355,7 +356,7 @@ def run(output, setup, inputs, pair, drafters, load, warning) -> None:
       "jax": jax.__version__,
       "machine": platform.platform(),
       "load_before": load,
-      "load_after": benchmark.machine_load(),
+      "load_after": stopwatch.machine_load(),
       "busy": warning is not None,
   }
   output.stage_text(
@@ -395,7 +396,7 @@ def choose_shapes(setup, pair, drafters, inputs, examples, gammas, vocabulary):
   costs reuse)."""
   auto = setup.auto
   decode_length = int(setup.task_feature_lengths["targets"])
-  geometry = benchmark.DecodeGeometry.for_decoding(
+  geometry = step_costs.DecodeGeometry.for_decoding(
       sweep.most_common_length(examples),
       decode_length,
       max(auto.max_block, max(gammas) + 1),

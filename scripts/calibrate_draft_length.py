@@ -3,7 +3,7 @@ r"""Chooses adaptive draft length's settings (most drafts gamma, confidence thre
 For each temperature: the target generates outputs for the inputs of a task split; the target and
 the pair's drafter are teacher-forced on them, giving per position the drafter's confidence and
 beta (`speculative_t5x.calibration`); the drafter's and the target's decode steps are timed on this
-machine at batch 1 (`benchmark.measure_costs`: verify_cost(gamma), and what a draft costs inside
+machine at batch 1 (`step_costs.measure_costs`: verify_cost(gamma), and what a draft costs inside
 the loop at each gamma, the price the model uses, beside c timed alone). The hardware-aware model
 then predicts tokens per target call and speedup for every (gamma, threshold) of a grid, and the
 best is written as a gin file to include after the run file, beside the best static gamma:
@@ -35,8 +35,9 @@ bootstrap.start()  # first: keeps JAX off an absent TPU, imports TensorFlow quie
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import validation
-from speculative_t5x.measuring import benchmark
 from speculative_t5x.measuring import calibration
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.text import tasks
 from speculative_t5x.weights import pairs
 
@@ -74,7 +75,7 @@ class CalibrationSetup:
   gammas: Sequence[int] = (1, 2, 3, 4, 5, 6, 7, 8)
   num_tokens: int = 5000
   batch_size: int = 32
-  cost_repeats: int = benchmark.DEFAULT_REPEATS
+  cost_repeats: int = stopwatch.DEFAULT_REPEATS
 
   def __post_init__(self):
     if not isinstance(self.pair, pairs.PairConfig) or self.pair.drafter is None:
@@ -112,15 +113,15 @@ class CalibrationSetup:
       raise gin_utils.ConfigError(f"MIXTURE_OR_TASK_NAME: {e}") from e
     targets = self.task_feature_lengths["targets"]
     try:  # the geometry measure_costs times the decode steps in
-      benchmark.DecodeGeometry.for_decoding(
+      step_costs.DecodeGeometry.for_decoding(
           self.task_feature_lengths["inputs"], targets, max(self.gammas) + 1
       )
     except ValueError as e:
       raise gin_utils.ConfigError(
           f"TASK_FEATURE_LENGTHS['targets'] = {targets} is too short to time the decode steps "
-          f"({e}): the costs are timed over {benchmark.DEFAULT_STEPS_PER_CALL} consecutive steps "
+          f"({e}): the costs are timed over {step_costs.DEFAULT_STEPS_PER_CALL} consecutive steps "
           f"of a decode that long; give a 'targets' length of at least "
-          f"{benchmark.DEFAULT_STEPS_PER_CALL - 1}."
+          f"{step_costs.DEFAULT_STEPS_PER_CALL - 1}."
       ) from e
 
 
@@ -142,7 +143,7 @@ def measure_positions(setup, pair, task, eos_id, temperature) -> calibration.Pos
 
 
 def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float], dict[int, float]]:
-  """(c, gamma -> c in the loop, gamma -> verify_cost) at batch 1, from `benchmark.measure_costs`
+  """(c, gamma -> c in the loop, gamma -> verify_cost) at batch 1, from `step_costs.measure_costs`
   (the drafter's step, or its proposal of one draft for a drafter without a network, the
   target's steps, and gamma drafter steps with the verification in one loop step, timed side by
   side). The calibration prices a draft at its cost in the loop: the iteration's time less the
@@ -151,12 +152,14 @@ def measure_costs(setup, pair, temperature) -> tuple[float, dict[int, float], di
   a difference of two times) is read as c."""
   gammas = sorted(set(setup.gammas))
   lengths = setup.task_feature_lengths
-  costs = benchmark.measure_costs(
+  costs = step_costs.measure_costs(
       pair.target_config,
       pair.target_params,
       {"drafter": (pair.drafter, pair.drafter_params)},
       gammas,
-      benchmark.DecodeGeometry.for_decoding(lengths["inputs"], lengths["targets"], max(gammas) + 1),
+      step_costs.DecodeGeometry.for_decoding(
+          lengths["inputs"], lengths["targets"], max(gammas) + 1
+      ),
       temperature=float(temperature),
       repeats=setup.cost_repeats,
   )["drafter"]

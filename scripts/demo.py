@@ -56,9 +56,11 @@ from speculative_t5x import speculative
 from speculative_t5x import trees
 from speculative_t5x import validation
 from speculative_t5x.measuring import auto_shape
-from speculative_t5x.measuring import benchmark
 from speculative_t5x.measuring import report
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
+from speculative_t5x.measuring import workloads
 from speculative_t5x.text import demo_data
 from speculative_t5x.text import vocabularies
 from speculative_t5x.weights import checkpoints
@@ -340,7 +342,7 @@ def read_test_pairs() -> list[tuple[str, str]]:
   a missing file or a line that is not English<TAB>German is a configuration error."""
   given = f"--test_file={_TEST_FILE.value}"
   try:
-    lines = benchmark.read_lines(_TEST_FILE.value, _NUM_EXAMPLES.value)
+    lines = workloads.read_lines(_TEST_FILE.value, _NUM_EXAMPLES.value)
   except (OSError, ValueError) as e:
     raise gin_utils.ConfigError(f"{given}: {e}") from e
   pairs_read = []
@@ -469,7 +471,7 @@ def _auto_settings(
     decode_length: int,
     vocabulary: vocabularies.Vocabulary,
     verifiers: dict[str, speculative.Verifier],
-    geometry: benchmark.DecodeGeometry,
+    geometry: step_costs.DecodeGeometry,
 ) -> tuple[list[sweep.SweepSetting], dict[str, auto_shape.Choice], float]:
   """--gamma=auto at one temperature: for each drafter, the acceptance per position along the
   target's own outputs for the first --alpha_examples of encoder_tokens [examples, Le] (one
@@ -521,13 +523,46 @@ def _timing_repeats(choices: dict[str, auto_shape.Choice], tokens: float, exampl
   return int(np.clip(_TIMING_BUDGET.value // max(per_repeat, 1e-9), 1, 3))
 
 
-def _auto_outcome(rows, choices: dict[float, dict[str, auto_shape.Choice]]) -> str:
-  """--gamma=auto: each row's predicted speedup beside the measured one, the loop's (prefill
-  taken off, what the prediction models), and what the paper's hardware changes."""
-  lines = []
+def _predicted(row, choices: dict[float, dict[str, auto_shape.Choice]]):
+  """(the auto Choice behind `row`, the Prediction for the row's shape)."""
+  choice = choices[row.temperature][row.drafter.split(", ")[0]]
+  return choice, next(p for p in choice.predictions if p.shape == row.shape)
+
+
+def _outcome(row, choices: dict[float, dict[str, auto_shape.Choice]]) -> str:
+  """A row's first line under --gamma=auto: what the decision gives on this machine. Where the
+  baseline is chosen, the shape timed beside it is what it would cost here, and why."""
+  choice, predicted = _predicted(row, choices)
+  head = f"  {row.drafter}, {row.shape.label}, temperature {row.temperature:g}: "
+  if predicted == choice.chosen:
+    return head + f"chosen here, speedup {row.speedup:.2f}x per token, measured"
+  if choice.shape is None:
+    tokens, steps = choice.costs.gamma + 1, choice.costs.verify_cost(choice.costs.gamma)
+    return head + (
+        f"the baseline is chosen here (1.00x by definition). Timed beside it, this shape runs at "
+        f"{row.speedup:.2f}x per token here: verifying {tokens} tokens costs {steps:.2f} target "
+        "steps on this machine, against about one on TPUs and GPUs"
+    )
+  return head + f"not chosen ({choice.chosen.label} is): {row.speedup:.2f}x per token here"
+
+
+def _summary(rows, choices: dict[float, dict[str, auto_shape.Choice]]) -> str:
+  """--gamma=auto: each row with its outcome, then each row's predicted speedup beside the
+  measured one in the loop (prefill taken off, what the prediction models)."""
+  outcomes = {}  # (temperature, drafter) -> what the decision gives here
   for row in rows:
-    choice = choices[row.temperature][row.drafter.split(", ")[0]]
-    predicted = next(p for p in choice.predictions if p.shape == row.shape)
+    choice, predicted = _predicted(row, choices)
+    key = row.temperature, row.drafter.split(", ")[0]
+    if choice.shape is None:
+      outcomes[key] = f"temperature {row.temperature:g}, the baseline, 1.00x"
+    elif predicted == choice.chosen and key not in outcomes:
+      outcomes[key] = f"temperature {row.temperature:g}, {row.shape.label}, {row.speedup:.2f}x"
+  lines = ["  What you get on this machine: " + "; ".join(outcomes.values()) + " per token."]
+  for row in rows:
+    detail = report.plain_summary([row]).splitlines()[1:]
+    lines += [_outcome(row, choices), *detail]
+  for row in rows:
+    choice, predicted = _predicted(row, choices)
     if predicted == choice.chosen:
       taken = "the auto choice"
     else:
@@ -547,6 +582,18 @@ def _auto_outcome(rows, choices: dict[float, dict[str, auto_shape.Choice]]) -> s
   return "\n".join(lines) + "\n"
 
 
+def repeats_itself(text: str, min_repeats: int = 4, max_words: int = 3) -> bool:
+  """Whether `text` holds a run of 1 to `max_words` words repeated `min_repeats` times in a row
+  (a greedy decode caught in a loop)."""
+  words = text.split()
+  for n in range(1, max_words + 1):
+    for start in range(len(words) - n * min_repeats + 1):
+      unit = words[start : start + n]
+      if all(words[start + k * n : start + (k + 1) * n] == unit for k in range(min_repeats)):
+        return True
+  return False
+
+
 def main(argv):
   if len(argv) > 1:
     raise gin_utils.ConfigError(f"unexpected arguments {argv[1:]}: all options are --flags")
@@ -556,19 +603,19 @@ def main(argv):
   gamma = _gamma()
   auto = _auto() if gamma is None and draft_trees is None else None
   test_pairs = None if _RANDOM_PAIR.value else read_test_pairs()
-  load = benchmark.machine_load()
+  load = stopwatch.machine_load()
   logging.set_verbosity(logging.WARNING)
   loaded, vocabulary, label = _demo_pairs()
   pair = next(iter(loaded.values()))
   target = pair.target_config
   if vocabulary is None:
     sources = references = None
-    encoder_tokens = benchmark.random_inputs(
+    encoder_tokens = workloads.random_inputs(
         target.vocab_size, _NUM_EXAMPLES.value, RANDOM_INPUT_LENGTH, eos_id=EOS_ID
     )
   else:
     sources, references = zip(*test_pairs)
-    encoder_tokens = benchmark.encode_texts(
+    encoder_tokens = workloads.encode_texts(
         [demo_data.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
     )
   examples = encoder_tokens[:, None]
@@ -595,7 +642,7 @@ def main(argv):
   geometry = None  # the sweep's own
   if auto is not None:
     # Auto's steps and the sweep's costs timed in one geometry: their programs compile once.
-    geometry = benchmark.DecodeGeometry.for_decoding(
+    geometry = step_costs.DecodeGeometry.for_decoding(
         sweep.most_common_length(examples),
         _DECODE_LENGTH.value,
         auto.max_block,
@@ -644,19 +691,21 @@ def main(argv):
     key = greedy[0].drafter, greedy[0].gamma
     outputs = results[greedy[0].temperature][key]
     for source, reference, output in list(zip(sources, references, outputs))[: _SHOW.value]:
-      print(
-          f"  EN  {source}\n  DE  {vocabulary.decode(output.decodes[0].tolist())}\n"
-          f"  ref {reference}\n"
-      )
+      german = vocabulary.decode(output.decodes[0].tolist())
+      print(f"  EN  {source}\n  DE  {german}\n  ref {reference}")
+      if repeats_itself(german):
+        print(
+            "  (it repeats itself: the small target's own greedy output, which speculative "
+            "decoding reproduces exactly)"
+        )
+      print()
   print(
       f"Speculative against baseline decoding, {len(encoder_tokens)} examples at batch 1 "
       f"(median of {repeats} run(s) each; before the run: 1-minute load average "
       f"{load['load_1m']:.2f}, other processes running {load['runnable_others']}):"
   )
-  print(report.plain_summary(rows), end="")
-  if choices:
-    print(_auto_outcome(rows, choices), end="")
-  warning = benchmark.busy_warning(load)
+  print(_summary(rows, choices) if choices else report.plain_summary(rows), end="")
+  warning = stopwatch.busy_warning(load)
   if warning:
     print(f"\n{warning}")
   if _VERBOSE.value:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import gin
@@ -35,7 +34,6 @@ from speculative_t5x import draft_length
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import sampling
 from speculative_t5x import speculative
-from speculative_t5x import theory
 from speculative_t5x import trees
 from speculative_t5x import validation
 
@@ -193,29 +191,9 @@ class DraftShape(abc.ABC):
 
   @abc.abstractmethod
   def describe(self) -> dict[str, Any]:
-    """What results files record of the shape: 'gamma' (D) and 'draft_tree' (a tree's parents,
-    None for a chain)."""
-
-  def expected_tokens(self, alpha: float) -> float:
-    """Tokens per target call at acceptance rate alpha in the paper's model (each draft accepted
-    independently with probability alpha), or NaN where the shape has none; the reports then
-    predict from the realized tokens per call only. The default: NaN."""
-    del alpha
-    return math.nan
-
-  def predicted_speedup(self, alpha: float, c: float, verify_cost: float = 1.0) -> float:
-    """Theorem 3.8's speedup at acceptance rate alpha and cost coefficient c, a verification
-    costing `verify_cost` target steps (the hardware-aware form; 1: the theorem's own), or NaN
-    where the shape has no `expected_tokens`. The default: NaN."""
-    del alpha, c, verify_cost
-    return math.nan
-
-  @property
-  def timed_iteration(self) -> int | None:
-    """The gamma whose `benchmark.DecodeCosts.iteration` (gamma drafter steps, then the target on
-    gamma + 1 tokens, in one loop step) is this shape's iteration, or None where none is. The
-    default: None."""
-    return None
+    """What results files record of the shape, and what reports ask of it: 'gamma' (D) and
+    'draft_tree' (a tree's parents, None for a chain of gamma drafts, which the paper's model
+    covers)."""
 
   def check(
       self,
@@ -288,19 +266,6 @@ class Chain(DraftShape):
 
   def describe(self) -> dict[str, Any]:
     return {"gamma": self.gamma, "draft_tree": None}
-
-  def expected_tokens(self, alpha: float) -> float:
-    """Eq. (1): (1 - alpha^(gamma + 1)) / (1 - alpha) (`theory.expected_tokens`). Under a
-    `draft_stop` rule, that of gamma, the most drafts a call proposes."""
-    return theory.expected_tokens(alpha, self.gamma)
-
-  def predicted_speedup(self, alpha: float, c: float, verify_cost: float = 1.0) -> float:
-    """`theory.speedup_hardware_aware` at gamma."""
-    return theory.speedup_hardware_aware(alpha, self.gamma, c, verify_cost)
-
-  @property
-  def timed_iteration(self) -> int:
-    return self.gamma
 
   def iterate(self, parts: Parts, position: Position, u: jax.Array) -> Iteration:
     """Drafts the chain (`Drafter.propose`), scores it, hands its features over (the whole block:
@@ -382,9 +347,8 @@ class Tree(DraftShape):
     return f"{self.tree.num_nodes} drafts in a tree of depth {self.tree.depth}"
 
   def describe(self) -> dict[str, Any]:
-    """Its depth as 'gamma' and its parents; a tree's tokens per call have no closed form in
-    alpha and its drafting rounds propose several nodes each, so `expected_tokens` is NaN and no
-    chain's timed iteration is its own."""
+    """Its depth as 'gamma' and its parents (a report predicts a tree from its realized tokens per
+    call: they have no closed form in alpha)."""
     return {"gamma": self.depth, "draft_tree": self.tree.parents}
 
   def check(self, verifier, drafter, move_target_cache) -> None:

@@ -19,8 +19,7 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
 # XLA:CPU at optimization level 0, with its older emitters in place of the fusion emitters. The
 # suite's programs are tiny, and on a fresh clone (an empty compilation cache) compiling them took
-# about 460 of its 1,231 s; under these flags the fresh suite takes 838 s (docs/results_cpu.md
-# 16.24). Both sides of every comparison run under them, and so do the scripts the tests start
+# about a third of its time under XLA's defaults. Both sides of every comparison run under them, and so do the scripts the tests start
 # (they inherit the variable). Flags already in XLA_FLAGS come later in the string, so they win.
 FAST_COMPILE = (
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "

@@ -1,4 +1,4 @@
-"""The Python API's bad inputs (issue 56), the mirror of `test_bad_inputs.py` for what a
+"""The Python API's bad inputs, the mirror of `test_bad_inputs.py` for what a
 researcher calls: the models' parameters (the target's checked as strictly as the drafter's), the
 entry points' inputs and knobs, the drafters' constructors and `fit`, the verifiers.
 

@@ -13,14 +13,16 @@ from speculative_t5x import speculative
 from speculative_t5x import table_drafters
 from speculative_t5x import validation
 from speculative_t5x.measuring import auto_shape
-from speculative_t5x.measuring import benchmark
 from speculative_t5x.measuring import calibration
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
+from speculative_t5x.measuring import workloads
 from speculative_t5x.weights import pairs
 
 
-def ms(value: float) -> benchmark.Timing:
-  return benchmark.Timing(value, value, value, 0.0, 3)
+def ms(value: float) -> stopwatch.Timing:
+  return stopwatch.Timing(value, value, value, 0.0, 3)
 
 
 def costs(verify_ms: dict[int, float], iteration_ms: float, gamma: int, step_ms: float = 2.0):
@@ -39,7 +41,7 @@ def expected_tokens(alpha: float, gamma: int) -> float:
 # Verification of M + 1 tokens: 2.4, 2.8, 3.2 ms against a 2 ms step (1.2, 1.4, 1.6 steps); an
 # iteration of 3 drafts 3.8 ms: 3 drafts cost 0.6 ms, a draft 0.1 target steps.
 CHEAP_VERIFY = costs({1: 2.4, 2: 2.8, 3: 3.2}, 3.8, 3)
-# Verification of 2-4 tokens costing 2.4 steps, as on the slow machine of issue 53.
+# Verification of 2-4 tokens costing 2.4 steps, as on a slow machine of the developers' kind.
 DEAR_VERIFY = costs({1: 4.8, 2: 4.8, 3: 4.8}, 5.4, 3)
 
 
@@ -240,7 +242,7 @@ def measured(monkeypatch):
 
 CONFIG = tiny_config(vocab_size=32)
 DRAFTER = drafters.T5Drafter(tiny_config(vocab_size=32, num_decoder_layers=1))
-GEOMETRY = benchmark.DecodeGeometry.for_decoding(8, 16, 4, 2)
+GEOMETRY = step_costs.DecodeGeometry.for_decoding(8, 16, 4, 2)
 
 
 def choose(auto, acceptance, params=None, temperature=0.0):
@@ -362,10 +364,10 @@ def test_bad_acceptance_and_a_chain_only_drafter_with_trees_are_refused(measured
 def test_a_real_measurement_on_a_tiny_pair():
   """The steps are compiled and timed on this machine: every cost is a positive time, the
   rounds fill the budget (at least MIN_ROUNDS), and the shared step programs compile once."""
-  target_params = benchmark.random_params(CONFIG, 0)
-  drafter_params = benchmark.random_params(DRAFTER.config, 1)
+  target_params = workloads.random_params(CONFIG, 0)
+  drafter_params = workloads.random_params(DRAFTER.config, 1)
   auto = auto_shape.Auto(max_gamma=2, budget_s=1.0)
-  geometry = benchmark.DecodeGeometry.for_decoding(8, 32, 3, 8)  # tiny steps: 8 per call
+  geometry = step_costs.DecodeGeometry.for_decoding(8, 32, 3, 8)  # tiny steps: 8 per call
   measured, compile_s, timing_s, rounds = auto.measure(
       CONFIG, target_params, DRAFTER, drafter_params, geometry, 1.0
   )
@@ -374,9 +376,9 @@ def test_a_real_measurement_on_a_tiny_pair():
   assert sorted(measured.verify) == [1, 2] and measured.gamma == 2
   assert measured.target_step.median_ms > 0 and measured.target_step.repeats == rounds
   assert all(measured.verify_cost(m) > 0 for m in (1, 2)) and measured.c_loop >= 0
-  steps = {("target", 2): [benchmark.Stage(CONFIG, target_params, 2)]}
-  first = benchmark.decode_step_calls(steps, geometry, temperature=1.0)
-  again = benchmark.decode_step_calls(steps, geometry, temperature=1.0)
+  steps = {("target", 2): [step_costs.Stage(CONFIG, target_params, 2)]}
+  first = step_costs.decode_step_calls(steps, geometry, temperature=1.0)
+  again = step_costs.decode_step_calls(steps, geometry, temperature=1.0)
   assert all(first[name][0] is again[name][0] for name in first)  # one compiled program
 
 
@@ -385,13 +387,13 @@ def test_a_real_measurement_of_the_loops_on_a_tiny_pair():
   them: every time positive, tokens per call within 1..D + 1, the verification at G + 1 tokens
   alone of the target's k-token steps; the decoders are the ones a sweep of the same vocabulary
   reuses."""
-  target_params = benchmark.random_params(CONFIG, 0)
-  drafter_params = benchmark.random_params(DRAFTER.config, 1)
+  target_params = workloads.random_params(CONFIG, 0)
+  drafter_params = workloads.random_params(DRAFTER.config, 1)
   vocabulary = seqio.PassThroughVocabulary(CONFIG.vocab_size, eos_id=1)
   tokens = np.random.default_rng(0).integers(2, CONFIG.vocab_size, (2, 8))
   inputs = auto_shape.LoopInputs(tokens, 8, vocabulary)
   auto = auto_shape.Auto(max_gamma=2, trees=[(2, 1)], budget_s=0.5)
-  geometry = benchmark.DecodeGeometry.for_decoding(8, 48, 5, 8)  # 32 extra steps: resolvable
+  geometry = step_costs.DecodeGeometry.for_decoding(8, 48, 5, 8)  # 32 extra steps: resolvable
   measured = auto.measure(CONFIG, target_params, DRAFTER, drafter_params, geometry, 0.0, inputs)[0]
   loop = measured.loop
   assert loop is not None and loop.inputs == 2
@@ -416,8 +418,8 @@ def test_a_real_measurement_of_the_loops_on_a_tiny_pair():
 def test_the_loops_time_each_inputs_decode_and_one_prefill_per_loop():
   """The inputs share their shapes, and so one prefill: each loop's is timed once per round and
   taken off every input's decode, not timed again per input. Nothing is compiled here."""
-  target_params = benchmark.random_params(CONFIG, 0)
-  drafter_params = benchmark.random_params(DRAFTER.config, 1)
+  target_params = workloads.random_params(CONFIG, 0)
+  drafter_params = workloads.random_params(DRAFTER.config, 1)
   vocabulary = seqio.PassThroughVocabulary(CONFIG.vocab_size, eos_id=1)
   inputs = auto_shape.LoopInputs(np.full((3, 8), 5), 8, vocabulary)
   calls = auto_shape._loop_calls(
@@ -450,11 +452,11 @@ def test_with_the_loops_timed_the_steps_are_greedy_at_every_temperature(monkeypa
     temperatures.append(temperature)
     raise Stop
 
-  monkeypatch.setattr(auto_shape.benchmark, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(auto_shape.step_costs, "decode_step_calls", decode_step_calls)
   vocabulary = seqio.PassThroughVocabulary(CONFIG.vocab_size, eos_id=1)
   inputs = auto_shape.LoopInputs(np.full((1, 8), 5), 8, vocabulary)
-  target_params = benchmark.random_params(CONFIG, 0)
-  drafter_params = benchmark.random_params(DRAFTER.config, 1)
+  target_params = workloads.random_params(CONFIG, 0)
+  drafter_params = workloads.random_params(DRAFTER.config, 1)
   for loop_inputs in (inputs, None):
     with pytest.raises(Stop):
       auto_shape.Auto(max_gamma=2).measure(

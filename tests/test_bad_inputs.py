@@ -926,7 +926,7 @@ def test_jit_predict_checks_every_call_before_its_compiled_function(unfiltered_t
 
 
 # ----------------------------------------------------------------------------- second round:
-# calibration, pairs, distillation settings and the scripts' flags (issue 26)
+# calibration, pairs, distillation settings and the scripts' flags
 
 
 _CONFIDENCE, _BETA = np.array([0.9, 0.2, 0.9]), np.array([0.5, 0.8, 1.0])
@@ -1406,7 +1406,7 @@ def test_a_bad_setting_stops_the_script_before_it_writes_anything(case, expected
 
 # ----------------------------------------------------------------------------- third round:
 # trees, adaptive draft length, the shared-encoder drafter, distillation, calibration, pairs,
-# training and the scripts' flags (issue 26, its own cases)
+# training and the scripts' flags (their own cases)
 
 _NEVER_WRITTEN = pathlib.Path(tempfile.gettempdir()) / "test_bad_inputs_refused_run"
 _SHARED = functools.partial(drafters.SharedEncoderDrafter, CONFIG)
@@ -2009,7 +2009,7 @@ THIRD_CASES = [
 ]
 
 
-# ---- stop rules of another dtype or shape (issue 26), refused where the model is built and where
+# ---- stop rules of another dtype or shape, refused where the model is built and where
 # the loop is called, before the loop is traced: the rule alone is traced, once, on abstract
 # arguments (logits [2, V], drafts [2]).
 

@@ -1,5 +1,6 @@
-"""The timing harness and its inputs (scripts/benchmark.py: tests/test_benchmark_script.py). No
-timing is asserted: speed is measured by the benchmarks, never by tests."""
+"""The timing harness (measuring/stopwatch.py, step_costs.py) and its inputs (workloads.py); the
+script: tests/test_benchmark_script.py. No timing is asserted: speed is measured by the
+benchmarks, never by tests."""
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +13,13 @@ from speculative_t5x import drafters
 from speculative_t5x import feature_drafter
 from speculative_t5x import network
 from speculative_t5x import table_drafters
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
+from speculative_t5x.measuring import workloads
 
 
 def test_timing_statistics_from_known_times():
-  timing = benchmark.Timing.from_seconds([0.004, 0.001, 0.003, 0.002, 0.005])
+  timing = stopwatch.Timing.from_seconds([0.004, 0.001, 0.003, 0.002, 0.005])
   assert (timing.median_ms, timing.min_ms, timing.max_ms, timing.repeats) == (3.0, 1.0, 5.0, 5)
   assert timing.iqr_ms == pytest.approx(2.0)  # percentiles 25 and 75 of 1..5 ms: 2 and 4.
   per_step = timing.per_step(4)
@@ -30,7 +33,7 @@ def test_time_calls_on_a_trivial_jitted_function():
     calls.append(None)  # runs at trace time only: one compilation.
     return x * 2
 
-  timing = benchmark.time_calls(
+  timing = stopwatch.time_calls(
       {"double": (jax.jit(double), (jnp.ones((8,)),))}, repeats=5, warmup=2
   )["double"]
   assert len(calls) == 1
@@ -50,16 +53,16 @@ def test_time_calls_times_every_call_in_every_round():
 
     return fn
 
-  timings = benchmark.time_calls(
+  timings = stopwatch.time_calls(
       {"a": (counting("a"), (jnp.ones(2),)), "b": (counting("b"), (jnp.ones(2),))},
       repeats=4,
       warmup=1,
   )
   assert runs == {"a": 6, "b": 6}  # compile call + 1 warm-up + 4 rounds, each
   assert {name: t.repeats for name, t in timings.items()} == {"a": 4, "b": 4}
-  benchmark.time_rounds({"a": (counting("a"), (jnp.ones(2),))}, repeats=2, warmup=0, compiled=True)
+  stopwatch.time_rounds({"a": (counting("a"), (jnp.ones(2),))}, repeats=2, warmup=0, compiled=True)
   assert runs["a"] == 8  # already compiled, no warm-up: the 2 rounds only
-  benchmark.time_calls({"b": (counting("b"), (jnp.ones(2),))}, repeats=3, warmup=0, compiled=True)
+  stopwatch.time_calls({"b": (counting("b"), (jnp.ones(2),))}, repeats=3, warmup=0, compiled=True)
   assert runs["b"] == 9  # time_calls passes `compiled` on: the 3 rounds only
 
 
@@ -72,7 +75,7 @@ def test_time_calls_keeps_each_calls_last_timed_result():
     return jnp.asarray(len(runs))
 
   outputs = {}
-  benchmark.time_calls({"f": (fn, (0,))}, repeats=3, warmup=1, outputs=outputs)
+  stopwatch.time_calls({"f": (fn, (0,))}, repeats=3, warmup=1, outputs=outputs)
   assert len(runs) == 5 and int(outputs["f"]) == 5  # compile, warm-up, 3 rounds: the 5th kept
 
 
@@ -80,7 +83,7 @@ def test_first_calls_run_each_functions_first_call_first(monkeypatch):
   """One thread (one core): the calls run in the order submitted, the first call of each
   function before any second one (which would wait for that function's compilation), and the
   outputs come back by name in the calls' order."""
-  monkeypatch.setattr(benchmark.os, "cpu_count", lambda: 1)
+  monkeypatch.setattr(stopwatch.os, "cpu_count", lambda: 1)
   order = []
 
   def f(x):
@@ -92,7 +95,7 @@ def test_first_calls_run_each_functions_first_call_first(monkeypatch):
     return jnp.asarray(10 * x)
 
   calls = {"f1": (f, (1,)), "f2": (f, (2,)), "g1": (g, (1,)), "f3": (f, (3,)), "g2": (g, (2,))}
-  outputs = benchmark.first_calls(calls)
+  outputs = stopwatch.first_calls(calls)
   assert order == [("f", 1), ("g", 1), ("f", 2), ("f", 3), ("g", 2)]
   assert list(outputs) == list(calls)
   assert [int(v) for v in outputs.values()] == [1, 2, 10, 3, 20]
@@ -102,8 +105,8 @@ def test_costs_from_the_seconds_of_the_step_calls():
   """Marginal step times (long call minus short call, per extra step) and the ratios of
   Theorem 3.8 from known call times: the arithmetic the benchmark script applies to the rounds
   it times between examples."""
-  geometry = benchmark.DecodeGeometry(4, 16, 0, 2)
-  extra = benchmark.EXTRA_PASSES * geometry.steps_per_call
+  geometry = step_costs.DecodeGeometry(4, 16, 0, 2)
+  extra = step_costs.EXTRA_PASSES * geometry.steps_per_call
   step_ms = {
       ("target", 1): 2.0,
       ("target", 3): 3.0,
@@ -113,19 +116,19 @@ def test_costs_from_the_seconds_of_the_step_calls():
   seconds = {}
   for name, ms in step_ms.items():  # a fixed 1 ms per call, plus the steps; 3 rounds each.
     seconds[name, 1] = np.full(3, 1e-3 + geometry.steps_per_call * ms * 1e-3)
-    seconds[name, 1 + benchmark.EXTRA_PASSES] = seconds[name, 1] + extra * ms * 1e-3
-  timings = benchmark.marginal_step_timings(seconds, geometry)
+    seconds[name, 1 + step_costs.EXTRA_PASSES] = seconds[name, 1] + extra * ms * 1e-3
+  timings = step_costs.marginal_step_timings(seconds, geometry)
   assert {name: pytest.approx(t.median_ms) for name, t in timings.items()} == step_ms
-  costs = benchmark.costs_from_timings(timings, ["d"], [2], geometry)["d"]
+  costs = step_costs.costs_from_timings(timings, ["d"], [2], geometry)["d"]
   assert costs.c == pytest.approx(0.25) and costs.verify_cost(2) == pytest.approx(1.5)
   assert costs.iteration_cost(2) == pytest.approx(2.25)  # 4.5 ms against 2 * 0.5 + 3 apart
   assert costs.interference_ms(2) == pytest.approx(0.5)
 
 
 def test_decode_costs_ratios_from_known_timings():
-  ms = lambda value: benchmark.Timing(value, value, value, 0.0, 1)  # noqa: E731
-  geometry = benchmark.DecodeGeometry(4, 8, 0, 1)
-  costs = benchmark.DecodeCosts(
+  ms = lambda value: stopwatch.Timing(value, value, value, 0.0, 1)  # noqa: E731
+  geometry = step_costs.DecodeGeometry(4, 8, 0, 1)
+  costs = step_costs.DecodeCosts(
       geometry,
       target_step=ms(2.0),
       drafter_step=ms(0.5),
@@ -143,7 +146,7 @@ def test_decode_costs_ratios_from_known_timings():
 def test_unresolvable_step_times_are_an_error(monkeypatch):
   """Extra steps that take no measurable time (noise larger than the steps) raise, naming it."""
   monkeypatch.setattr(
-      benchmark, "time_rounds", lambda calls, **kwargs: {name: np.full(3, 0.002) for name in calls}
+      stopwatch, "time_rounds", lambda calls, **kwargs: {name: np.full(3, 0.002) for name in calls}
   )
   config = network.T5Config(
       vocab_size=8,
@@ -156,9 +159,9 @@ def test_unresolvable_step_times_are_an_error(monkeypatch):
   )
   params = network.init_params(config, jax.random.PRNGKey(0))
   with pytest.raises(ValueError, match="could not resolve the step time of step"):
-    benchmark.time_decode_steps(
-        {"step": [benchmark.Stage(config, params, 1)]},
-        benchmark.DecodeGeometry(4, 8, 0, 2),
+    step_costs.time_decode_steps(
+        {"step": [step_costs.Stage(config, params, 1)]},
+        step_costs.DecodeGeometry(4, 8, 0, 2),
         repeats=3,
     )
 
@@ -173,9 +176,9 @@ def test_decode_step_stages_must_share_a_vocabulary():
       head_dim=4,
       mlp_dim=4,
   )
-  stages = [benchmark.Stage(small, {}, 1), benchmark.Stage(small.replace(vocab_size=9), {}, 2)]
+  stages = [step_costs.Stage(small, {}, 1), step_costs.Stage(small.replace(vocab_size=9), {}, 2)]
   with pytest.raises(ValueError, match="share one vocabulary"):
-    benchmark.decode_step_call(stages, benchmark.DecodeGeometry(4, 8, 0, 1))
+    step_costs.decode_step_call(stages, step_costs.DecodeGeometry(4, 8, 0, 1))
 
 
 def test_a_shared_encoder_stage_times_its_decoder_on_a_t5_shaped_cache():
@@ -186,8 +189,8 @@ def test_a_shared_encoder_stage_times_its_decoder_on_a_t5_shaped_cache():
       vocab_size=8, emb_dim=4, num_heads=1, num_decoder_layers=1, head_dim=4, mlp_dim=4
   )
   stages = {
-      "t5": benchmark.Stage(config, network.init_params(config, jax.random.PRNGKey(0))),
-      "shared": benchmark.Stage(
+      "t5": step_costs.Stage(config, network.init_params(config, jax.random.PRNGKey(0))),
+      "shared": step_costs.Stage(
           config,
           network.shared_encoder_init_params(config, 12, jax.random.PRNGKey(0)),
           encoder_emb_dim=12,
@@ -196,7 +199,7 @@ def test_a_shared_encoder_stage_times_its_decoder_on_a_t5_shaped_cache():
   caches = {}
   for name, stage in stages.items():
     assert isinstance(stage.module, network.Transformer) == (name == "t5")
-    fn, args = benchmark.decode_step_call([stage], benchmark.DecodeGeometry(3, 6, 0, 2))
+    fn, args = step_costs.decode_step_call([stage], step_costs.DecodeGeometry(3, 6, 0, 2))
     assert fn(*args).shape == (1, 1)
     caches[name] = jax.tree.map(lambda x: (x.shape, x.dtype), args[1])
   assert caches["shared"] == caches["t5"]
@@ -205,56 +208,56 @@ def test_a_shared_encoder_stage_times_its_decoder_on_a_t5_shaped_cache():
 @pytest.mark.parametrize("repeats, warmup", [(0, 1), (3, -1)])
 def test_time_calls_rejects_bad_counts(repeats, warmup):
   with pytest.raises(ValueError, match="repeats >= 1 and warmup >= 0"):
-    benchmark.time_calls({"id": (jax.jit(lambda x: x), (1.0,))}, repeats=repeats, warmup=warmup)
+    stopwatch.time_calls({"id": (jax.jit(lambda x: x), (1.0,))}, repeats=repeats, warmup=warmup)
 
 
 def test_decode_geometry_fits_the_timed_blocks():
-  geometry = benchmark.DecodeGeometry.for_decoding(
+  geometry = step_costs.DecodeGeometry.for_decoding(
       encoder_length=16, decode_length=32, max_k=8, steps_per_call=8
   )
   assert (geometry.cache_length, geometry.position) == (40, 16)
   geometry.check(8)
-  short = benchmark.DecodeGeometry.for_decoding(4, 4, max_k=3, steps_per_call=2)
+  short = step_costs.DecodeGeometry.for_decoding(4, 4, max_k=3, steps_per_call=2)
   assert short.position + short.steps_per_call - 1 + 3 <= short.cache_length
   with pytest.raises(ValueError, match="lower steps_per_call"):
-    benchmark.DecodeGeometry.for_decoding(4, 2, max_k=3, steps_per_call=8)
+    step_costs.DecodeGeometry.for_decoding(4, 2, max_k=3, steps_per_call=8)
 
 
 def test_random_drafter_kinds():
   target, drafter = tiny_config(16), object()  # the drafter is only passed through
   target_params, drafter_params = {"w": np.ones(2)}, {"w": np.zeros(2)}
   args = (target, target_params, drafter, drafter_params)
-  copy, copy_params = benchmark.random_drafter("copy", *args)
+  copy, copy_params = workloads.random_drafter("copy", *args)
   assert isinstance(copy, drafters.T5Drafter) and copy.network_config == target
   assert copy_params is target_params
-  assert benchmark.random_drafter("independent", *args) == (drafter, drafter_params)
+  assert workloads.random_drafter("independent", *args) == (drafter, drafter_params)
   with pytest.raises(ValueError, match="unknown random drafter kind 'twin'"):
-    benchmark.random_drafter("twin", *args)
+    workloads.random_drafter("twin", *args)
 
 
 def test_random_tokens_avoid_special_ids():
-  tokens = np.asarray(benchmark.random_tokens(jax.random.PRNGKey(0), 6, (4, 50)))
+  tokens = np.asarray(workloads.random_tokens(jax.random.PRNGKey(0), 6, (4, 50)))
   assert tokens.dtype == np.int32 and tokens.shape == (4, 50)
   assert tokens.min() >= 3 and tokens.max() < 6
 
 
 def test_host_tokens_avoid_special_ids_and_follow_the_generator():
-  tokens = np.asarray(benchmark._host_tokens(np.random.default_rng(0), 6, (4, 50)))
+  tokens = np.asarray(workloads.host_tokens(np.random.default_rng(0), 6, (4, 50)))
   assert tokens.dtype == np.int32 and tokens.shape == (4, 50)
   assert tokens.min() >= 3 and tokens.max() < 6 and len(np.unique(tokens)) == 3
-  again = np.asarray(benchmark._host_tokens(np.random.default_rng(0), 6, (4, 50)))
+  again = np.asarray(workloads.host_tokens(np.random.default_rng(0), 6, (4, 50)))
   np.testing.assert_array_equal(tokens, again)
 
 
 def test_random_inputs_end_in_eos_then_padding():
-  inputs = benchmark.random_inputs(vocab_size=20, num_examples=5, length=8, seed=3, eos_id=1)
+  inputs = workloads.random_inputs(vocab_size=20, num_examples=5, length=8, seed=3, eos_id=1)
   assert inputs.dtype == np.int32 and inputs.shape == (5, 8)
   for row in inputs:
     n = int(np.flatnonzero(row == 1)[0]) + 1  # one EOS, after n - 1 ordinary tokens
     assert 4 <= n <= 8 and np.all(row[: n - 1] >= 3) and np.all(row[n:] == 0)
-  np.testing.assert_array_equal(inputs, benchmark.random_inputs(20, 5, 8, seed=3))
+  np.testing.assert_array_equal(inputs, workloads.random_inputs(20, 5, 8, seed=3))
   with pytest.raises(ValueError, match="num_examples >= 1"):
-    benchmark.random_inputs(20, 0, 8)
+    workloads.random_inputs(20, 0, 8)
 
 
 class _CharVocabulary:
@@ -268,29 +271,29 @@ class _CharVocabulary:
 
 
 def test_encode_texts_pads_and_names_texts_that_do_not_fit():
-  inputs = benchmark.encode_texts(["ab", "abcdefghij"], _CharVocabulary())
+  inputs = workloads.encode_texts(["ab", "abcdefghij"], _CharVocabulary())
   assert inputs.shape == (2, 16)  # 11 tokens with EOS, rounded up to a multiple of 8
   assert list(inputs[0, :4]) == [ord("a") % 50 + 3, ord("b") % 50 + 3, 1, 0]
-  assert benchmark.encode_texts(["ab"], _CharVocabulary(), length=5).shape == (1, 5)
+  assert workloads.encode_texts(["ab"], _CharVocabulary(), length=5).shape == (1, 5)
   with pytest.raises(
       ValueError,
       match=r"1 of the 2 inputs \(first: input 2, 11 tokens with EOS"
       r".*exceed the 'inputs' length 8",
   ):
-    benchmark.encode_texts(["ab", "abcdefghij"], _CharVocabulary(), length=8)
+    workloads.encode_texts(["ab", "abcdefghij"], _CharVocabulary(), length=8)
 
 
 def test_read_lines_and_check_vocabulary(tmp_path):
   path = tmp_path / "lines.txt"
   path.write_text(" one \n\ntwo\nthree\n")
-  assert benchmark.read_lines(str(path)) == ["one", "two", "three"]
-  assert benchmark.read_lines(str(path), 2) == ["one", "two"]
+  assert workloads.read_lines(str(path)) == ["one", "two", "three"]
+  assert workloads.read_lines(str(path), 2) == ["one", "two"]
   path.write_text("\n \n")
   with pytest.raises(ValueError, match="has no non-empty lines"):
-    benchmark.read_lines(str(path))
-  benchmark.check_vocabulary(_CharVocabulary(), 53, "chars")
+    workloads.read_lines(str(path))
+  workloads.check_vocabulary(_CharVocabulary(), 53, "chars")
   with pytest.raises(ValueError, match="chars has 53 pieces but the models' vocab_size is 40"):
-    benchmark.check_vocabulary(_CharVocabulary(), 40, "chars")
+    workloads.check_vocabulary(_CharVocabulary(), 40, "chars")
 
 
 def test_truncated_copy_pair_shares_the_first_decoder_layer():
@@ -304,8 +307,8 @@ def test_truncated_copy_pair_shares_the_first_decoder_layer():
       mlp_dim=8,
       dropout_rate=0.0,
   )
-  target, drafter_config, drafter = benchmark.truncated_copy_pair(config, 0.5, seed=0)
-  original = benchmark.random_params(config, 0)
+  target, drafter_config, drafter = workloads.truncated_copy_pair(config, 0.5, seed=0)
+  original = workloads.random_params(config, 0)
   assert drafter_config == config.replace(num_decoder_layers=1)
   assert sorted(name for name in drafter["decoder"] if name.startswith("layers_")) == ["layers_0"]
   assert drafter["decoder"]["layers_0"] is target["decoder"]["layers_0"]
@@ -336,16 +339,16 @@ def test_a_drafter_without_single_network_steps_is_timed_by_its_own_proposal():
       "feature": (feature, feature.init_params(jax.random.PRNGKey(1), {})),
       "bigram": (bigram, bigram.init_params(jax.random.PRNGKey(1), {})),
   }
-  steps = benchmark.cost_steps(target, target_params, pool, [2])
+  steps = step_costs.cost_steps(target, target_params, pool, [2])
   for name in pool:
     assert [type(s).__name__ for s in steps["drafter", name]] == ["ProposalStage"]
     assert [s.gamma for s in steps["drafter", name]] == [1]
     assert [type(s).__name__ for s in steps["iteration", name, 2]] == ["ProposalStage", "Stage"]
-  geometry = benchmark.DecodeGeometry(3, 10, 3, 2)
-  proposal = benchmark.ProposalStage.of(feature, pool["feature"][1], 2, 8)
-  fn, args = benchmark.decode_step_call([proposal], geometry, temperature=1.0)
+  geometry = step_costs.DecodeGeometry(3, 10, 3, 2)
+  proposal = step_costs.ProposalStage.of(feature, pool["feature"][1], 2, 8)
+  fn, args = step_costs.decode_step_call([proposal], geometry, temperature=1.0)
   assert set(np.asarray(fn(*args)).ravel().tolist()) <= {5, 6}
-  record = benchmark.drafter_record(feature)
+  record = step_costs.drafter_record(feature)
   assert record["kind"] == "FeatureDrafter" and record["config"]["emb_dim"] == 4
   assert record["draft_vocab"] == (5, 6)
 
@@ -354,32 +357,32 @@ def test_a_stream_stage_reads_its_megabytes_and_passes_the_tokens_on():
   """The stage that stands in for a drafter's weights: X MB of float32, every byte read by a
   matrix-vector product each step, timed in the harness's loop beside a target step, where it
   leaves the target's input tokens as they were (the target's own steps are unchanged)."""
-  stream = benchmark.StreamStage.of_megabytes(0.5, vocab_size=32)
+  stream = step_costs.StreamStage.of_megabytes(0.5, vocab_size=32)
   assert stream.params.size * 4 == 0.5 * 2**20 and stream.params.dtype == jnp.float32
   target = network.T5Config(
       vocab_size=32, emb_dim=8, num_heads=1, num_decoder_layers=1, head_dim=4, mlp_dim=8
   )
-  stage = benchmark.Stage(target, network.init_params(target, jax.random.PRNGKey(0)), 1)
-  geometry = benchmark.DecodeGeometry(4, 12, 2, 2)
-  alone, args = benchmark.decode_step_call([stage], geometry, temperature=0.0)
-  paired, paired_args = benchmark.decode_step_call([stream, stage], geometry, temperature=0.0)
+  stage = step_costs.Stage(target, network.init_params(target, jax.random.PRNGKey(0)), 1)
+  geometry = step_costs.DecodeGeometry(4, 12, 2, 2)
+  alone, args = step_costs.decode_step_call([stage], geometry, temperature=0.0)
+  paired, paired_args = step_costs.decode_step_call([stream, stage], geometry, temperature=0.0)
   np.testing.assert_array_equal(alone(*args), paired(*paired_args))
 
 
 def test_busy_warning_rests_on_the_processes_running_now():
   quiet = {"load_1m": 3.0, "load_5m": 3.0, "load_15m": 3.0, "cpus": 2, "runnable_others": 0}
-  assert benchmark.busy_warning(quiet) is None  # a high average from work that has ended
+  assert stopwatch.busy_warning(quiet) is None  # a high average from work that has ended
   busy = dict(quiet, runnable_others=2)
-  assert "2 other process(es) running" in benchmark.busy_warning(busy)
+  assert "2 other process(es) running" in stopwatch.busy_warning(busy)
   unknown = dict(quiet, runnable_others=None)  # no /proc/loadavg: the 1-minute average decides
-  assert "1-minute load average 3.00 > 0.5" in benchmark.busy_warning(unknown)
-  assert benchmark.busy_warning(dict(unknown, load_1m=0.2)) is None
-  load = benchmark.machine_load()
+  assert "1-minute load average 3.00 > 0.5" in stopwatch.busy_warning(unknown)
+  assert stopwatch.busy_warning(dict(unknown, load_1m=0.2)) is None
+  load = stopwatch.machine_load()
   assert set(load) == {"load_1m", "load_5m", "load_15m", "cpus", "runnable_others"}
   assert load["runnable_others"] is None or load["runnable_others"] >= 0
 
 
-class _CountingStage(benchmark.StreamStage):
+class _CountingStage(step_costs.StreamStage):
   """Adds 1 to every token per step: a call's output counts the steps it ran."""
 
   def run(self, params, cache, tokens, position, u, standardize, temperature):
@@ -390,12 +393,12 @@ class _CountingStage(benchmark.StreamStage):
 def test_the_two_calls_of_a_stage_list_share_one_program_and_run_their_passes():
   """decode_step_calls' 1-pass and (1 + EXTRA_PASSES)-pass calls: one compiled program (the pass
   count is traced), each running passes x steps_per_call steps."""
-  geometry = benchmark.DecodeGeometry(3, 12, 2, 2)
-  stage = _CountingStage(jnp.zeros((1, benchmark.STREAM_WIDTH)), vocab_size=16)
-  calls = benchmark.decode_step_calls({"count": [stage]}, geometry)
-  (fn, args), (more_fn, more_args) = calls["count", 1], calls["count", 1 + benchmark.EXTRA_PASSES]
+  geometry = step_costs.DecodeGeometry(3, 12, 2, 2)
+  stage = _CountingStage(jnp.zeros((1, step_costs.STREAM_WIDTH)), vocab_size=16)
+  calls = step_costs.decode_step_calls({"count": [stage]}, geometry)
+  (fn, args), (more_fn, more_args) = calls["count", 1], calls["count", 1 + step_costs.EXTRA_PASSES]
   assert fn is more_fn
   start = np.asarray(args[2])
-  for passes, call_args in ((1, args), (1 + benchmark.EXTRA_PASSES, more_args)):
+  for passes, call_args in ((1, args), (1 + step_costs.EXTRA_PASSES, more_args)):
     np.testing.assert_array_equal(fn(*call_args), start + passes * geometry.steps_per_call)
   assert fn._cache_size() == 1

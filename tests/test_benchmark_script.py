@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO_ROOT, require_demo_pair, run_script, script_process
 from speculative_t5x import theory
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import stopwatch
 
 ROW_KEYS = {
     "task",
@@ -74,7 +74,7 @@ def test_benchmark_script_end_to_end(tmp_path):
   run = results["run"]
   assert run["input_bucket"] == 0 and run["encoder_lengths"] == {"8": 1}  # the feature length
   assert run["load_before"]["load_1m"] >= 0 and run["load_after"]["cpus"] >= 1
-  assert run["busy"] == (benchmark.busy_warning(run["load_before"]) is not None)
+  assert run["busy"] == (stopwatch.busy_warning(run["load_before"]) is not None)
   rows = results["rows"]
   settings = {(r["drafter"], r["temperature"], r["gamma"]) for r in rows}
   assert settings == {

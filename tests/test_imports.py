@@ -81,15 +81,20 @@ def test_the_bootstrap_keeps_jax_off_an_absent_tpu_only_when_called(monkeypatch)
 
 
 # Code states rules, not history: the issue tracker and the journal's section numbers are not
-# the users'; figures live in docs/results.md.
-_HISTORY = re.compile(r"\bissues? #?\d+|results_cpu(\.md)?[ ,;(]*(section|§)?\s*\d+", re.I)
+# the users'; figures live in docs/results.md. The guide's pages cite no journal section either.
+_HISTORY = re.compile(
+    r"\bissues? #?\d+"
+    r"|(results_cpu|results_batched_cpu|results_gpu|demo_history|demo_runs)(\.md)?\)?[ ,;(]*(section|§)?\s*\d+",
+    re.I,
+)
 
 
-@pytest.mark.parametrize("folder", ["speculative_t5x", "scripts", "benchmarks"])
+@pytest.mark.parametrize("folder", ["speculative_t5x", "scripts", "benchmarks", "tests", "configs"])
 def test_code_cites_no_issue_number_and_no_journal_section(folder):
   cited = [
       f"{path.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
-      for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+      for path in sorted((REPO_ROOT / folder).rglob("*.*"))
+      if path.suffix in (".py", ".gin") and path != pathlib.Path(__file__).resolve()
       for number, line in enumerate(path.read_text().splitlines(), 1)
       if _HISTORY.search(line)
   ]
@@ -100,7 +105,7 @@ def test_the_history_pattern_finds_what_it_must():
   for line in (
       "# see issue 53",
       "(Issue 17's figures)",
-      "docs/results_cpu.md 16.6",
+      "docs/journal/results_cpu.md 16.6",
       "results_cpu 16.22",
   ):
     assert _HISTORY.search(line), line
@@ -117,3 +122,14 @@ def test_every_module_of_the_package_sits_in_the_import_contract():
       p.name for p in package.iterdir() if (p / "__init__.py").exists()
   }
   assert children == listed, (children - listed, listed - children)
+
+
+def test_the_guide_cites_no_issue_number_and_no_journal_section():
+  pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+  cited = [
+      f"{page.relative_to(REPO_ROOT)}:{number}: {line.strip()}"
+      for page in pages
+      for number, line in enumerate(page.read_text().splitlines(), 1)
+      if _HISTORY.search(line)
+  ]
+  assert not cited, "\n".join(cited)

@@ -27,7 +27,7 @@ from speculative_t5x import gin_utils
 from speculative_t5x import network
 from speculative_t5x import table_drafters
 from speculative_t5x.measuring import auto_shape
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.running import inference
 from speculative_t5x.text import demo_data
 from speculative_t5x.text import tasks
@@ -95,7 +95,7 @@ def _fixed_costs(self, *args):
   noise; tests/test_auto_shape.py times real ones): verifying 2 and 3 tokens 1.2 and 1.3 target
   steps, a draft 0.1."""
   del self, args
-  ms = lambda value: benchmark.Timing(value, value, value, 0.0, 3)  # noqa: E731
+  ms = lambda value: stopwatch.Timing(value, value, value, 0.0, 3)  # noqa: E731
   return auto_shape.Costs(ms(1.0), {1: ms(1.2), 2: ms(1.3)}, 2, iteration=ms(1.5)), 0.0, 0.0, 3
 
 

@@ -9,15 +9,16 @@ import pytest
 
 from speculative_t5x import decoding
 from speculative_t5x import draft_shapes
-from speculative_t5x.measuring import benchmark
 from speculative_t5x.measuring import report
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 
-GEOMETRY = benchmark.DecodeGeometry(4, 8, 0, 1)
+GEOMETRY = step_costs.DecodeGeometry(4, 8, 0, 1)
 CHAIN = draft_shapes.Chain(2)
 
 
 def ms(value):
-  return benchmark.Timing(value, value, value, 0.0, 3)
+  return stopwatch.Timing(value, value, value, 0.0, 3)
 
 
 def stats(target_calls, accepted, beta_sum, beta_count, gamma=2):
@@ -33,7 +34,7 @@ def stats(target_calls, accepted, beta_sum, beta_count, gamma=2):
 
 # c = 0.5 / 2 = 0.25; verify cost = 3 / 2 = 1.5; iteration cost = 5 / 2 = 2.5; interference =
 # 5 - (2 * 0.5 + 3) = 1 ms.
-COSTS = benchmark.DecodeCosts(
+COSTS = step_costs.DecodeCosts(
     GEOMETRY, target_step=ms(2.0), drafter_step=ms(0.5), verify={2: ms(3.0)}, iteration={2: ms(5.0)}
 )
 
@@ -111,7 +112,7 @@ def test_a_tree_row_asks_its_shape_and_predicts_from_its_realized_tokens_only():
   verification is the target on 5 tokens (4 ms / 2 ms = 2.0); Theorem 3.8 and the chain's timed iteration describe chains, so those
   columns are NaN, and the rest is measured as for a chain."""
   baseline, speculative = two_examples()
-  costs = benchmark.DecodeCosts(
+  costs = step_costs.DecodeCosts(
       GEOMETRY, target_step=ms(2.0), drafter_step=ms(0.5), verify={4: ms(4.0)}, iteration={}
   )
   tree = draft_shapes.Tree((2, 1))
@@ -231,4 +232,16 @@ def test_a_row_without_step_costs_measures_its_speedups_and_leaves_the_rest_nan(
       "  d, gamma 2, temperature 0: speedup 2.46x per token\n"
       "    per example: baseline 20.0 ms, speculative 9.5 ms; alpha 0.75, 2.50 tokens per "
       "target call\n"
+  )
+
+
+def test_what_a_report_predicts_from_a_shape():
+  chain, tree = draft_shapes.Chain(3), draft_shapes.Tree((2, 1))
+  # Eq. (1) at alpha 0.5, gamma 3: 1 + 0.5 + 0.25 + 0.125; Theorem 3.8 divides by 3 c + verify.
+  assert report.expected_tokens(chain, 0.5) == pytest.approx(1.875)
+  assert report.predicted_speedup(chain, 0.5, 0.1) == pytest.approx(1.875 / 1.3)
+  assert report.predicted_speedup(chain, 0.5, 0.1, 1.7) == pytest.approx(1.875 / 2.0)
+  assert (report.timed_iteration(chain), report.timed_iteration(tree)) == (3, None)
+  assert np.isnan(report.expected_tokens(tree, 0.5)) and np.isnan(
+      report.predicted_speedup(tree, 0.5, 0.1)
   )

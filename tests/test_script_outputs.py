@@ -1,4 +1,4 @@
-"""The scripts' output directories and early checks (issue 57, and the gin type checks of issue 56):
+"""The scripts' output directories and early checks (and the gin type checks):
 every output location is checked before any model loads, another run's outputs are refused unless
 --overwrite, flags a mode does not use and wrong types are configuration errors, and an
 interrupted run leaves the old complete run untouched.
@@ -588,3 +588,12 @@ def test_an_interrupted_training_leaves_a_checkpoint_and_the_summary_that_descri
       "config.gin",
       "train_summary.json",
   ]
+
+
+def test_the_demo_names_a_translation_caught_in_a_loop(script):
+  repeats_itself = script("demo").repeats_itself
+  assert repeats_itself("Die gewählte gewählte gewählte gewählte Datei")  # one word, 4 times
+  assert repeats_itself("a b c a b c a b c a b c")  # three words, 4 times
+  assert not repeats_itself("Die gewählte gewählte gewählte Datei")  # 3 times: a sentence may
+  assert not repeats_itself("Liste der widerrufenen Serverzertifikate")
+  assert not repeats_itself("")

@@ -15,18 +15,20 @@ from speculative_t5x import drafters
 from speculative_t5x import network
 from speculative_t5x import speculative
 from speculative_t5x import trees
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
+from speculative_t5x.measuring import workloads
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def ms(value):
-  return benchmark.Timing(value, value, value, 0.0, 3)
+  return stopwatch.Timing(value, value, value, 0.0, 3)
 
 
 def run_once(calls, outputs):
-  """What a `benchmark.time_calls` stand-in leaves in `outputs`: each call's result (real
+  """What a `stopwatch.time_calls` stand-in leaves in `outputs`: each call's result (real
   decodes)."""
   for key, (fn, args) in calls.items():
     outputs[key] = fn(*args)
@@ -39,12 +41,12 @@ def _replace_timers(
     on_prefills=lambda calls: None,
 ):
   """Real decodes, timers replaced: every example call 1 ms, a decode step 1 ms per pass;
-  on_steps(steps, geometry) sees each `benchmark.decode_step_calls`, on_example(warmup, compiled)
-  each example's `benchmark.time_calls`, on_prefills(calls) each `sweep.time_prefills`'."""
+  on_steps(steps, geometry) sees each `step_costs.decode_step_calls`, on_example(warmup, compiled)
+  each example's `stopwatch.time_calls`, on_prefills(calls) each `sweep.time_prefills`'."""
 
   def decode_step_calls(steps, geometry, temperature, batch):
     on_steps(steps, geometry)
-    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
+    return {(name, passes): None for name in steps for passes in (1, 1 + step_costs.EXTRA_PASSES)}
 
   def time_calls(calls, repeats, warmup, compiled=False, outputs=None):
     if outputs is None:  # the prefills (`sweep.time_prefills`)
@@ -54,10 +56,10 @@ def _replace_timers(
       run_once(calls, outputs)
     return {key: ms(1.0) for key in calls}
 
-  monkeypatch.setattr(benchmark, "time_calls", time_calls)
-  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(stopwatch, "time_calls", time_calls)
+  monkeypatch.setattr(step_costs, "decode_step_calls", decode_step_calls)
   monkeypatch.setattr(
-      benchmark,
+      stopwatch,
       "time_rounds",
       lambda calls, repeats, warmup, compiled: {
           (name, passes): np.full(repeats, passes * 1e-3) for name, passes in calls
@@ -98,7 +100,7 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
 
   def decode_step_calls(steps, geometry, temperature, batch):
     assert set(steps) == set(step_ms) and batch == 1 and temperature == 0.0
-    return {(name, passes): None for name in steps for passes in (1, 1 + benchmark.EXTRA_PASSES)}
+    return {(name, passes): None for name in steps for passes in (1, 1 + step_costs.EXTRA_PASSES)}
 
   def time_rounds(calls, repeats, warmup, compiled):
     rounds.append((repeats, warmup, compiled))
@@ -106,11 +108,11 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
         (name, passes): np.full(repeats, passes * step_ms[name] * 1e-3) for name, passes in calls
     }
 
-  monkeypatch.setattr(benchmark, "time_calls", time_calls)
-  monkeypatch.setattr(benchmark, "decode_step_calls", decode_step_calls)
-  monkeypatch.setattr(benchmark, "time_rounds", time_rounds)
+  monkeypatch.setattr(stopwatch, "time_calls", time_calls)
+  monkeypatch.setattr(step_costs, "decode_step_calls", decode_step_calls)
+  monkeypatch.setattr(stopwatch, "time_rounds", time_rounds)
   config, params = _tiny_pair()
-  inputs = benchmark.random_inputs(config.vocab_size, 2, 6, seed=0)
+  inputs = workloads.random_inputs(config.vocab_size, 2, 6, seed=0)
   vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
   measured = sweep.sweep(
       config,
@@ -150,10 +152,14 @@ def test_cost_repeats_zero_times_no_step_and_leaves_the_step_figures_nan(monkeyp
 
   example_calls = []
   _replace_timers(monkeypatch, on_example=lambda warmup, compiled: example_calls.append(warmup))
-  for name in ("cost_steps", "decode_step_calls", "time_rounds"):
-    monkeypatch.setattr(benchmark, name, refuse)
+  for module, name in (
+      (step_costs, "cost_steps"),
+      (step_costs, "decode_step_calls"),
+      (stopwatch, "time_rounds"),
+  ):
+    monkeypatch.setattr(module, name, refuse)
   config, params = _tiny_pair()
-  inputs = benchmark.random_inputs(config.vocab_size, 2, 6, seed=0)
+  inputs = workloads.random_inputs(config.vocab_size, 2, 6, seed=0)
 
   def run(temperatures, cost_repeats):
     return sweep.sweep(
@@ -171,7 +177,7 @@ def test_cost_repeats_zero_times_no_step_and_leaves_the_step_figures_nan(monkeyp
     )
 
   measured = run([0.0, 1.0], 0)
-  assert example_calls == [benchmark.DEFAULT_WARMUP, 0] * 2
+  assert example_calls == [stopwatch.DEFAULT_WARMUP, 0] * 2
   assert measured.costs == {0.0: {}, 1.0: {}} and measured.cost_rounds == 0
   for row in measured.rows:
     if row.temperature == 0.0:
@@ -296,7 +302,7 @@ def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
   drafter_params = network.shared_encoder_init_params(
       drafter_config, config.emb_dim, jax.random.PRNGKey(3)
   )
-  inputs = benchmark.random_inputs(config.vocab_size, 3, 6, seed=1)
+  inputs = workloads.random_inputs(config.vocab_size, 3, 6, seed=1)
   measured = sweep.sweep(
       config,
       params,
@@ -422,8 +428,8 @@ def test_steps_within_the_noise_get_more_rounds_then_an_error():
   """Rounds where a step's extra passes took no time (a busy machine) are topped up with
   EXTRA_COST_ROUNDS more, and the step resolves from all of them; a step that never does is the
   error naming it, after MAX_EXTRA_COST_ROUNDS."""
-  geometry = benchmark.DecodeGeometry(4, 16, 0, 1)
-  extra_passes = 1 + benchmark.EXTRA_PASSES
+  geometry = step_costs.DecodeGeometry(4, 16, 0, 1)
+  extra_passes = 1 + step_costs.EXTRA_PASSES
 
   def sleeper(seconds):
     return lambda: time.sleep(seconds)

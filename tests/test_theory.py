@@ -288,7 +288,7 @@ def test_block_expected_tokens_bounds():
     theory.block_expected_tokens([0.5, 0.6], [0.5, 0.5], 2)
 
 
-# ---- Draft trees (issue 17). Every expected value is worked out by hand in its comment.
+# ---- Draft trees. Every expected value is worked out by hand in its comment.
 
 
 def test_tree_expected_tokens_by_hand():

@@ -43,7 +43,7 @@ on 2 CPU cores, `report.SpeedupRow`'s efficiency in situ) is in every cost. On t
 loops of 2 and 3 drafts, timed too, were 0.02-0.04 target steps off the line between 1 and 4 in
 one run, 0.01-0.27 in a noisier one (docs/results.md). The decoders are the ones a sweep after
 reuses (`sweep.build_settings`). The target on G + 1 tokens over its step, verify(G)
-(`benchmark.DecodeCosts.verify_cost`), is timed too: the figure a "no shape pays" decision names.
+(`step_costs.DecodeCosts.verify_cost`), is timed too: the figure a "no shape pays" decision names.
 With the loops timed, every prediction is a ratio of loop times, the step only their unit, so the
 steps are timed at the greedy draw whatever the temperature: one pair of step programs serves
 every temperature (at T = 1 the demo pair's sampled steps cost 2.6 s to compile on 2 cores).
@@ -103,11 +103,12 @@ from speculative_t5x import theory
 from speculative_t5x import trees as trees_lib
 from speculative_t5x import validation
 from speculative_t5x.measuring import acceptance_record
-from speculative_t5x.measuring import benchmark
 from speculative_t5x.measuring import calibration
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
 
-DRAFTER = "drafter"  # the drafter's name in `benchmark.cost_steps`' step names.
+DRAFTER = "drafter"  # the drafter's name in `step_costs.cost_steps`' step names.
 BASELINE = "baseline"
 MIN_ROUNDS = 3  # timing rounds at least, whatever the budget: a median needs a few.
 MAX_ROUNDS = 30
@@ -206,12 +207,12 @@ class LoopCosts:
   rounds); fixed_rounds: F in ms, round by round; both empty: F = 0.
   """
 
-  baseline_token: benchmark.Timing
-  call: dict[str, benchmark.Timing]
+  baseline_token: stopwatch.Timing
+  call: dict[str, stopwatch.Timing]
   tokens_per_call: dict[str, float]
   inputs: int
   rounds: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
-  fixed: dict[str, benchmark.Timing] = dataclasses.field(default_factory=dict)
+  fixed: dict[str, stopwatch.Timing] = dataclasses.field(default_factory=dict)
   fixed_rounds: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
   def as_dict(self) -> dict:
@@ -236,10 +237,10 @@ class Costs:
   were given: the steps alone).
   """
 
-  target_step: benchmark.Timing
-  verify: dict[int, benchmark.Timing]
+  target_step: stopwatch.Timing
+  verify: dict[int, stopwatch.Timing]
   gamma: int
-  iteration: benchmark.Timing | None = None
+  iteration: stopwatch.Timing | None = None
   loop: LoopCosts | None = None
 
   def verify_cost(self, drafts: int) -> float:
@@ -249,7 +250,7 @@ class Costs:
   @property
   def c_loop(self) -> float:
     """A draft's price inside the loop, in target steps: (iteration - verification) / G, at
-    least 0 (`benchmark.DecodeCosts.c_in_loop`, taken to hold at every gamma)."""
+    least 0 (`step_costs.DecodeCosts.c_in_loop`, taken to hold at every gamma)."""
     if self.iteration is None:
       raise ValueError("the iteration was not timed: Auto times it where no loop is timed.")
     drafting = self.iteration.median_ms - self.verify[self.gamma].median_ms
@@ -520,7 +521,7 @@ class Auto:
   @property
   def max_block(self) -> int:
     """The most tokens one target call of a candidate scores: M + 1, M its drafts (the k a
-    `benchmark.DecodeGeometry` must admit)."""
+    `step_costs.DecodeGeometry` must admit)."""
     return max(shape.num_drafts for shape in self.candidates()) + 1
 
   def candidates(self) -> list[draft_shapes.DraftShape]:
@@ -534,19 +535,19 @@ class Auto:
       target_params: Any,
       drafter: drafters_lib.Drafter,
       drafter_params: Any,
-      geometry: benchmark.DecodeGeometry,
+      geometry: step_costs.DecodeGeometry,
       temperature: float,
       acceptance: float | calibration.Positions,
       acceptance_source: str = "given",
       loop_inputs: LoopInputs | None = None,
   ) -> Choice:
     """Measures the costs on the default device (the decoding loops on `loop_inputs`, if given,
-    at the temperature; `benchmark.cost_steps` at `geometry`, with the temperature's
+    at the temperature; `step_costs.cost_steps` at `geometry`, with the temperature's
     standardization and draw, or the greedy one where the loops are timed) and predicts every
     candidate (the module docstring) at `acceptance`, alpha or the betas per position
     (`measure_acceptance`) -> the Choice. The same arguments again in one process
     return the cached decision."""
-    benchmark.check_drafter(drafter)
+    step_costs.check_drafter(drafter)
     if isinstance(acceptance, calibration.Positions):
       alpha = float(np.mean(np.concatenate(acceptance.beta)))
       acceptance_key = hashlib.sha256(np.concatenate(acceptance.beta).tobytes()).hexdigest()
@@ -621,7 +622,7 @@ class Auto:
       pair: pairs.Pair,
       encoder_tokens: np.ndarray,
       decode_length: int,
-      geometry: benchmark.DecodeGeometry,
+      geometry: step_costs.DecodeGeometry,
       temperature: float,
       vocabulary: Any,
       inputs: str = "inputs",
@@ -705,11 +706,11 @@ class Auto:
       temperature,
       loop_inputs: LoopInputs | None = None,
   ) -> tuple[Costs, float, float, int]:
-    """Times, side by side (`benchmark.time_rounds`): with `loop_inputs`, the decoding loops on
+    """Times, side by side (`stopwatch.time_rounds`): with `loop_inputs`, the decoding loops on
     them (the baseline's, the chains' of 1 and max_gamma drafts, each tree's) and the target on 1
     and max_gamma + 1 tokens; without, the target on 1..max_gamma + 1 tokens and each tree's
     M + 1, and one iteration of max_gamma drafts (marginal step times,
-    `benchmark.marginal_step_timings`) -> (Costs, seconds compiling (with each program's first
+    `step_costs.marginal_step_timings`) -> (Costs, seconds compiling (with each program's first
     run), seconds timing, rounds). One timed round runs after the compiling runs; the rest fill
     `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
     gamma = self.max_gamma
@@ -719,10 +720,10 @@ class Auto:
       }
     else:
       widths = {1, gamma + 1}
-    steps = {("target", k): [benchmark.Stage(target_config, target_params, k)] for k in widths}
+    steps = {("target", k): [step_costs.Stage(target_config, target_params, k)] for k in widths}
     loop_calls = {}
     if loop_inputs is None:
-      steps["iteration"] = benchmark.cost_steps(
+      steps["iteration"] = step_costs.cost_steps(
           target_config, target_params, {DRAFTER: (drafter, drafter_params)}, [gamma]
       )["iteration", DRAFTER, gamma]
     else:
@@ -733,27 +734,27 @@ class Auto:
       )
     # With the loops timed the steps are the predictions' unit only: greedy at every temperature.
     step_temperature = temperature if loop_inputs is None else 0.0
-    step_calls = benchmark.decode_step_calls(steps, geometry, temperature=step_temperature)
+    step_calls = step_costs.decode_step_calls(steps, geometry, temperature=step_temperature)
     calls = {**step_calls, **loop_calls}
     start = time.perf_counter()
-    outputs = benchmark.first_calls(calls)
+    outputs = stopwatch.first_calls(calls)
     compile_seconds = time.perf_counter() - start
     # The compiling runs are the warm-up: on the demo pair on 2 cores the second run of a loop
     # (30.3 ms) was within the spread of the next six (28.6-34.2 ms).
     start = time.perf_counter()
-    first = benchmark.time_rounds(calls, repeats=1, warmup=0, compiled=True)
+    first = stopwatch.time_rounds(calls, repeats=1, warmup=0, compiled=True)
     round_seconds = sum(float(s[0]) for s in first.values())
     rounds = int(np.clip(self.budget_s // max(round_seconds, 1e-9), MIN_ROUNDS, MAX_ROUNDS))
     seconds, done = {name: [first[name]] for name in calls}, 1
     while True:
       if rounds > done:
-        for name, times in benchmark.time_rounds(
+        for name, times in stopwatch.time_rounds(
             calls, repeats=rounds - done, warmup=0, compiled=True
         ).items():
           seconds[name].append(times)
         done = rounds
       try:
-        timings = benchmark.marginal_step_timings(
+        timings = step_costs.marginal_step_timings(
             {name: np.concatenate(seconds[name]) for name in step_calls}, geometry
         )
         loop = None
@@ -949,12 +950,12 @@ def _loop_costs(
       calls[label] = int(units.sum())
     per_unit[label], fixed[label] = _fit_decodes(loops, units)
   return LoopCosts(
-      baseline_token=benchmark.Timing.from_seconds(per_unit[BASELINE]),
-      call={label: benchmark.Timing.from_seconds(per_unit[label]) for label in calls},
+      baseline_token=stopwatch.Timing.from_seconds(per_unit[BASELINE]),
+      call={label: stopwatch.Timing.from_seconds(per_unit[label]) for label in calls},
       tokens_per_call={label: tokens[label] / n for label, n in calls.items()},
       inputs=len(inputs),
       rounds={label: tuple(float(x) * 1e3 for x in s) for label, s in per_unit.items()},
-      fixed={label: benchmark.Timing.from_seconds(f) for label, f in fixed.items()},
+      fixed={label: stopwatch.Timing.from_seconds(f) for label, f in fixed.items()},
       fixed_rounds={label: tuple(float(x) * 1e3 for x in f) for label, f in fixed.items()},
   )
 

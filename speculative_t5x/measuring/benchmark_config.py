@@ -25,10 +25,10 @@ from speculative_t5x import speculative
 from speculative_t5x import trees
 from speculative_t5x import validation
 from speculative_t5x.measuring import auto_shape
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import workloads
 from speculative_t5x.weights import pairs
 
-# The rows' drafter labels of `benchmark.RANDOM_DRAFTER_KINDS`.
+# The rows' drafter labels of `workloads.RANDOM_DRAFTER_KINDS`.
 RANDOM_DRAFTER_LABELS = {"independent": "random, independent", "copy": "random, copy of target"}
 
 
@@ -41,7 +41,7 @@ class BenchmarkSetup:
     checkpoint gets random weights and one row per kind in `random_drafters`.
   task_feature_lengths: {'inputs': Le, 'targets': decode length}.
   gammas, temperatures: the settings swept.
-  random_drafters: kinds from `benchmark.RANDOM_DRAFTER_KINDS`.
+  random_drafters: kinds from `workloads.RANDOM_DRAFTER_KINDS`.
   seed: random inputs and decode rngs (random weights: the pair's RANDOM_INIT_SEED).
   verifiers: label -> speculative.Verifier, each measured with every drafter, side by side
     (None: Algorithm 1 alone), e.g. configs/runs/benchmark_verifiers.gin.
@@ -61,7 +61,7 @@ class BenchmarkSetup:
   task_feature_lengths: Mapping[str, int]
   gammas: Sequence[int]
   temperatures: Sequence[float]
-  random_drafters: Sequence[str] = benchmark.RANDOM_DRAFTER_KINDS
+  random_drafters: Sequence[str] = workloads.RANDOM_DRAFTER_KINDS
   seed: int = 0
   verifiers: Mapping[str, speculative.Verifier] | None = None
   draft_stops: Mapping[str, draft_length.DraftStop | None] | None = None
@@ -90,14 +90,14 @@ class BenchmarkSetup:
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
           raise validation.InvalidInputError(
               f"benchmark_config.BenchmarkSetup.{name} must be a sequence, e.g. "
-              f"{'(2, 4)' if name == 'gammas' else repr(benchmark.RANDOM_DRAFTER_KINDS)}, got "
+              f"{'(2, 4)' if name == 'gammas' else repr(workloads.RANDOM_DRAFTER_KINDS)}, got "
               f"{value!r}."
           )
-      unknown = [k for k in setup.random_drafters if k not in benchmark.RANDOM_DRAFTER_KINDS]
+      unknown = [k for k in setup.random_drafters if k not in workloads.RANDOM_DRAFTER_KINDS]
       if unknown:
         raise validation.InvalidInputError(
             f"benchmark_config.BenchmarkSetup.random_drafters {tuple(setup.random_drafters)!r} "
-            f"holds {unknown!r}: use kinds of {benchmark.RANDOM_DRAFTER_KINDS!r}."
+            f"holds {unknown!r}: use kinds of {workloads.RANDOM_DRAFTER_KINDS!r}."
         )
       for name in ("verifiers", "draft_stops", "draft_trees"):
         value = getattr(setup, name)
@@ -155,13 +155,13 @@ def load_models(
 ) -> tuple[pairs.Pair, dict[str, tuple[drafters_lib.Drafter, dict]]]:
   """-> the pair (`pairs.load_pair`), {drafter label: (drafter, params)}: the checkpointed
   drafter under its directory's name, else one per kind in `setup.random_drafters`
-  (`benchmark.random_drafter`, labelled by RANDOM_DRAFTER_LABELS)."""
+  (`workloads.random_drafter`, labelled by RANDOM_DRAFTER_LABELS)."""
   pair = pairs.load_pair(setup.pair, eos_id)
   if setup.pair.drafter_checkpoint_path:
     name = pathlib.PurePath(str(setup.pair.drafter_checkpoint_path).rstrip("/")).name
     return pair, {name: (pair.drafter, pair.drafter_params)}
   return pair, {
-      RANDOM_DRAFTER_LABELS.get(kind, kind): benchmark.random_drafter(
+      RANDOM_DRAFTER_LABELS.get(kind, kind): workloads.random_drafter(
           kind, pair.target_config, pair.target_params, pair.drafter, pair.drafter_params
       )
       for kind in setup.random_drafters

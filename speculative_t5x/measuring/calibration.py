@@ -20,7 +20,7 @@ tokens costs verify_cost(gamma)) and iterations starting at every position alike
   speedup = tokens per call / cost per call.
 
 c may depend on gamma: a draft inside the loop costs what the iteration's time less the
-verification's gives (`benchmark.DecodeCosts.c_in_loop`), which on a CPU can be several times a
+verification's gives (`step_costs.DecodeCosts.c_in_loop`), which on a CPU can be several times a
 drafter step timed alone.
 
 tau = 0 is static gamma. `calibrate` searches the (gamma, tau) grid and reports the best static

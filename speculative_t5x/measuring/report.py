@@ -6,7 +6,7 @@ A row is built from what `sweep.sweep` measures (sweep.py's docstring says how) 
 against the baseline on the same examples: per example, the wall time of each decode and of its
 prefill (timed once per input shape), the decoded tokens and the speculative decode's statistics
 (alpha, tokens per target call, acceptance rate); per drafter and temperature, the decode-step
-costs (`benchmark.DecodeCosts`): c, the verification cost, the iteration cost and c in loop.
+costs (`step_costs.DecodeCosts`): c, the verification cost, the iteration cost and c in loop.
 
 What a `SpeedupRow` reports from them:
   speedup                baseline time per decoded token over speculative time per decoded token,
@@ -36,12 +36,12 @@ What a `SpeedupRow` reports from them:
                          temperature 0; at other temperatures the two sample the same distribution
                          with different draws.
 
-A row asks its draft shape (`draft_shapes.DraftShape`) what depends on it. A draft tree's row
-(`sweep.grid_settings(draft_trees=)`, M drafts of depth D, gamma = D) reports its verify cost on
-M + 1 tokens and predicts only from the realized tokens per call, tokens / (D c + verify cost):
-Theorem 3.8's E[tokens](alpha) (`DraftShape.expected_tokens`, `DraftShape.predicted_speedup`)
-and the iteration timed together (`DraftShape.timed_iteration`: gamma drafter steps of one token,
-gamma + 1 verified) describe chains, so `predicted`, `predicted_hw`, `iteration_cost`, `predicted_in_situ` and the efficiencies
+A row asks its draft shape (`draft_shapes.DraftShape.describe`) for its depth and whether it is
+a chain. A draft tree's row (`sweep.grid_settings(draft_trees=)`, M drafts of depth D, gamma = D)
+reports its verify cost on M + 1 tokens and predicts only from the realized tokens per call,
+tokens / (D c + verify cost): Theorem 3.8's E[tokens](alpha) (`expected_tokens`,
+`predicted_speedup`) and the iteration timed together (`timed_iteration`: gamma drafter steps of
+one token, gamma + 1 verified) describe chains, so `predicted`, `predicted_hw`, `iteration_cost`, `predicted_in_situ` and the efficiencies
 built on them are NaN there. A row of a sweep that timed no decode steps (`sweep.sweep` with
 cost_repeats=0) has every step-cost figure NaN, and what is built on them; its speedups are
 measured as any row's.
@@ -58,7 +58,39 @@ import numpy as np
 
 from speculative_t5x import decoding
 from speculative_t5x import draft_shapes
-from speculative_t5x.measuring import benchmark
+from speculative_t5x import theory
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
+
+
+def _chain_gamma(shape: draft_shapes.DraftShape) -> int | None:
+  """The shape's gamma where it is a chain (no tree in `describe()`), else None."""
+  described = shape.describe()
+  return described["gamma"] if described["draft_tree"] is None else None
+
+
+def expected_tokens(shape: draft_shapes.DraftShape, alpha: float) -> float:
+  """Tokens per target call at acceptance rate alpha in the paper's model (each draft accepted
+  independently with probability alpha): Eq. (1) at a chain's gamma (under a `draft_stop` rule,
+  the most drafts a call proposes); NaN for a tree, which is predicted from its realized tokens."""
+  gamma = _chain_gamma(shape)
+  return math.nan if gamma is None else theory.expected_tokens(alpha, gamma)
+
+
+def predicted_speedup(
+    shape: draft_shapes.DraftShape, alpha: float, c: float, verify_cost: float = 1.0
+) -> float:
+  """Theorem 3.8's speedup at acceptance rate alpha and cost coefficient c, a verification
+  costing `verify_cost` target steps (the hardware-aware form; 1: the theorem's own); NaN for a
+  tree."""
+  gamma = _chain_gamma(shape)
+  return math.nan if gamma is None else theory.speedup_hardware_aware(alpha, gamma, c, verify_cost)
+
+
+def timed_iteration(shape: draft_shapes.DraftShape) -> int | None:
+  """The gamma whose `step_costs.DecodeCosts.iteration` (gamma drafter steps, then the target on
+  gamma + 1 tokens, in one loop step) is the shape's iteration: a chain's; None for a tree."""
+  return _chain_gamma(shape)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,8 +104,8 @@ class ExampleResult:
   the baseline).
   """
 
-  timing: benchmark.Timing
-  prefill: benchmark.Timing
+  timing: stopwatch.Timing
+  prefill: stopwatch.Timing
   decodes: np.ndarray
   tokens: int
   stats: decoding.SpeculativeStats | None = None
@@ -81,8 +113,8 @@ class ExampleResult:
   @classmethod
   def from_decode(
       cls,
-      timing: benchmark.Timing,
-      prefill: benchmark.Timing,
+      timing: stopwatch.Timing,
+      prefill: stopwatch.Timing,
       decodes: Any,
       aux: Mapping[str, Any],
       eos_id: int,
@@ -101,9 +133,9 @@ class ExampleResult:
 
 
 def _per_token_ms(
-    timings: Sequence[benchmark.Timing],
+    timings: Sequence[stopwatch.Timing],
     tokens: Sequence[int],
-    prefills: Sequence[benchmark.Timing] | None = None,
+    prefills: Sequence[stopwatch.Timing] | None = None,
 ) -> float:
   """Median times summed over the examples (each less its prefill's median, if given) over the
   tokens summed over them, in ms per token."""
@@ -111,7 +143,7 @@ def _per_token_ms(
   return ms / sum(tokens)
 
 
-def _summarize(timings: Sequence[benchmark.Timing]) -> dict:
+def _summarize(timings: Sequence[stopwatch.Timing]) -> dict:
   """Per-example timings -> the mean of their medians and IQRs (ms), and each one."""
   return {
       "mean_median_ms": float(np.mean([t.median_ms for t in timings])),
@@ -143,10 +175,10 @@ class SpeedupRow:
   verify_cost: float
   iteration_cost: float
   interference_ms: float
-  baseline_ms: tuple[benchmark.Timing, ...]
-  speculative_ms: tuple[benchmark.Timing, ...]
-  baseline_prefill_ms: tuple[benchmark.Timing, ...]
-  speculative_prefill_ms: tuple[benchmark.Timing, ...]
+  baseline_ms: tuple[stopwatch.Timing, ...]
+  speculative_ms: tuple[stopwatch.Timing, ...]
+  baseline_prefill_ms: tuple[stopwatch.Timing, ...]
+  speculative_prefill_ms: tuple[stopwatch.Timing, ...]
   baseline_tokens: tuple[int, ...]
   speculative_tokens: tuple[int, ...]
   outputs_match_baseline: float
@@ -177,7 +209,7 @@ class SpeedupRow:
       drafter: str,
       temperature: float,
       shape: draft_shapes.DraftShape,
-      costs: benchmark.DecodeCosts | None,
+      costs: step_costs.DecodeCosts | None,
       baseline: Sequence[ExampleResult],
       speculative: Sequence[ExampleResult],
   ) -> "SpeedupRow":
@@ -200,7 +232,7 @@ class SpeedupRow:
       )
     stats = decoding.SpeculativeStats.concatenate([result.stats for result in speculative])
     matches = [np.array_equal(b.decodes, s.decodes) for b, s in zip(baseline, speculative)]
-    timed = None if costs is None else shape.timed_iteration
+    timed = None if costs is None else timed_iteration(shape)
     return cls(
         task=task,
         drafter=drafter,
@@ -257,7 +289,7 @@ class SpeedupRow:
     """Theorem 3.8 at the measured alpha and c (NaN for a tree, or without step costs)."""
     if math.isnan(self.c):
       return math.nan
-    return self.shape.predicted_speedup(self.alpha, self.c)
+    return predicted_speedup(self.shape, self.alpha, self.c)
 
   @property
   def predicted_hw(self) -> float:
@@ -265,7 +297,7 @@ class SpeedupRow:
     tree, or without step costs)."""
     if math.isnan(self.c):
       return math.nan
-    return self.shape.predicted_speedup(self.alpha, self.c, self.verify_cost)
+    return predicted_speedup(self.shape, self.alpha, self.c, self.verify_cost)
 
   @property
   def predicted_hw_realized(self) -> float:
@@ -276,7 +308,7 @@ class SpeedupRow:
   @property
   def predicted_in_situ(self) -> float:
     """E[tokens](alpha) over the iteration's network work timed together (NaN for a tree)."""
-    return self.shape.expected_tokens(self.alpha) / self.iteration_cost
+    return expected_tokens(self.shape, self.alpha) / self.iteration_cost
 
   # ---- measured over predicted
   @property
@@ -374,7 +406,7 @@ NOTES = (
 )
 
 
-def _mean_ms(timings: Sequence[benchmark.Timing]) -> str:
+def _mean_ms(timings: Sequence[stopwatch.Timing]) -> str:
   summary = _summarize(timings)
   return f"{summary['mean_median_ms']:.1f} ({summary['mean_iqr_ms']:.1f})"
 
@@ -442,7 +474,7 @@ def plain_summary(rows: Sequence[SpeedupRow]) -> str:
   return "\n".join(lines) + "\n"
 
 
-CostsByTemperature = Mapping[float, Mapping[str, benchmark.DecodeCosts]]
+CostsByTemperature = Mapping[float, Mapping[str, step_costs.DecodeCosts]]
 
 
 def costs_table(costs_by_temperature: CostsByTemperature) -> str:

@@ -3,7 +3,7 @@ the baseline, on the same inputs.
 
 What is measured (`sweep`), for a target, its drafters and every (temperature, gamma), on
 identical inputs with the same rng, per example, every setting of one example timed side by side
-in the same rounds (`benchmark.time_calls`):
+in the same rounds (`stopwatch.time_calls`):
   - the wall time of the baseline (`models.EncoderDecoderModel`, `decoding.temperature_sample`)
     and of speculative decoding (`models.SpeculativeEncoderDecoderModel`): compilation excluded
     (the first call at each input shape, then `warmup` untimed calls; later examples of a shape
@@ -19,7 +19,7 @@ in the same rounds (`benchmark.time_calls`):
   - the speculative decode's own statistics (`decoding.SpeculativeStats`): alpha (mean beta),
     tokens per target call, acceptance rate;
 and per drafter and temperature, on compiled decode steps at the run's encoder and cache lengths
-(`benchmark.DecodeCosts`, at the encoder length most examples have), timed between the examples
+(`step_costs.DecodeCosts`, at the encoder length most examples have), timed between the examples
 (`cost_rounds_after`: cost_repeats rounds in all, spread evenly after the examples' decodes, so
 the costs and the decodes sample the same minutes of the machine):
   - c, the drafter's single-token step time over the target's (Definition 3.7);
@@ -58,8 +58,10 @@ from speculative_t5x import network
 from speculative_t5x import speculative
 from speculative_t5x import trees
 from speculative_t5x import validation
-from speculative_t5x.measuring import benchmark
 from speculative_t5x.measuring import report
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
+from speculative_t5x.measuring import workloads
 from speculative_t5x.text import vocabularies
 
 BASELINE = "baseline"  # the settings' key of the baseline; speculative ones are (drafter, gamma).
@@ -168,7 +170,7 @@ def build_settings(
 ) -> dict[Hashable, Setting]:
   """BASELINE and each setting's key (label, gamma) -> Setting, the drafter's parameters in their
   `Drafter.decode_params` form. The compiled functions are kept per process
-  (`benchmark.shared`), keyed by the configs, the drafter, the setting's model arguments and
+  (`step_costs.shared`), keyed by the configs, the drafter, the setting's model arguments and
   the vocabulary's size and EOS id (all a decode reads of it): settings that differ only in their
   drafter's parameters share them, and so do a later sweep and `auto_shape`'s timing of the loops
   before it."""
@@ -177,7 +179,7 @@ def build_settings(
   decode_params = {}
   for setting in settings:
     drafter, drafter_params = drafters[setting.drafter]
-    benchmark.check_drafter(drafter, f"drafter {setting.drafter!r}")
+    step_costs.check_drafter(drafter, f"drafter {setting.drafter!r}")
     if setting.drafter not in decode_params:
       # The drafter's decode form (`Drafter.decode_params`), made once, as a user decoding many
       # examples with the same parameters would.
@@ -210,7 +212,7 @@ def _decode_functions(
     return model.jit_predict(), model.jit_prefill()
 
   key = ("decode", target_config, vocabulary.vocab_size, vocabulary.eos_id, drafter)
-  return benchmark.shared(key + tuple(model_kwargs.items()), make)
+  return step_costs.shared(key + tuple(model_kwargs.items()), make)
 
 
 def time_example(
@@ -221,16 +223,16 @@ def time_example(
     eos_id: int,
     *,
     repeats: int,
-    warmup: int = benchmark.DEFAULT_WARMUP,
+    warmup: int = stopwatch.DEFAULT_WARMUP,
     compiled: bool = False,
-    prefills: Mapping[Hashable, benchmark.Timing] | None = None,
+    prefills: Mapping[Hashable, stopwatch.Timing] | None = None,
 ) -> dict[Hashable, report.ExampleResult]:
-  """Every setting's decode of one example, timed side by side (`benchmark.time_calls`), with its
+  """Every setting's decode of one example, timed side by side (`stopwatch.time_calls`), with its
   prefill -> key -> report.ExampleResult.
 
   Args:
     batch: {'encoder_input_tokens': [B, Le], 'decoder_input_tokens': [B, L]}.
-    warmup, compiled: as in `benchmark.time_calls` (compiled: every call ran before, at this
+    warmup, compiled: as in `stopwatch.time_calls` (compiled: every call ran before, at this
       batch's shapes).
     prefills: key -> the setting's prefill timed at this batch's shapes (`time_prefills`); None:
       each prefill timed here, in the decodes' rounds.
@@ -241,7 +243,7 @@ def time_example(
       if part == "decode" or prefills is None:
         calls[part, key] = call
   outputs = {}
-  timings = benchmark.time_calls(
+  timings = stopwatch.time_calls(
       calls, repeats=repeats, warmup=warmup, compiled=compiled, outputs=outputs
   )
   results = {}
@@ -256,13 +258,13 @@ def time_example(
 
 def time_prefills(
     decoders: Mapping[Hashable, Setting], batch: Mapping[str, jax.Array]
-) -> dict[Hashable, benchmark.Timing]:
+) -> dict[Hashable, stopwatch.Timing]:
   """Every setting's prefill at one batch's shapes, PREFILL_REPEATS rounds side by side, each
-  compiled first where it is not -> key -> benchmark.Timing. A prefill (the encoders over
+  compiled first where it is not -> key -> stopwatch.Timing. A prefill (the encoders over
   [B, Le], empty caches for [B, L]) has no data-dependent work, so one timing serves every batch
   of these shapes."""
   calls = {key: _prefill_call(setting, batch) for key, setting in decoders.items()}
-  return benchmark.time_calls(calls, repeats=PREFILL_REPEATS, warmup=0)
+  return stopwatch.time_calls(calls, repeats=PREFILL_REPEATS, warmup=0)
 
 
 def _prefill_call(setting: Setting, batch: Mapping[str, jax.Array]) -> tuple[Callable, tuple]:
@@ -272,7 +274,7 @@ def _prefill_call(setting: Setting, batch: Mapping[str, jax.Array]) -> tuple[Cal
 def example_calls(
     setting: Setting, batch: Mapping[str, jax.Array], rng: jax.Array, temperature: float
 ) -> dict[str, tuple[Callable[..., Any], tuple]]:
-  """One setting's calls on one example, for `benchmark.time_rounds`: 'decode' and 'prefill' ->
+  """One setting's calls on one example, for `stopwatch.time_rounds`: 'decode' and 'prefill' ->
   (fn, args), the decode at `temperature` (a concrete greedy one runs the greedy program)."""
   return {
       "decode": (setting.predict, (setting.params, batch, rng, jnp.float32(temperature))),
@@ -341,7 +343,7 @@ def load_inputs(
     - `task`: the 'inputs' of its `split` through the task's pipeline (truncated as in T5X), in
       the task's vocabulary;
     - `input_file`: its non-empty lines, tokenized with `sentencepiece_model`;
-    - neither: `num_examples` random ones (`benchmark.random_inputs`, seeded by `seed`).
+    - neither: `num_examples` random ones (`workloads.random_inputs`, seeded by `seed`).
   `num_examples` caps the first two (0: all).
 
   Args:
@@ -356,7 +358,7 @@ def load_inputs(
     tasks = _tasks()
     seqio_task = tasks.get_task(task)
     vocabulary = seqio_task.output_features["targets"].vocabulary
-    benchmark.check_vocabulary(vocabulary, vocab_size, f"task {task}")
+    workloads.check_vocabulary(vocabulary, vocab_size, f"task {task}")
     return (
         f"{task}:{split}",
         vocabulary,
@@ -366,17 +368,17 @@ def load_inputs(
     )
   if input_file:
     vocabulary = vocabularies.SentencePieceVocabulary(sentencepiece_model)
-    benchmark.check_vocabulary(vocabulary, vocab_size, sentencepiece_model)
-    lines = benchmark.read_lines(input_file, num_examples or None)
+    workloads.check_vocabulary(vocabulary, vocab_size, sentencepiece_model)
+    lines = workloads.read_lines(input_file, num_examples or None)
     return (
         pathlib.Path(input_file).stem,
         vocabulary,
-        benchmark.encode_texts(lines, vocabulary, length),
+        workloads.encode_texts(lines, vocabulary, length),
     )
   return (
       RANDOM_TASK,
       vocabularies.PassThroughVocabulary(vocab_size, eos_id=eos_id),
-      benchmark.random_inputs(vocab_size, num_examples, length, seed, eos_id),
+      workloads.random_inputs(vocab_size, num_examples, length, seed, eos_id),
   )
 
 
@@ -391,7 +393,7 @@ class Sweep:
   """
 
   rows: list[report.SpeedupRow]
-  costs: dict[float, dict[str, benchmark.DecodeCosts]]
+  costs: dict[float, dict[str, step_costs.DecodeCosts]]
   results: dict[float, dict[Hashable, list[report.ExampleResult]]]
   cost_rounds: int
 
@@ -409,7 +411,7 @@ def _check_sweep(
   if not drafters:
     raise ValueError("no drafters to sweep: give at least one name -> (drafter, params).")
   for name, (drafter, _) in drafters.items():
-    benchmark.check_drafter(drafter, f"drafter {name!r}")
+    step_costs.check_drafter(drafter, f"drafter {name!r}")
     vocab_size = drafter.vocab_size
     if vocab_size != target_config.vocab_size:
       raise ValueError(
@@ -476,9 +478,9 @@ def most_common_length(encoder_inputs: Sequence[np.ndarray]) -> int:
 def _resolved_step_timings(
     calls: Mapping[Hashable, tuple[Callable[..., Any], tuple]],
     seconds: Mapping[Hashable, list[np.ndarray]],
-    geometry: benchmark.DecodeGeometry,
-) -> tuple[dict[Hashable, benchmark.Timing], int]:
-  """`benchmark.marginal_step_timings` of the rounds timed between the examples, with more
+    geometry: step_costs.DecodeGeometry,
+) -> tuple[dict[Hashable, stopwatch.Timing], int]:
+  """`step_costs.marginal_step_timings` of the rounds timed between the examples, with more
   rounds of `calls`, EXTRA_COST_ROUNDS at a time up to MAX_EXTRA_COST_ROUNDS, where a step is
   too short for the machine's noise (a busy machine: a draft of 0.02 target steps, 16 extra
   steps, did not resolve in 5 rounds beside two busy processes) -> (timings, extra rounds run).
@@ -487,11 +489,11 @@ def _resolved_step_timings(
   extra = 0
   while True:
     try:
-      return benchmark.marginal_step_timings(stacked, geometry), extra
+      return step_costs.marginal_step_timings(stacked, geometry), extra
     except ValueError:
       if extra >= MAX_EXTRA_COST_ROUNDS:
         raise
-      more = benchmark.time_rounds(calls, repeats=EXTRA_COST_ROUNDS, warmup=0, compiled=True)
+      more = stopwatch.time_rounds(calls, repeats=EXTRA_COST_ROUNDS, warmup=0, compiled=True)
       stacked = {key: np.concatenate([stacked[key], more[key]]) for key in stacked}
       extra += EXTRA_COST_ROUNDS
 
@@ -543,10 +545,10 @@ def sweep(
     task: str,
     seed: int = 0,
     repeats: int = 3,
-    warmup: int = benchmark.DEFAULT_WARMUP,
-    cost_repeats: int = benchmark.DEFAULT_REPEATS,
-    steps_per_call: int = benchmark.DEFAULT_STEPS_PER_CALL,
-    cost_geometry: benchmark.DecodeGeometry | None = None,
+    warmup: int = stopwatch.DEFAULT_WARMUP,
+    cost_repeats: int = stopwatch.DEFAULT_REPEATS,
+    steps_per_call: int = step_costs.DEFAULT_STEPS_PER_CALL,
+    cost_geometry: step_costs.DecodeGeometry | None = None,
     progress: bool = False,
 ) -> Sweep:
   """Measures every setting at every temperature against the baseline (the module docstring).
@@ -554,7 +556,7 @@ def sweep(
   For each temperature, each example's decodes (the baseline and every speculative setting, with
   the rng fold_in(PRNGKey(seed), example)) are timed side by side (`time_example`); after them,
   the example's share of the cost_repeats rounds of the decode steps behind the costs
-  (`cost_rounds_after`; `benchmark.cost_steps`, at the examples' batch size, encoder length and
+  (`cost_rounds_after`; `step_costs.cost_steps`, at the examples' batch size, encoder length and
   cache length, with the temperature's standardization and draw).
 
   Args:
@@ -571,7 +573,7 @@ def sweep(
     cost_geometry: where the decode steps behind the costs are timed; None: the examples' most
       common encoder length, a cache for decode_length and the longest block, steps_per_call
       steps. Give the geometry an earlier timing used (`auto_shape.Auto.choose`) and its
-      compiled step programs are reused (`benchmark.decode_step_calls`).
+      compiled step programs are reused (`step_costs.decode_step_calls`).
     progress: show a progress bar over the examples.
   Returns:
     The rows, the costs, every example's results and the cost rounds.
@@ -593,11 +595,11 @@ def sweep(
   geometry, steps = None, {}
   used = {setting.drafter: drafters[setting.drafter] for setting in settings}
   if cost_repeats:
-    geometry = cost_geometry or benchmark.DecodeGeometry.for_decoding(
+    geometry = cost_geometry or step_costs.DecodeGeometry.for_decoding(
         most_common_length(encoder_inputs), decode_length, max(timed) + 1, steps_per_call
     )
     geometry.check(max(timed) + 1)
-    steps = benchmark.cost_steps(target_config, target_params, used, timed)
+    steps = step_costs.cost_steps(target_config, target_params, used, timed)
   decoders = build_settings(target_config, target_params, drafters, settings, vocabulary)
   batches = [
       {
@@ -617,7 +619,7 @@ def sweep(
   for temperature in temperatures:
     calls = {}
     if cost_repeats:
-      calls = benchmark.decode_step_calls(
+      calls = step_costs.decode_step_calls(
           steps, geometry, temperature=temperature, batch=batch_size
       )
     seconds = {key: [] for key in calls}
@@ -643,7 +645,7 @@ def sweep(
         results[temperature][key].append(result)
       if cost_rounds[i]:
         # The decode steps compile in the first example's rounds.
-        for key, times in benchmark.time_rounds(
+        for key, times in stopwatch.time_rounds(
             calls, repeats=cost_rounds[i], warmup=warmup if i == 0 else 0, compiled=i > 0
         ).items():
           seconds[key].append(times)
@@ -652,7 +654,7 @@ def sweep(
     if cost_repeats:
       timings, extra = _resolved_step_timings(calls, seconds, geometry)
       rounds_done = max(rounds_done, sum(cost_rounds) + extra)
-      costs[temperature] = benchmark.costs_from_timings(timings, list(used), timed, geometry)
+      costs[temperature] = step_costs.costs_from_timings(timings, list(used), timed, geometry)
   bar.close()
   rows = [
       report.SpeedupRow.from_results(

@@ -68,7 +68,7 @@ from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x import validation
 from speculative_t5x.measuring import auto_shape
-from speculative_t5x.measuring import benchmark
+from speculative_t5x.measuring import step_costs
 from speculative_t5x.running import multihost
 from speculative_t5x.running import partitioning
 from speculative_t5x.running import run_dir
@@ -262,7 +262,7 @@ def choose_draft_shape(
       for _, example in itertools.islice(_shard_examples(task, config, shard), AUTO_EXAMPLES)
   ]
   tokens = model_batch(first, len(first), lengths, pair.target_config.vocab_size)
-  geometry = benchmark.DecodeGeometry.for_decoding(
+  geometry = step_costs.DecodeGeometry.for_decoding(
       lengths["inputs"], lengths["targets"], auto.max_block
   )
   choice = auto.choose_for_pair(

@@ -1,12 +1,7 @@
-"""Timing harness shared by the scripts: wall time of jitted calls, the cost ratios of Thm 3.8,
-and the random or text inputs they run on.
+"""Decode-step costs: the paper's cost coefficient c and the verification cost, timed the way the
+decoding loops run their steps.
 
-Every measurement excludes the first call (compilation), then makes `warmup` untimed calls, then
-`repeats` timed rounds, each call ended by `jax.block_until_ready`; calls that are compared are
-timed in the same rounds (`time_calls`); results are the median, minimum, maximum and
-interquartile range.
-
-Decode steps are timed the way the decoding loops run them: cached decode steps inside one jitted
+Decode steps are timed as the loops run them: cached decode steps inside one jitted
 `lax.fori_loop`, the cache carried (and written in place) from step to step, each step's logits
 feeding the next step's input tokens, at advancing positions of a cache of realistic length, after
 an encoder of realistic length. A step's time is marginal: a call of many steps minus a call of
@@ -20,10 +15,7 @@ target on one token), which Theorem 3.8 assumes to be 1.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import os
-import time
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import jax
@@ -33,335 +25,14 @@ import numpy as np
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 from speculative_t5x import sampling
+from speculative_t5x.measuring import stopwatch
+from speculative_t5x.measuring import workloads
 
-DEFAULT_REPEATS = 20
-DEFAULT_WARMUP = 1
 DEFAULT_STEPS_PER_CALL = 8
 EXTRA_PASSES = 4  # step times: calls of 1 + EXTRA_PASSES passes minus calls of 1 pass.
-# Random drafters for random-weight runs. 'independent': its own random weights (alpha is whatever
-# two unrelated random models share); 'copy': the target's own weights (alpha ~ 1, c ~ 1). Both
-# exercise the mechanics only: the alpha of random models says nothing about real drafters.
-RANDOM_DRAFTER_KINDS = ("independent", "copy")
-_FIRST_NON_SPECIAL_ID = 3  # T5 vocabularies: 0 = PAD, 1 = EOS, 2 = UNK.
 STREAM_WIDTH = 256  # columns of a StreamStage's matrix: rows = bytes / (4 * STREAM_WIDTH).
 
 
-# Before a timing: other processes running on the cores make it not a quiet machine's (the
-# figures of a quiet machine were 2x off otherwise). The 1-minute load average lags (a script
-# run just before, or an install, raises it for minutes), so the verdict rests on the processes
-# runnable at the moment (/proc/loadavg, sampled), the load averages being recorded beside it.
-_RUNNABLE_SAMPLES = 5
-_SAMPLE_SECONDS = 0.1
-
-
-def _runnable_others() -> int | None:
-  """The fewest runnable tasks besides this one over a few samples, or None without
-  /proc/loadavg (then only the load averages speak)."""
-  try:
-    counts = []
-    for _ in range(_RUNNABLE_SAMPLES):
-      with open("/proc/loadavg", encoding="ascii") as f:
-        counts.append(int(f.read().split()[3].split("/")[0]) - 1)
-      time.sleep(_SAMPLE_SECONDS)
-  except (OSError, ValueError, IndexError):
-    return None
-  return max(0, min(counts))
-
-
-def machine_load() -> dict:
-  """The load averages (1, 5, 15 minutes), the core count and the other processes runnable now,
-  to record beside timings."""
-  one, five, fifteen = os.getloadavg()
-  return {
-      "load_1m": one,
-      "load_5m": five,
-      "load_15m": fifteen,
-      "cpus": os.cpu_count(),
-      "runnable_others": _runnable_others(),
-  }
-
-
-def busy_warning(load: dict) -> str | None:
-  """A loud warning when `machine_load()` taken before a timing shows other work running (or,
-  where runnable tasks cannot be read, a 1-minute load average above 0.5), else None."""
-  others = load["runnable_others"]
-  if others is None:
-    if load["load_1m"] <= 0.5:
-      return None
-    seen = f"1-minute load average {load['load_1m']:.2f} > 0.5"
-  elif others == 0:
-    return None
-  else:
-    seen = f"{others} other process(es) running"
-  return (
-      f"WARNING: the machine was busy before this timing ({seen}): other work shares the "
-      "cores, so these times and speedups are not a quiet machine's. Rerun with nothing else "
-      "running before using them."
-  )
-
-
-@dataclasses.dataclass(frozen=True)
-class Timing:
-  """Statistics of `repeats` wall-clock times, in milliseconds (IQR = 75th - 25th percentile)."""
-
-  median_ms: float
-  min_ms: float
-  max_ms: float
-  iqr_ms: float
-  repeats: int
-
-  @classmethod
-  def from_seconds(cls, seconds: Sequence[float]) -> "Timing":
-    """Times in seconds [repeats] -> Timing in milliseconds."""
-    ms = np.asarray(seconds, np.float64) * 1e3
-    if ms.ndim != 1 or ms.size == 0:
-      raise ValueError(f"need a non-empty 1-D sequence of times, got shape {ms.shape}.")
-    q25, q50, q75 = np.percentile(ms, [25, 50, 75])
-    return cls(
-        median_ms=float(q50),
-        min_ms=float(ms.min()),
-        max_ms=float(ms.max()),
-        iqr_ms=float(q75 - q25),
-        repeats=int(ms.size),
-    )
-
-  def per_step(self, steps: int) -> "Timing":
-    """The same statistics divided by `steps` (a call that ran `steps` identical steps)."""
-    return Timing(
-        self.median_ms / steps,
-        self.min_ms / steps,
-        self.max_ms / steps,
-        self.iqr_ms / steps,
-        self.repeats,
-    )
-
-  def as_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-
-def time_calls(
-    calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]],
-    *,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: int = DEFAULT_WARMUP,
-    compiled: bool = False,
-    outputs: dict[Hashable, Any] | None = None,
-) -> dict[Hashable, Timing]:
-  """Wall times of several jitted calls measured side by side, compilation excluded.
-
-  Each call runs once (compilation, `first_calls`; not with `compiled`, when every call ran
-  before) and `warmup` more times untimed; then come `repeats` rounds,
-  each timing every call once, in an order rotated from round to round. Calls compared with each
-  other (a baseline and its speculative decode, a target step and a drafter step) so share the
-  same minutes of the machine: a slow spell (another process, frequency scaling) lands on all of
-  them alike instead of on whichever was timed during it.
-
-  Args:
-    calls: name -> (jitted fn, args); each timed as `jax.block_until_ready(fn(*args))`.
-    outputs: where given, filled with name -> the result of that call's last timed run (what a
-      caller would otherwise compute by one more call).
-  Returns:
-    name -> Timing.
-  """
-  return {
-      name: Timing.from_seconds(seconds)
-      for name, seconds in time_rounds(
-          calls, repeats=repeats, warmup=warmup, compiled=compiled, outputs=outputs
-      ).items()
-  }
-
-
-def time_rounds(
-    calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]],
-    *,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: int = DEFAULT_WARMUP,
-    compiled: bool = False,
-    outputs: dict[Hashable, Any] | None = None,
-) -> dict[Hashable, np.ndarray]:
-  """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r.
-  With `compiled` (every call ran before), only the `warmup` calls precede the rounds; `outputs`
-  as in `time_calls`."""
-  if int(repeats) < 1 or int(warmup) < 0:
-    raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
-  if not calls:
-    raise ValueError("no calls to time.")
-  names = list(calls)
-  if not compiled:
-    first_calls(calls)
-  for name in names:
-    fn, args = calls[name]
-    for _ in range(int(warmup)):
-      jax.block_until_ready(fn(*args))
-  seconds = {name: np.zeros(int(repeats)) for name in names}
-  for r in range(int(repeats)):
-    for name in names[r % len(names) :] + names[: r % len(names)]:
-      fn, args = calls[name]
-      start = time.perf_counter()
-      result = jax.block_until_ready(fn(*args))
-      seconds[name][r] = time.perf_counter() - start
-      if outputs is not None:
-        outputs[name] = result
-  return seconds
-
-
-def first_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]]) -> dict:
-  """Each call run once, compiling it -> name -> its output. On the CPU backend the calls run on
-  a thread per core (XLA compiles without Python's lock: 2 cores compiled the demo's decoders
-  1.5-1.9x faster than one at a time); on an accelerator one at a time, since programs running
-  together would hold their buffers at once. The first call of each function goes first: a
-  second call of a function being compiled waits for that compilation and would hold a thread
-  idle."""
-  workers = (os.cpu_count() or 1) if jax.default_backend() == "cpu" else 1
-  firsts = {}  # id(fn) -> the name of its first call
-  for name, (fn, _) in calls.items():
-    firsts.setdefault(id(fn), name)
-  order = list(firsts.values()) + [name for name in calls if name not in firsts.values()]
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    futures = {
-        name: pool.submit(lambda call: jax.block_until_ready(call[0](*call[1])), calls[name])
-        for name in order
-    }
-    return {name: futures[name].result() for name in calls}
-
-
-# ----------------------------------------------------------------------------------------------
-# Random weights, and inputs (random or text)
-# ----------------------------------------------------------------------------------------------
-def random_params(config: network.T5Config, seed: int) -> dict:
-  """float32 parameters from `network.init_params` (activations follow `config.dtype`).
-
-  Run eagerly: compiling the initialiser of a T5-small costs more than running it op by op.
-  """
-  return network.init_params(config, jax.random.PRNGKey(seed))
-
-
-def random_drafter(
-    kind: str,
-    target_config: network.T5Config,
-    target_params: dict,
-    drafter: drafters_lib.Drafter,
-    drafter_params: dict,
-) -> tuple[drafters_lib.Drafter, dict]:
-  """A random-weight drafter of one of RANDOM_DRAFTER_KINDS -> (drafter, params).
-
-  'independent' is `drafter` with its own (random) parameters; 'copy' is the T5 drafter of the
-  target's config with the target's very parameters (alpha ~ 1: the drafter proposes what the
-  target would sample).
-  """
-  if kind == "independent":
-    return drafter, drafter_params
-  if kind == "copy":
-    return drafters_lib.T5Drafter(target_config), target_params
-  raise ValueError(f"unknown random drafter kind {kind!r}: use one of {RANDOM_DRAFTER_KINDS}.")
-
-
-def truncated_copy_pair(
-    config: network.T5Config, residual_scale: float, seed: int
-) -> tuple[dict, network.T5Config, dict]:
-  """A random target with a drafter that agrees with it often, at rates differing by row
-  -> (target params, drafter config, drafter params).
-
-  The target (`config`, random weights from `seed`) has the residual outputs of its decoder layers
-  1.. (attention `out` and MLP `wo` kernels) scaled by `residual_scale`, so that decoder layer 0
-  carries most of the signal; the drafter is that target cut after decoder layer 0 (its
-  embedding, encoder, layer 0, final norm and head: the same arrays, no copy).
-  """
-
-  def scaled(path, x):
-    keys = [k.key for k in path]
-    deep = keys[0] == "decoder" and keys[1].startswith("layers_") and keys[1] != "layers_0"
-    return x * residual_scale if deep and keys[-2] in ("out", "wo") else x
-
-  target = jax.tree_util.tree_map_with_path(scaled, random_params(config, seed))
-  drafter_decoder = {
-      name: value
-      for name, value in target["decoder"].items()
-      if not name.startswith("layers_") or name == "layers_0"
-  }
-  return target, config.replace(num_decoder_layers=1), dict(target, decoder=drafter_decoder)
-
-
-def random_tokens(rng: jax.Array, vocab_size: int, shape: Sequence[int]) -> jax.Array:
-  """Random non-special token ids (none is PAD, EOS or UNK) -> int32 array of `shape`."""
-  if vocab_size <= _FIRST_NON_SPECIAL_ID:
-    raise ValueError(f"vocab_size {vocab_size} leaves no ordinary tokens after PAD, EOS and UNK.")
-  return jax.random.randint(rng, tuple(shape), _FIRST_NON_SPECIAL_ID, vocab_size, jnp.int32)
-
-
-def _host_tokens(draws: np.random.Generator, vocab_size: int, shape: Sequence[int]) -> jax.Array:
-  """`random_tokens` drawn on the host by numpy's `draws` (no program compiled)."""
-  return jnp.asarray(draws.integers(_FIRST_NON_SPECIAL_ID, vocab_size, tuple(shape), np.int32))
-
-
-def random_inputs(
-    vocab_size: int, num_examples: int, length: int, seed: int = 0, eos_id: int = 1
-) -> np.ndarray:
-  """Random encoder inputs -> [num_examples, length] int32: row i holds n_i - 1 random
-  non-special tokens then EOS, n_i drawn from [max(1, length // 2), length], then 0-padding."""
-  if num_examples < 1 or length < 1:
-    raise ValueError(
-        f"random inputs need num_examples >= 1 and length >= 1, got {num_examples} "
-        f"and {length}."
-    )
-  tokens = np.asarray(random_tokens(jax.random.PRNGKey(seed), vocab_size, (num_examples, length)))
-  lengths = np.random.default_rng(seed).integers(max(1, length // 2), length + 1, num_examples)
-  return pad_sequences([list(row[: n - 1]) + [eos_id] for row, n in zip(tokens, lengths)], length)
-
-
-def pad_sequences(sequences: Sequence[Sequence[int]], length: int) -> np.ndarray:
-  """Token sequences, each at most `length` long -> [len(sequences), length] int32, 0-padded."""
-  inputs = np.zeros((len(sequences), length), np.int32)
-  for i, sequence in enumerate(sequences):
-    inputs[i, : len(sequence)] = sequence
-  return inputs
-
-
-def read_lines(path: str, limit: int | None = None) -> list[str]:
-  """The non-empty lines of a text file, stripped; the first `limit` of them when it is set."""
-  with open(path, encoding="utf-8") as f:
-    lines = [line for line in (line.strip() for line in f) if line]
-  if not lines:
-    raise ValueError(f"{path} has no non-empty lines: give a file with one input per line.")
-  return lines[:limit] if limit else lines
-
-
-def check_vocabulary(vocabulary: Any, vocab_size: int, source: str) -> None:
-  """Raises ValueError if `vocabulary` (from `source`) has ids the models' vocab_size lacks."""
-  if vocabulary.vocab_size > vocab_size:
-    raise ValueError(
-        f"{source} has {vocabulary.vocab_size} pieces but the models' vocab_size is "
-        f"{vocab_size}: use the models' vocabulary."
-    )
-
-
-def encode_texts(
-    texts: Sequence[str], vocabulary: Any, length: int | None = None, multiple: int = 8
-) -> np.ndarray:
-  """Texts tokenized by a seqio vocabulary, each followed by EOS, 0-padded
-  -> [len(texts), length] int32; with `length` None, the longest rounded up to a `multiple`.
-  Raises ValueError, naming the first, if a text does not fit `length`."""
-  if not texts:
-    raise ValueError("no texts to encode.")
-  sequences = [list(vocabulary.encode(text)) + [vocabulary.eos_id] for text in texts]
-  longest = max(len(sequence) for sequence in sequences)
-  if length is None:
-    length = -(-longest // multiple) * multiple
-  too_long = [i for i, sequence in enumerate(sequences) if len(sequence) > length]
-  if too_long:
-    first = too_long[0]
-    raise ValueError(
-        f"{len(too_long)} of the {len(texts)} inputs (first: input {first + 1}, "
-        f"{len(sequences[first])} tokens with EOS: {texts[first][:60]!r}) exceed the "
-        f"'inputs' length {length}: raise the 'inputs' feature length "
-        "(TASK_FEATURE_LENGTHS) or shorten them."
-    )
-  return pad_sequences(sequences, length)
-
-
-# ----------------------------------------------------------------------------------------------
-# Decode steps and the cost ratios
-# ----------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class DecodeGeometry:
   """Where timed decode steps run: encoder length Le, cache length L, first position of the
@@ -421,7 +92,9 @@ def _feedback_tokens(logits: jax.Array) -> jax.Array:
   """logits [B, k, V] -> next input tokens [B, k]: a function of every logit (so nothing is dead
   code or loop-invariant) that costs next to nothing: the network alone is timed."""
   return jnp.where(
-      jnp.sum(logits, axis=-1) > 0, _FIRST_NON_SPECIAL_ID + 1, _FIRST_NON_SPECIAL_ID
+      jnp.sum(logits, axis=-1) > 0,
+      workloads.FIRST_NON_SPECIAL_ID + 1,
+      workloads.FIRST_NON_SPECIAL_ID,
   ).astype(jnp.int32)
 
 
@@ -541,7 +214,9 @@ class ProposalStage:
         rng_encoded, encoder_tokens.shape + (self.target_emb_dim,), jnp.float32
     )
     state = self.drafter.init_state(params[0], encoder_tokens, cache_length, target_encoded=encoded)
-    sequences = random_tokens(rng_tokens, self.vocab_size, (encoder_tokens.shape[0], cache_length))
+    sequences = workloads.random_tokens(
+        rng_tokens, self.vocab_size, (encoder_tokens.shape[0], cache_length)
+    )
     return state, sequences
 
   def run(self, params, carry, tokens, position, u, standardize, temperature):
@@ -606,7 +281,7 @@ def decode_step_call(
 ) -> tuple[Callable[..., Any], tuple]:
   """A jitted call of `passes` x `geometry.steps_per_call` loop steps, each running the stages in
   order, against caches of `geometry.cache_length` after encoder inputs
-  [batch, geometry.encoder_length] -> (fn, args) for `time_calls`.
+  [batch, geometry.encoder_length] -> (fn, args) for `stopwatch.time_calls`.
 
   Loop step i runs each stage's decode steps at cache_index = position + i (+ r for its r-th
   repeat), on the first k of the tokens the previous decode step produced from its logits, writing
@@ -646,8 +321,8 @@ def _stage_loop(
     )
   # The inputs are drawn on the host: eager jax.random calls would compile a program per shape.
   draws = np.random.default_rng(seed)
-  encoder_tokens = _host_tokens(draws, vocab, (batch, geometry.encoder_length))
-  tokens = _host_tokens(draws, vocab, (batch, width))
+  encoder_tokens = workloads.host_tokens(draws, vocab, (batch, geometry.encoder_length))
+  tokens = workloads.host_tokens(draws, vocab, (batch, width))
   # The stages without their parameters (passed as arguments): the programs' static structure.
   templates = tuple(dataclasses.replace(stage, params=None) for stage in stages)
   steps = geometry.steps_per_call
@@ -734,15 +409,17 @@ def decode_step_calls(
 
 def marginal_step_timings(
     seconds: Mapping[Hashable, np.ndarray], geometry: DecodeGeometry
-) -> dict[Hashable, Timing]:
+) -> dict[Hashable, stopwatch.Timing]:
   """Per-step times from the rounds of `decode_step_calls` ((name, passes) -> seconds [rounds]):
   in each round, the call of 1 + EXTRA_PASSES passes minus the call of one pass, over the
-  EXTRA_PASSES x `geometry.steps_per_call` extra steps -> name -> Timing.
+  EXTRA_PASSES x `geometry.steps_per_call` extra steps -> name -> stopwatch.Timing.
   Raises ValueError if the extra steps took no measurable time (noise larger than the steps)."""
   extra_steps = EXTRA_PASSES * geometry.steps_per_call
   names = [name for name, passes in seconds if passes == 1]
   timings = {
-      name: Timing.from_seconds((seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1]) / extra_steps)
+      name: stopwatch.Timing.from_seconds(
+          (seconds[name, 1 + EXTRA_PASSES] - seconds[name, 1]) / extra_steps
+      )
       for name in names
   }
   for name, timing in timings.items():
@@ -761,12 +438,12 @@ def time_decode_steps(
     *,
     temperature: float | None = None,
     batch: int = 1,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: int = DEFAULT_WARMUP,
+    repeats: int = stopwatch.DEFAULT_REPEATS,
+    warmup: int = stopwatch.DEFAULT_WARMUP,
     seed: int = 0,
-) -> dict[Hashable, Timing]:
+) -> dict[Hashable, stopwatch.Timing]:
   """Per-loop-step times of `name -> stages` (see `decode_step_call`), all timed side by side
-  (`time_rounds`).
+  (`stopwatch.time_rounds`).
 
   A step's time is the marginal one, as a decoding loop pays it: in each round, the time of a call
   running 1 + EXTRA_PASSES passes over the geometry's `steps_per_call` positions minus that of a
@@ -775,7 +452,9 @@ def time_decode_steps(
   Raises ValueError if the extra steps took no measurable time (noise larger than the steps).
   """
   calls = decode_step_calls(steps, geometry, temperature=temperature, batch=batch, seed=seed)
-  return marginal_step_timings(time_rounds(calls, repeats=repeats, warmup=warmup), geometry)
+  return marginal_step_timings(
+      stopwatch.time_rounds(calls, repeats=repeats, warmup=warmup), geometry
+  )
 
 
 def decode_step_timing(
@@ -786,10 +465,10 @@ def decode_step_timing(
     *,
     temperature: float | None = None,
     batch: int = 1,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: int = DEFAULT_WARMUP,
+    repeats: int = stopwatch.DEFAULT_REPEATS,
+    warmup: int = stopwatch.DEFAULT_WARMUP,
     seed: int = 0,
-) -> Timing:
+) -> stopwatch.Timing:
   """Per-step time of `Transformer.decode` on k tokens [batch, k] (see `time_decode_steps`)."""
   return time_decode_steps(
       {"step": [Stage(config, params, k)]},
@@ -813,10 +492,10 @@ class DecodeCosts:
   """
 
   geometry: DecodeGeometry
-  target_step: Timing
-  drafter_step: Timing
-  verify: dict[int, Timing]
-  iteration: dict[int, Timing]
+  target_step: stopwatch.Timing
+  drafter_step: stopwatch.Timing
+  verify: dict[int, stopwatch.Timing]
+  iteration: dict[int, stopwatch.Timing]
 
   @property
   def c(self) -> float:
@@ -846,7 +525,7 @@ class DecodeCosts:
     return self._get(self.iteration, gamma).median_ms - apart
 
   @staticmethod
-  def _get(timings: dict[int, Timing], gamma: int) -> Timing:
+  def _get(timings: dict[int, stopwatch.Timing], gamma: int) -> stopwatch.Timing:
     if gamma not in timings:
       raise ValueError(f"no timing for gamma={gamma}: measured {sorted(timings)}.")
     return timings[gamma]
@@ -953,7 +632,7 @@ def cost_steps(
 
 
 def costs_from_timings(
-    timings: Mapping[Hashable, Timing],
+    timings: Mapping[Hashable, stopwatch.Timing],
     drafters: Sequence[str],
     gammas: Sequence[int],
     geometry: DecodeGeometry,
@@ -982,8 +661,8 @@ def measure_costs(
     geometry: DecodeGeometry,
     *,
     temperature: float | None = None,
-    repeats: int = DEFAULT_REPEATS,
-    warmup: int = DEFAULT_WARMUP,
+    repeats: int = stopwatch.DEFAULT_REPEATS,
+    warmup: int = stopwatch.DEFAULT_WARMUP,
 ) -> dict[str, DecodeCosts]:
   """Costs of the target against each drafter (`cost_steps`), all timed side by side in
   `geometry` (see `DecodeGeometry.for_decoding`); with a `temperature`, every step includes
