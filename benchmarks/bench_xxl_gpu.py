@@ -67,13 +67,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
 
-from speculative_t5x.measuring import step_costs
-
-from speculative_t5x.measuring import stopwatch
-
-from speculative_t5x.measuring import workloads
 import device_init
 from speculative_t5x import draft_shapes
 from speculative_t5x import drafters as drafters_lib
@@ -82,9 +76,13 @@ from speculative_t5x import network
 from speculative_t5x import theory
 from speculative_t5x import trees
 from speculative_t5x.measuring import report
+from speculative_t5x.measuring import step_costs
+from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
+from speculative_t5x.measuring import workloads
 from speculative_t5x.projections import paper
 from speculative_t5x.projections import roofline
+from speculative_t5x.text import vocabularies
 
 EOS_ID = 1
 TASK = "random"
@@ -271,7 +269,9 @@ class Bench:
     sizes = self.sizes
     self.param_dtype = jnp.dtype(sizes.param_dtype)
     self.target_config = t5_config(sizes.target, sizes.encoder_layers, sizes.dtype)
-    self.vocabulary = seqio.PassThroughVocabulary(self.target_config.vocab_size, eos_id=EOS_ID)
+    self.vocabulary = vocabularies.PassThroughVocabulary(
+        self.target_config.vocab_size, eos_id=EOS_ID
+    )
     self.target = network.Transformer(self.target_config)
     self.params = None
     self.drafters: dict[str, tuple[drafters_lib.Drafter, Any]] = {}
@@ -1002,7 +1002,7 @@ def abstract_check(options: Options) -> dict:
         {k: v for k, v in drafters[name][1]["decoder"].items() if not k.startswith("layers_")}
     )
     result[f"{name}_decoder_layer_bytes"] = own
-  vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=EOS_ID)
+  vocabulary = vocabularies.PassThroughVocabulary(config.vocab_size, eos_id=EOS_ID)
   module = network.Transformer(config)
   batch = {
       "encoder_input_tokens": jax.ShapeDtypeStruct((1, sizes.input_length), jnp.int32),

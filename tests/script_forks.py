@@ -28,7 +28,6 @@ import gin  # noqa: F401,E402
 import jax  # noqa: F401,E402
 import seqio  # noqa: F401,E402
 from speculative_t5x import feature_drafter  # noqa: F401,E402
-
 from speculative_t5x.measuring import calibration  # noqa: F401,E402
 from speculative_t5x.measuring import step_costs  # noqa: F401,E402
 from speculative_t5x.measuring import sweep  # noqa: F401,E402

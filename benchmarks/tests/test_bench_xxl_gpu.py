@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from conftest import load_bench
+from conftest import load_bench, make_demo_process
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_xxl_gpu.py"
 
@@ -92,3 +92,20 @@ def test_tiny_run_measures_a_row_and_matches_hugging_face(bench, tmp_path):
   assert sum(results["compile_s"]["speculative"]) > 0
   markdown = (tmp_path / "results.md").read_text()
   assert "## Rows" in markdown and "## Hugging Face" in markdown and "Table 2 projected" in markdown
+
+
+def test_the_device_bench_runs_without_tensorflow(tmp_path):
+  """The GPU image has no TensorFlow: the bench runs where seqio and TensorFlow cannot be
+  imported, as `make demo` does."""
+  run = make_demo_process(
+      "bench_xxl_gpu.py",
+      "--sizes=tiny",
+      f"--output_dir={tmp_path}",
+      "--budget_s=60",
+      "--hf_budget_s=5",
+      "--stages=baseline",
+      "--compilation_cache_dir=",
+  )
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert "blocked" not in run.stderr + run.stdout
+  assert "baseline t=0" in (tmp_path / "results.md").read_text()
