@@ -34,3 +34,8 @@ def load_bench(name: str):
       delattr(flags.FLAGS, flag_name)
     _BENCHES[name] = module
   return _BENCHES[name]
+
+
+# Both conftest.py files are modules named `conftest`, and the one pytest loads last holds the
+# name: the benches' tests import what is this file's own from `bench_conftest`.
+sys.modules["bench_conftest"] = sys.modules[__name__]

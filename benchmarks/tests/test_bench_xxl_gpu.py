@@ -6,7 +6,8 @@ import pathlib
 
 import pytest
 
-from conftest import load_bench, make_demo_process
+from bench_conftest import load_bench
+from conftest import make_demo_process
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench_xxl_gpu.py"
 

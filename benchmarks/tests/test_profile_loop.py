@@ -8,7 +8,7 @@ import pathlib
 import subprocess
 import sys
 
-from conftest import load_bench
+from bench_conftest import load_bench
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
