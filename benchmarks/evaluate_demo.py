@@ -36,6 +36,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from speculative_t5x import drafters
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
@@ -76,6 +77,13 @@ flags.DEFINE_integer("check_examples", 100, "Examples of the greedy equality che
 flags.DEFINE_integer(
     "num_inputs", 32, "Source sentences written to test_inputs.txt.", lower_bound=1
 )
+
+
+def standalone_config(drafter: drafters.Drafter) -> network.T5Config | None:
+  """The config of the `network.Transformer` a drafter's parameters make on their own (an
+  encoder of its own, nothing read from the target), which translates alone: a T5 drafter's.
+  None for a drafter that reads the target or runs no network."""
+  return drafter.config if isinstance(drafter, drafters.T5Drafter) else None
 
 
 def evaluate_member(
@@ -169,7 +177,7 @@ def main(argv):
   report["target"] = evaluate_member(
       "target", pair.target_config, pair.target_params, examples, vocabulary
   )
-  standalone = pair.drafter.standalone_config  # None: it reads the target (or is no network)
+  standalone = standalone_config(pair.drafter)
   if standalone is not None:
     report["drafter"] = evaluate_member(
         "drafter", standalone, pair.drafter_params, examples, vocabulary

@@ -103,7 +103,7 @@ def measure(slice_name: str, task: str, ks: list[int]) -> dict:
   for name, make in DRAFTERS.items():
     drafter = make()
     cost = tpu_costs.decode_cost(
-        drafter, 1, device, encoder_length, decoded, drafter.network_encoder_emb_dim
+        drafter, 1, device, encoder_length, decoded, drafters.stepped_network(drafter)[1]
     )
     out["drafters"][name] = cost.as_dict()
     print(slice_name, task, name, cost, flush=True)

@@ -262,11 +262,11 @@ def check_flags() -> tuple[float, ...]:
     if not copy_source:
       continue
     drafter = checkpoints.read_drafter(pair_dir / member)
-    if not drafter.can_copy_source:
+    if not feature_drafter.can_copy_source(drafter):
       raise gin_utils.ConfigError(
           f"--drafter={entry}: {COPY_SOURCE} adds each sentence's source ids to a feature "
           f"drafter's draft vocabulary, and {member} is a {type(drafter).__name__} that has "
-          f"none (Drafter.can_copy_source): drop {COPY_SOURCE}"
+          f"none (feature_drafter.can_copy_source): drop {COPY_SOURCE}"
       )
   return temperatures
 

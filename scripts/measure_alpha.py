@@ -186,7 +186,7 @@ def check_task(setup: AlphaSetup, task: seqio.Task) -> None:
   learns from targets) and 'inputs' and 'targets' features whose vocabularies the target's
   vocab_size covers."""
   read = [("SPLIT", setup.split)]
-  if any(drafter.learns_from_targets for drafter in setup.drafters.values()):
+  if any(pairs.learns_from_targets(drafter) for drafter in setup.drafters.values()):
     read.append(("measure_alpha.AlphaSetup.ngram_fit_split", setup.ngram_fit_split))
   for macro, split in read:
     try:

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import os
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import flax
 import gin
@@ -261,11 +260,15 @@ class CheckpointLayout:
 
 class Drafter(abc.ABC):
   """A source of drafts: the protocol the decoding loop, the models, alpha measurement and the
-  partitioner use; nothing outside this module asks what kind of drafter it holds.
+  partitioner call, and nothing else.
 
   A new kind is one subclass (plus a gin file binding `DRAFTER = @drafters.MyDrafter()`):
-  `init_state` and `propose` are required; the rest have defaults for a drafter without trained
-  weights. A drafter is a frozen dataclass compared by identity (the loop is traced once per
+  `init_state`, `propose` and `teacher_forced_logits` are required; the rest have defaults for a
+  drafter without trained weights. What other layers need of some kinds is a protocol of their
+  own, which a kind meets with one more method: a checkpoint format
+  (`checkpoint_layout`, `weights.checkpoints.Checkpointed`), parameters fitted on target
+  sequences (`fit_params`, `weights.pairs.FittedFromTargets`), parameters shared with the target
+  (`init_from_target`, `training.training.SharesTarget`). A drafter is a frozen dataclass compared by identity (the loop is traced once per
   drafter). Its parameters are a pytree kept beside the target's: params['drafter'].
 
   vocab_size: the target's vocabulary (0: take the target's, see `for_target`).
@@ -348,78 +351,8 @@ class Drafter(abc.ABC):
         f"the drafter with the sizes they have.{cast}",
     )
 
-  @property
-  def needs_checkpoint(self) -> bool:
-    """Whether useful parameters come only from a checkpoint (`checkpoint_layout`); random ones
-    (`init_params`) are then for tests and demos only."""
-    return False
-
-  def checkpoint_layout(self) -> "CheckpointLayout | None":
-    """What this drafter's checkpoint holds (`speculative_t5x.weights.checkpoints` reads and
-    writes it); None where it has no checkpoint format (its parameters come from fitting or it
-    needs none)."""
-    return None
-
-  def from_checkpoint(
-      self,
-      restore: Callable[["Drafter"], Any],
-      saved_entry: Mapping[str, Any] | None,
-      target_params: Any,
-      path: str | os.PathLike,
-  ) -> Any:
-    """Parameters from the checkpoint at `path` whose config.json drafter entry is `saved_entry`
-    (None: none, or no config.json), completed with what the drafter takes from its target that
-    the checkpoint may not hold. `restore(drafter)` reads the checkpoint as `drafter`'s. The
-    default restores as itself and takes nothing from the target."""
-    del saved_entry, target_params, path
-    return restore(self)
-
-  def init_from_target(self, params: Any, target_params: Any) -> Any:
-    """Fresh `params` with what the drafter shares with the target copied in (training calls it
-    once, before the first step against a frozen target); the default shares nothing."""
-    del target_params
-    return params
-
-  @property
-  def learns_from_targets(self) -> bool:
-    """Whether its parameters are fitted from target sequences (`fit_params`)."""
-    return False
-
-  def fit_params(self, targets: Iterable[np.ndarray]) -> Any:
-    """Parameters fitted on target token sequences (1-D int arrays, 0 = padding)."""
-    del targets
-    raise ValueError(f"{type(self).__name__} is not fitted from data.")
-
   def param_axes(self) -> Any:
     """Logical axis names of every parameter (T5X's, for `partitioning`), or None: replicated."""
-    return None
-
-  @property
-  def network_config(self) -> network.T5Config | None:
-    """The T5 network one drafter step runs (what the benchmark times for the cost coefficient
-    c), or None for a drafter without a model call."""
-    return None
-
-  @property
-  def standalone_config(self) -> network.T5Config | None:
-    """The config of the `network.Transformer` its parameters make on their own, with an encoder
-    of its own and nothing read from the target: a translation model that can be evaluated alone
-    (BLEU, eval loss: `benchmarks/evaluate_demo.py`). None for a drafter that reads the target (its
-    encoder output or features) or runs no network (tables, prompt lookup)."""
-    return None
-
-  @property
-  def can_copy_source(self) -> bool:
-    """Whether `feature_drafter.copying_source` can add each sentence's source ids to what it
-    drafts: a drafter that scores a draft vocabulary smaller than the target's. False by
-    default."""
-    return False
-
-  @property
-  def network_encoder_emb_dim(self) -> int | None:
-    """E_target, when the network of `network_config` has no encoder of its own and cross-attends
-    to the target's encoder output [B, Le, E_target] (a `network.SharedEncoderDecoder`); None
-    when it is a `network.Transformer` with its own encoder, or there is no network."""
     return None
 
   def check_lengths(self, encoder_length: int, decode_length: int) -> None:
@@ -642,14 +575,6 @@ class _CachedDecoderDrafter(Drafter):
   ) -> Any:
     """The decoder cache of `init_state` (its arguments)."""
 
-  @property
-  def needs_checkpoint(self) -> bool:
-    return True
-
-  @property
-  def network_config(self) -> network.T5Config:
-    return self.config
-
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
     cache = self._init_cache(params, encoder_input_tokens, cache_length, target_encoded)
     return T5DrafterState(cache, jnp.zeros((encoder_input_tokens.shape[0],), jnp.int32))
@@ -719,10 +644,6 @@ class T5Drafter(_CachedDecoderDrafter):
   def module(self) -> network.Transformer:
     return network.Transformer(self.config)
 
-  @property
-  def standalone_config(self) -> network.T5Config:
-    return self.config  # its own encoder: a whole T5.
-
   def init_params(self, rng, input_shapes):
     del input_shapes  # a T5's parameter shapes do not depend on them.
     return network.init_params(self.config, rng)
@@ -790,10 +711,6 @@ class SharedEncoderDrafter(_CachedDecoderDrafter):
   def param_axes(self):
     return network.shared_encoder_param_axes(self.config, self.encoder_emb_dim)
 
-  @property
-  def network_encoder_emb_dim(self) -> int:
-    return self.encoder_emb_dim
-
   def check_target(self, target_config):
     check_reads_target(
         self,
@@ -840,6 +757,17 @@ class SharedEncoderDrafter(_CachedDecoderDrafter):
         encoder_input_tokens,
         decoder_input_tokens,
     )
+
+
+def stepped_network(drafter: Drafter) -> tuple[network.T5Config, int | None] | None:
+  """The T5 network one draft step of `drafter` runs -> (its config, E_target where it reads the
+  target's encoder output [B, Le, E_target] instead of running an encoder, else None); None
+  where a draft is not one step of one T5 network (tables, prompt lookup, a feature head)."""
+  if isinstance(drafter, SharedEncoderDrafter):
+    return drafter.config, drafter.encoder_emb_dim
+  if isinstance(drafter, T5Drafter):
+    return drafter.config, None
+  return None
 
 
 register_kind(

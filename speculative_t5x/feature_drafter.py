@@ -424,6 +424,12 @@ def without_layers(
   return cut_config, {**{k: v for k, v in params.items() if k not in body}, **cut["decoder"]}
 
 
+def can_copy_source(drafter: drafters.Drafter) -> bool:
+  """Whether `copying_source` can add each sentence's source ids to what `drafter` drafts: a
+  `FeatureDrafter` with a draft vocabulary smaller than the target's."""
+  return isinstance(drafter, FeatureDrafter) and bool(drafter.draft_vocab)
+
+
 def copying_source(
     drafter: "FeatureDrafter", params: Any, target_params: Any
 ) -> tuple["FeatureDrafter", Any]:
@@ -552,11 +558,6 @@ class FeatureDrafter(drafters.Drafter):
     object.__setattr__(self, "copy_source", bool(self.copy_source))
 
   @property
-  def can_copy_source(self) -> bool:
-    """With a draft vocabulary (`copying_source` adds each row's source ids to it)."""
-    return bool(self.draft_vocab)
-
-  @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
 
@@ -600,10 +601,6 @@ class FeatureDrafter(drafters.Drafter):
     if self.copy_source:
       shared["source_head"] = kernel
     return {**params, **shared}
-
-  @property
-  def needs_checkpoint(self) -> bool:
-    return True
 
   def _entry(self) -> dict:
     return {

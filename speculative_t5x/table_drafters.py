@@ -102,10 +102,6 @@ class _TableDrafter(drafters.Drafter):
     del rng, input_shapes
     return self.fit_params([])
 
-  @property
-  def learns_from_targets(self) -> bool:
-    return True
-
   def init_state(self, params, encoder_input_tokens, cache_length, target_encoded=None):
     return ()
 

@@ -697,18 +697,6 @@ def test_numpy_and_jax_scalars_are_taken_for_their_values_by_the_constructors():
   lookup.check_lengths(ENC.shape[1], L)  # ngram 2 <= the decode length 4
 
 
-def test_each_drafter_says_whether_it_is_a_model_of_its_own():
-  assert drafters.T5Drafter(CONFIG).standalone_config == CONFIG
-  others = [
-      drafters.SharedEncoderDrafter(CONFIG, CONFIG.emb_dim),
-      feature_drafter.FeatureDrafter(CONFIG, CONFIG.emb_dim),
-      table_drafters.UnigramDrafter(V),
-      table_drafters.BigramDrafter(V),
-      table_drafters.PromptLookupDrafter(V),
-  ]
-  assert [d.standalone_config for d in others] == [None] * len(others)
-
-
 def test_the_package_imports_form_no_circle():
   """Every `speculative_t5x` module's imports of the package (annotations' included): no cycle."""
   graph = {}

@@ -228,7 +228,7 @@ def test_random_drafter_kinds():
   target_params, drafter_params = {"w": np.ones(2)}, {"w": np.zeros(2)}
   args = (target, target_params, drafter, drafter_params)
   copy, copy_params = workloads.random_drafter("copy", *args)
-  assert isinstance(copy, drafters.T5Drafter) and copy.network_config == target
+  assert isinstance(copy, drafters.T5Drafter) and copy.config == target
   assert copy_params is target_params
   assert workloads.random_drafter("independent", *args) == (drafter, drafter_params)
   with pytest.raises(ValueError, match="unknown random drafter kind 'twin'"):

@@ -29,6 +29,7 @@ from speculative_t5x import table_drafters
 from speculative_t5x.projections import paper
 from speculative_t5x.running import inference
 from speculative_t5x.text import tasks
+from speculative_t5x.weights import checkpoints
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 GIN_FILES = sorted(
@@ -321,9 +322,9 @@ def test_a_drafter_file_switches_the_drafter_of_a_paper_row(path):
     gin.clear_config()
   drafter = config.pair.drafter
   assert _kind(type(drafter)) == pathlib.Path(path).stem
-  assert ("DRAFTER_CHECKPOINT_PATH" in required) == drafter.needs_checkpoint
+  assert ("DRAFTER_CHECKPOINT_PATH" in required) == checkpoints.needs_checkpoint(drafter)
   assert config.pair.drafter_checkpoint_path == (
-      "/checkpoints/drafter" if drafter.needs_checkpoint else None
+      "/checkpoints/drafter" if checkpoints.needs_checkpoint(drafter) else None
   )
   assert drafter.vocab_size in (0, 32128)
   assert config.pair.target_config.emb_dim == 4096

@@ -118,7 +118,7 @@ def test_demo_refuses_a_missing_pair_and_bad_flags_before_loading(tmp_path):
       "subdirectories of --pair_dir",
       "--drafter=drafter+source": "--drafter=drafter+source: +source adds each sentence's source "
       "ids to a feature drafter's draft vocabulary, and drafter is a SharedEncoderDrafter that has "
-      "none (Drafter.can_copy_source): drop "
+      "none (feature_drafter.can_copy_source): drop "
       "+source",
       "--verifier=token,tree": "--verifier=token,tree: give one or both of token, block, each once",
       "--draft_tree=2,1 --verifier=block": "--verifier=block with --draft_tree=2,1: a tree is "

@@ -20,6 +20,7 @@ from conftest import tiny_config
 from speculative_t5x import alpha, drafters, network, sampling, trees
 from speculative_t5x.validation import InvalidInputError
 from speculative_t5x.weights import checkpoints
+from speculative_t5x.weights import pairs
 
 CONFIG = tiny_config(11)
 GAMMA, LENGTH = 3, 24
@@ -327,8 +328,8 @@ def test_check_params_refuses_the_parameters_of_another_kind():
 def test_shared_encoder_drafter_reads_the_targets_encoder_output_and_nothing_else():
   encoder = np.full((2, 7), 3, np.int32)
   drafter, params, encoded = _model_drafter("shared_encoder", encoder)
-  assert (drafter.network_config, drafter.network_encoder_emb_dim) == (CONFIG, E_TARGET)
-  assert drafter.needs_checkpoint and drafter.vocab_size == CONFIG.vocab_size
+  assert drafters.stepped_network(drafter) == (CONFIG, E_TARGET)
+  assert checkpoints.needs_checkpoint(drafter) and drafter.vocab_size == CONFIG.vocab_size
   with pytest.raises(ValueError, match=r"init_state needs target_encoded \[B, Le, 24\]"):
     drafter.init_state(params, encoder, 8)
   with pytest.raises(ValueError, match="teacher_forced_logits needs target_encoded"):
@@ -370,16 +371,16 @@ def test_protocol_defaults_for_a_drafter_without_weights():
   drafter = _Minimal()
   assert drafter.init_params(jax.random.PRNGKey(0), {"encoder_input_tokens": (1, 4)}) == {}
   assert drafter.param_axes() is None
-  assert not drafter.needs_checkpoint and not drafter.learns_from_targets
+  assert not checkpoints.needs_checkpoint(drafter) and not pairs.learns_from_targets(drafter)
   assert drafter.steps_per_draft == 1
   with pytest.raises(ValueError, match="_Minimal has no checkpoint format .*/some/ckpt"):
     checkpoints.restore_drafter_params(drafter, "/some/ckpt")
   with pytest.raises(ValueError, match="_Minimal is not fitted from data"):
-    drafter.fit_params([np.array([1, 2])])
+    pairs.fit_drafter_params(drafter, [np.array([1, 2])])
   with pytest.raises(ValueError, match="_Minimal has no checkpoint format, so .* to /some/ckpt"):
     checkpoints.save_drafter_params(drafter, "/some/ckpt", {})
   drafter.check_target(CONFIG)  # any target
-  assert drafter.network_config is None and drafter.network_encoder_emb_dim is None
+  assert drafters.stepped_network(drafter) is None
   assert drafter.for_target(5, 1).eos_id == 1
 
 

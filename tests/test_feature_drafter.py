@@ -612,10 +612,11 @@ def test_frequent_tokens_counts_a_split_once_and_breaks_ties_to_the_lower_id():
 
 
 def test_only_a_feature_drafter_with_a_draft_vocabulary_can_copy_the_source():
-  """`Drafter.can_copy_source`, which the demo asks before `copying_source`: a draft vocabulary
-  is what the source ids are added to."""
+  """`feature_drafter.can_copy_source`, which the demo asks before `copying_source`: a draft
+  vocabulary is what the source ids are added to."""
   head = tiny_config(vocab_size=32, num_decoder_layers=1)
-  assert feature_drafter.FeatureDrafter(head, feature_dim=16, draft_vocab=(2, 3)).can_copy_source
-  assert not feature_drafter.FeatureDrafter(head, feature_dim=16).can_copy_source
-  assert not drafters.T5Drafter(head).can_copy_source
-  assert not drafters.SharedEncoderDrafter(head, encoder_emb_dim=16).can_copy_source
+  can_copy = feature_drafter.can_copy_source
+  assert can_copy(feature_drafter.FeatureDrafter(head, feature_dim=16, draft_vocab=(2, 3)))
+  assert not can_copy(feature_drafter.FeatureDrafter(head, feature_dim=16))
+  assert not can_copy(drafters.T5Drafter(head))
+  assert not can_copy(drafters.SharedEncoderDrafter(head, encoder_emb_dim=16))

@@ -141,7 +141,7 @@ def test_initial_variables_have_the_networks_shapes():
   both = spec.get_initial_variables(jax.random.PRNGKey(3), shapes)["params"]
   assert set(both) == {"target", "drafter"}
   assert jax.tree.map(lambda x: (x.shape, x.dtype), both["target"]) == want
-  drafter_want = network.init_params(drafter.network_config, jax.random.PRNGKey(0))
+  drafter_want = network.init_params(drafter.config, jax.random.PRNGKey(0))
   assert jax.tree.map(np.shape, both["drafter"]) == jax.tree.map(np.shape, drafter_want)
   # The two halves are drawn from different keys.
   kernel = ("decoder", "logits_dense", "kernel")

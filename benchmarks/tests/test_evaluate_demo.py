@@ -8,8 +8,11 @@ import shutil
 
 import jax
 
+from bench_conftest import load_bench
 from conftest import require_demo_pair, run_script, script_process, tiny_config
 from speculative_t5x import drafters
+from speculative_t5x import feature_drafter
+from speculative_t5x import table_drafters
 from speculative_t5x.weights import checkpoints
 
 
@@ -108,3 +111,17 @@ def test_evaluate_demo_exports_a_shared_encoder_drafter_in_bfloat16(tmp_path):
       "bleu": None,
       "eval_loss": None,
   }
+
+
+def test_each_drafter_says_whether_it_is_a_model_of_its_own():
+  standalone_config = load_bench("evaluate_demo").standalone_config
+  config, v = tiny_config(16), 16
+  assert standalone_config(drafters.T5Drafter(config)) == config
+  others = [
+      drafters.SharedEncoderDrafter(config, config.emb_dim),
+      feature_drafter.FeatureDrafter(config, config.emb_dim),
+      table_drafters.UnigramDrafter(v),
+      table_drafters.BigramDrafter(v),
+      table_drafters.PromptLookupDrafter(v),
+  ]
+  assert [standalone_config(d) for d in others] == [None] * len(others)

@@ -136,7 +136,7 @@ class BenchmarkSetup:
           "DRAFTER is None: scripts/benchmark.py times a drafter against the target; include one "
           "file of configs/drafters/ (e.g. configs/drafters/t5.gin and DRAFTER_CONFIG)."
       )
-    if not setup.pair.drafter_checkpoint_path and drafter.network_config is None:
+    if not setup.pair.drafter_checkpoint_path and drafters_lib.stepped_network(drafter) is None:
       raise gin_utils.ConfigError(
           f"DRAFTER {type(drafter).__name__} has no DRAFTER_CHECKPOINT_PATH, and the random "
           f"drafters {tuple(setup.random_drafters)} are built from a T5 drafter's network, which "

@@ -104,7 +104,7 @@ class Stage:
 
   encoder_emb_dim: None for a `network.Transformer(config)`, which runs its own encoder; E_target
   for a `network.SharedEncoderDecoder(config)` (a `drafters.SharedEncoderDrafter`,
-  `Drafter.network_encoder_emb_dim`), whose cache is made from a random encoder output
+  `drafters.stepped_network`), whose cache is made from a random encoder output
   [B, Le, E_target]. Either way the encoder work is outside the timed steps.
   """
 
@@ -170,7 +170,7 @@ class Stage:
 class ProposalStage:
   """One proposal of `gamma` drafts by a drafter, as the loop makes it (`Drafter.propose`, its
   state carried from call to call): for a drafter whose proposal is not `gamma` single steps of
-  one T5 network (`Drafter.network_config` None), e.g. a `feature_drafter.FeatureDrafter`, which
+  one T5 network (`drafters.stepped_network` None), e.g. a `feature_drafter.FeatureDrafter`, which
   rebuilds gamma + 1 cache entries from the target's features and then steps on its own.
 
   params: (its parameters, their `Drafter.decode_params` form), made once before the timed calls
@@ -559,14 +559,10 @@ def check_drafter(drafter: Any, name: str = "the drafter") -> None:
 
 
 def drafter_network(drafter: drafters_lib.Drafter) -> tuple[network.T5Config, int | None] | None:
-  """The network one drafter step runs -> (its config, E_target or None), or None when a
-  proposal is not gamma single steps of one T5 network (`ProposalStage` times it): the drafter's
-  `network_config` and `network_encoder_emb_dim` (a shared-encoder drafter's decoder reads the
-  target's encoder output)."""
+  """`drafters.stepped_network` of a checked drafter: None when a proposal is not gamma single
+  steps of one T5 network (`ProposalStage` times it)."""
   check_drafter(drafter)
-  if drafter.network_config is None:
-    return None
-  return drafter.network_config, drafter.network_encoder_emb_dim
+  return drafters_lib.stepped_network(drafter)
 
 
 def drafter_record(drafter: drafters_lib.Drafter) -> dict:

@@ -445,7 +445,7 @@ def checked_drafter(
   """Checks a distillation before anything is built, reading only the target's config.json:
   the task's output vocabulary (`vocabulary_size` pieces, `eos_id`) fits the target, the drafter
   serves the target (`Drafter.for_target`: one vocabulary and EOS; `Drafter.check_target`), can
-  export what it learns (`Drafter.checkpoint_layout`), and its parameters at `input_shapes` (seqio's
+  export what it learns (`checkpoints.Checkpointed`), and its parameters at `input_shapes` (seqio's
   feature shapes) are trainable (`check_trainable`, on their shapes).
 
   Returns:
@@ -464,9 +464,9 @@ def checked_drafter(
     drafter.check_target(target_config)
   except ValueError as e:
     raise gin_utils.ConfigError(f"{e} (the target is {settings.target_dir})") from e
-  if drafter.checkpoint_layout() is None:
+  if not checkpoints.needs_checkpoint(drafter):
     raise gin_utils.ConfigError(
-        f"{type(drafter).__name__} has no checkpoint format (Drafter.checkpoint_layout), so distilled "
+        f"{type(drafter).__name__} has no checkpoint format (checkpoints.Checkpointed), so distilled "
         "parameters could not be exported: distil a drafter with one (T5Drafter, "
         "SharedEncoderDrafter)."
     )

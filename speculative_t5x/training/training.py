@@ -34,7 +34,8 @@ import os
 import pathlib
 import shutil
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+import typing
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from absl import logging
 import flax
@@ -344,6 +345,29 @@ class Trainee:
   summary: dict
 
 
+@typing.runtime_checkable
+class SharesTarget(Protocol):
+  """A drafter kind that shares parameters with its target (a feature head's embedding and
+  logits kernel): training copies them in once, before the first step against the frozen target."""
+
+  def init_from_target(self, params: Any, target_params: Any) -> Any:
+    """Fresh `params` with what the drafter shares with the target copied in."""
+
+
+def init_from_target(drafter: drafters.Drafter, params: Any, target_params: Any) -> Any:
+  """`params` with what `drafter` shares with the target copied in (`SharesTarget`); a drafter
+  that shares nothing keeps them as they are."""
+  if isinstance(drafter, SharesTarget):
+    return drafter.init_from_target(params, target_params)
+  return params
+
+
+def _network_config(drafter: drafters.Drafter) -> network.T5Config | None:
+  """The T5 network a drafter's step runs, recorded in a run's summary (None: no such network)."""
+  stepped = drafters.stepped_network(drafter)
+  return None if stepped is None else stepped[0]
+
+
 def _feature_shapes(lengths: Mapping[str, int]) -> dict:
   return {
       "encoder_input_tokens": (1, lengths["inputs"]),
@@ -410,10 +434,10 @@ def distillation_trainee(
   def evaluate_params(params):
     return evaluate_fn(params, target_params, examples.batches, examples.rows), ""
 
-  network_config = drafter.network_config
+  network_config = _network_config(drafter)
   return Trainee(
       init_params=lambda rng: as_arrays(
-          drafter.init_from_target(drafter.init_params(rng, shapes), target_params)
+          init_from_target(drafter, drafter.init_params(rng, shapes), target_params)
       ),
       restore_params=lambda path: as_arrays(
           checkpoints.restore_drafter_with_target(drafter, path, target_params)
@@ -675,7 +699,7 @@ def _checked_drafter(
         "distillation needs a drafter: set training.train.drafter, or model_config for a "
         "T5Drafter of that architecture."
     )
-  if drafter is not None and model_config is not None and drafter.network_config != model_config:
+  if drafter is not None and model_config is not None and _network_config(drafter) != model_config:
     raise gin_utils.ConfigError(
         f"training.train has both a drafter ({type(drafter).__name__}) and a model_config it does "
         "not run: give the drafter's architecture once (MODEL_CONFIG = None with a drafter, or "
@@ -862,7 +886,7 @@ def train(
   if settings is None:
     this_model = {"model_config": json.loads(checkpoints.config_to_json(model_config))}
   else:
-    network_config = drafter.network_config
+    network_config = _network_config(drafter)
     this_model = {
         "model_config": (
             json.loads(checkpoints.config_to_json(network_config)) if network_config else None

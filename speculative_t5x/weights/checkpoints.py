@@ -18,7 +18,8 @@ A (target, drafter) pair is `pairs.save_pair`'s.
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Mapping
+import typing
+from typing import Any, Callable, Mapping, Protocol
 
 from etils import epath
 from flax import traverse_util
@@ -32,7 +33,7 @@ from speculative_t5x import validation
 from speculative_t5x.weights import t5x_checkpoints
 
 _CONFIG_FILE = "config.json"
-# config.json's entry for a drafter that is not a T5 with an encoder (its class's `checkpoint_layout`).
+# config.json's entry for a drafter that is not a T5 with an encoder (`Checkpointed`).
 _DRAFTER_ENTRY = "drafter"
 
 
@@ -308,8 +309,42 @@ def stored_dtypes(directory: str | os.PathLike) -> set[str]:
 
 
 # ----------------------------------------------------------------------------- drafters
-# A drafter describes its checkpoint (`Drafter.checkpoint_layout`); reading and writing it
-# happen here, so that decoding never loads orbax or tensorstore.
+# A drafter kind describes its checkpoint (`Checkpointed`); reading and writing it happen here,
+# so that decoding never loads orbax or tensorstore.
+
+
+@typing.runtime_checkable
+class Checkpointed(Protocol):
+  """A drafter kind with a checkpoint format: useful parameters come only from its checkpoint
+  (random ones, `init_params`, are for tests and demos)."""
+
+  def checkpoint_layout(self) -> drafters.CheckpointLayout:
+    """What its checkpoint holds."""
+
+
+@typing.runtime_checkable
+class CompletedFromTarget(Protocol):
+  """A `Checkpointed` kind whose restored parameters may need what it takes from its target."""
+
+  def from_checkpoint(
+      self,
+      restore: Callable[[drafters.Drafter], Any],
+      saved_entry: Mapping[str, Any] | None,
+      target_params: Any,
+      path: str | os.PathLike,
+  ) -> Any:
+    """Parameters from the checkpoint at `path` whose config.json drafter entry is `saved_entry`
+    (None: none, or no config.json), completed with what the drafter takes from its target that
+    the checkpoint may not hold. `restore(drafter)` reads the checkpoint as `drafter`'s."""
+
+
+def needs_checkpoint(drafter: drafters.Drafter) -> bool:
+  """Whether `drafter`'s useful parameters come only from a checkpoint (`Checkpointed`)."""
+  return isinstance(drafter, Checkpointed)
+
+
+def _layout(drafter: drafters.Drafter) -> drafters.CheckpointLayout | None:
+  return drafter.checkpoint_layout() if isinstance(drafter, Checkpointed) else None
 
 
 def read_drafter(directory: str | os.PathLike) -> drafters.Drafter:
@@ -339,7 +374,7 @@ def restore_drafter_params(
     drafter: drafters.Drafter, path: str | os.PathLike, dtype: Any = None
 ) -> Any:
   """`drafter`'s parameters from a checkpoint directory, cast to `dtype` (None: as stored)."""
-  layout = drafter.checkpoint_layout()
+  layout = _layout(drafter)
   if layout is None:
     raise ValueError(
         f"{type(drafter).__name__} has no checkpoint format (got the path {path}): "
@@ -356,13 +391,15 @@ def restore_drafter_with_target(
     drafter: drafters.Drafter, path: str | os.PathLike, target_params: Any, dtype: Any = None
 ) -> Any:
   """`restore_drafter_params`, completed with what the drafter takes from its target that the
-  checkpoint may not hold (`Drafter.from_checkpoint`; `pairs.load_drafter` restores so)."""
+  checkpoint may not hold (`CompletedFromTarget`; `pairs.load_drafter` restores so)."""
   try:
     _, saved_entry = read_drafter_entry(path)
   except (FileNotFoundError, ValueError):
     saved_entry = None  # a bare checkpoint (T5X's) or none: the drafter restores as itself
   restore = lambda as_drafter: restore_drafter_params(as_drafter, path, dtype)
-  return drafter.from_checkpoint(restore, saved_entry, target_params, path)
+  if isinstance(drafter, CompletedFromTarget):
+    return drafter.from_checkpoint(restore, saved_entry, target_params, path)
+  return restore(drafter)
 
 
 def save_drafter_params(
@@ -370,7 +407,7 @@ def save_drafter_params(
 ) -> None:
   """Writes `params` to `directory` as a checkpoint `restore_drafter_params` reads back (refusing
   an existing one unless `overwrite`)."""
-  layout = drafter.checkpoint_layout()
+  layout = _layout(drafter)
   if layout is None:
     raise ValueError(
         f"{type(drafter).__name__} has no checkpoint format, so there is nothing to write to "

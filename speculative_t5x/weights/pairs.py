@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+import typing
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from absl import logging
 import gin
@@ -50,6 +51,26 @@ RANDOM_WEIGHTS = "RANDOM weights (seed {seed}), not a trained model"
 MEMBERS = ("target", "drafter")  # the subdirectories `save_pair` writes
 
 FitTargets = Callable[[], Iterable[np.ndarray]]
+
+
+@typing.runtime_checkable
+class FittedFromTargets(Protocol):
+  """A drafter kind whose parameters are fitted on target sequences (the n-gram tables)."""
+
+  def fit_params(self, targets: Iterable[np.ndarray]) -> Any:
+    """Parameters fitted on target token sequences (1-D int arrays, 0 = padding)."""
+
+
+def learns_from_targets(drafter: drafters_lib.Drafter) -> bool:
+  """Whether `drafter`'s parameters are fitted on target sequences (`FittedFromTargets`)."""
+  return isinstance(drafter, FittedFromTargets)
+
+
+def fit_drafter_params(drafter: drafters_lib.Drafter, targets: Iterable[np.ndarray]) -> Any:
+  """`drafter`'s parameters fitted on target sequences; a drafter of another kind is refused."""
+  if not learns_from_targets(drafter):
+    raise ValueError(f"{type(drafter).__name__} is not fitted from data.")
+  return drafter.fit_params(targets)
 
 
 @gin.configurable(module="pairs")
@@ -130,7 +151,7 @@ class PairConfig:
               (
                   "DRAFTER_CHECKPOINT_PATH",
                   self.drafter_checkpoint_path,
-                  self.drafter is not None and self.drafter.needs_checkpoint,
+                  self.drafter is not None and checkpoints.needs_checkpoint(self.drafter),
               ),
           )
           if needed and not path
@@ -296,7 +317,7 @@ def _check_load(config: Any, eos_id: Any, fit_targets: FitTargets | None) -> Non
     drafter = drafter.for_target(config.target_config.vocab_size, eos_id)
   except ValueError as e:
     raise gin_utils.ConfigError(f"DRAFTER: {e}") from e
-  needs_fit = drafter.learns_from_targets and not config.drafter_checkpoint_path
+  needs_fit = learns_from_targets(drafter) and not config.drafter_checkpoint_path
   if needs_fit and fit_targets is None:
     raise gin_utils.ConfigError(
         f"the {type(drafter).__name__} is fitted on target sequences, and this run has none to "
@@ -359,7 +380,7 @@ def load_drafter(
           config.restore_dtype,
       )
     source = _source(config.drafter_checkpoint_path, None)
-  elif drafter.learns_from_targets:
+  elif learns_from_targets(drafter):
     if fit_targets is None:
       raise gin_utils.ConfigError(
           f"the {name} is fitted on target sequences, and this run has "
@@ -368,8 +389,11 @@ def load_drafter(
     targets = list(fit_targets())
     if not targets:
       raise gin_utils.ConfigError(f"no target sequences to fit the {name} on.")
-    params, source = drafter.fit_params(targets), f"{name} fitted on {len(targets)} targets"
-  elif drafter.needs_checkpoint:
+    params, source = (
+        fit_drafter_params(drafter, targets),
+        f"{name} fitted on {len(targets)} targets",
+    )
+  elif checkpoints.needs_checkpoint(drafter):
     seed = config.random_init_seed + 1
     params = _random_params(
         lambda rng: drafter.init_params(rng, drafters_lib.INIT_FEATURE_SHAPES),
@@ -425,10 +449,7 @@ def save_pair(
         "save_pair's drafter must be a drafters.Drafter, got a network.T5Config: pass "
         "drafters.T5Drafter(config) for a T5 drafter of that config."
     )
-  if not all(
-      callable(getattr(drafter, name, None))
-      for name in ("check_target", "check_params", "checkpoint_layout")
-  ):
+  if not all(callable(getattr(drafter, name, None)) for name in ("check_target", "check_params")):
     raise ValueError(
         f"save_pair's drafter must be a drafters.Drafter (e.g. drafters.T5Drafter(config)), got "
         f"{drafter!r}."
