@@ -7,7 +7,7 @@ target) evict each other from the processor's last-level cache, so each runs fro
 loop where, timed alone, its weights stayed cached.
 
 This isolates it. Beside the target's single-token step, a stage that does nothing but stream X MB
-of float32 weights through a matrix-vector product (`step_costs.StreamStage`: no attention, no cache, no logits)
+of float32 weights through a matrix-vector product (`StreamStage`: no attention, no cache, no logits)
 is timed alone and together with the target step, for several X. If eviction is the cause, the
 extra time of the pair over its parts grows with X and, at the drafter's parameter bytes, is about
 the drafter's own interference, timed in the same rounds:
@@ -24,6 +24,7 @@ it warns when the load average says otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -36,6 +37,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from speculative_t5x import gin_utils
@@ -43,6 +45,42 @@ from speculative_t5x.measuring import step_costs
 from speculative_t5x.measuring import stopwatch
 from speculative_t5x.running import run_dir
 from speculative_t5x.weights import pairs
+
+STREAM_WIDTH = 256  # columns of a StreamStage's matrix: rows = bytes / (4 * STREAM_WIDTH).
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamStage:
+  """A stage that only reads memory: every byte of params [rows, STREAM_WIDTH] float32 once per
+  step, in a matrix-vector product whose vector comes from the incoming tokens (so it is neither
+  dead nor loop-invariant), passing the tokens on unchanged. Beside a network's stage it shows
+  what streaming that many bytes does to the network's step."""
+
+  params: jax.Array
+  vocab_size: int
+  k: int = 1
+  span: int = 1
+
+  @classmethod
+  def of_megabytes(cls, megabytes: float, vocab_size: int, seed: int = 0) -> "StreamStage":
+    rows = max(1, int(megabytes * 2**20 / (4 * STREAM_WIDTH)))
+    weights = jax.random.normal(jax.random.PRNGKey(seed), (rows, STREAM_WIDTH), jnp.float32)
+    return cls(weights * 1e-3, vocab_size)
+
+  init_key = "stream"
+
+  def init_cache(self, params, encoder_tokens, cache_length, rng):
+    del params, encoder_tokens, cache_length, rng
+    return ()
+
+  def run(self, params, cache, tokens, position, u, standardize, temperature):
+    del position, u, standardize, temperature
+    # Not a multiple of one fixed vector (XLA would factor the product and hoist it out of the
+    # loop): a different vector for each token value.
+    vector = jnp.cos(jnp.arange(STREAM_WIDTH) * (tokens[0, 0] % 7 + 1).astype(jnp.float32))
+    total = jnp.sum(params @ vector)
+    return jnp.where(total > 1e30, tokens + 1, tokens), cache
+
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Directory for interference.json.")
@@ -96,7 +134,7 @@ def main(argv):
   drafter_stage = drafter_steps["drafter", "drafter"][0]
   stages = {
       "drafter": drafter_stage,
-      **{mb: step_costs.StreamStage.of_megabytes(mb, vocab) for mb in sizes},
+      **{mb: StreamStage.of_megabytes(mb, vocab) for mb in sizes},
   }
   steps = {"target": [target]}
   for name, stage in stages.items():

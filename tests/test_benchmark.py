@@ -2,6 +2,8 @@
 script: tests/test_benchmark_script.py. No timing is asserted: speed is measured by the
 benchmarks, never by tests."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -296,33 +298,6 @@ def test_read_lines_and_check_vocabulary(tmp_path):
     workloads.check_vocabulary(_CharVocabulary(), 40, "chars")
 
 
-def test_truncated_copy_pair_shares_the_first_decoder_layer():
-  config = network.T5Config(
-      vocab_size=16,
-      emb_dim=8,
-      num_heads=2,
-      num_encoder_layers=1,
-      num_decoder_layers=3,
-      head_dim=4,
-      mlp_dim=8,
-      dropout_rate=0.0,
-  )
-  target, drafter_config, drafter = workloads.truncated_copy_pair(config, 0.5, seed=0)
-  original = workloads.random_params(config, 0)
-  assert drafter_config == config.replace(num_decoder_layers=1)
-  assert sorted(name for name in drafter["decoder"] if name.startswith("layers_")) == ["layers_0"]
-  assert drafter["decoder"]["layers_0"] is target["decoder"]["layers_0"]
-  assert drafter["encoder"] is target["encoder"]
-  for layer in ("layers_1", "layers_2"):
-    for block, kernel in (("self_attention", "out"), ("mlp", "wo")):
-      scaled = target["decoder"][layer][block][kernel]["kernel"]
-      np.testing.assert_allclose(scaled, 0.5 * original["decoder"][layer][block][kernel]["kernel"])
-  np.testing.assert_array_equal(
-      target["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
-      original["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
-  )
-
-
 def test_a_drafter_without_single_network_steps_is_timed_by_its_own_proposal():
   """A FeatureDrafter (its proposal rebuilds gamma + 1 entries from features, then steps) and a
   bigram drafter (no network) are timed by `Drafter.propose` itself (`ProposalStage`): its step
@@ -353,22 +328,6 @@ def test_a_drafter_without_single_network_steps_is_timed_by_its_own_proposal():
   assert record["draft_vocab"] == (5, 6)
 
 
-def test_a_stream_stage_reads_its_megabytes_and_passes_the_tokens_on():
-  """The stage that stands in for a drafter's weights: X MB of float32, every byte read by a
-  matrix-vector product each step, timed in the harness's loop beside a target step, where it
-  leaves the target's input tokens as they were (the target's own steps are unchanged)."""
-  stream = step_costs.StreamStage.of_megabytes(0.5, vocab_size=32)
-  assert stream.params.size * 4 == 0.5 * 2**20 and stream.params.dtype == jnp.float32
-  target = network.T5Config(
-      vocab_size=32, emb_dim=8, num_heads=1, num_decoder_layers=1, head_dim=4, mlp_dim=8
-  )
-  stage = step_costs.Stage(target, network.init_params(target, jax.random.PRNGKey(0)), 1)
-  geometry = step_costs.DecodeGeometry(4, 12, 2, 2)
-  alone, args = step_costs.decode_step_call([stage], geometry, temperature=0.0)
-  paired, paired_args = step_costs.decode_step_call([stream, stage], geometry, temperature=0.0)
-  np.testing.assert_array_equal(alone(*args), paired(*paired_args))
-
-
 def test_busy_warning_rests_on_the_processes_running_now():
   quiet = {"load_1m": 3.0, "load_5m": 3.0, "load_15m": 3.0, "cpus": 2, "runnable_others": 0}
   assert stopwatch.busy_warning(quiet) is None  # a high average from work that has ended
@@ -382,8 +341,19 @@ def test_busy_warning_rests_on_the_processes_running_now():
   assert load["runnable_others"] is None or load["runnable_others"] >= 0
 
 
-class _CountingStage(step_costs.StreamStage):
+@dataclasses.dataclass(frozen=True)
+class _CountingStage:
   """Adds 1 to every token per step: a call's output counts the steps it ran."""
+
+  params: jax.Array
+  vocab_size: int
+  k: int = 1
+  span: int = 1
+  init_key = "counting"
+
+  def init_cache(self, params, encoder_tokens, cache_length, rng):
+    del params, encoder_tokens, cache_length, rng
+    return ()
 
   def run(self, params, cache, tokens, position, u, standardize, temperature):
     del params, position, u, standardize, temperature
@@ -394,7 +364,7 @@ def test_the_two_calls_of_a_stage_list_share_one_program_and_run_their_passes():
   """decode_step_calls' 1-pass and (1 + EXTRA_PASSES)-pass calls: one compiled program (the pass
   count is traced), each running passes x steps_per_call steps."""
   geometry = step_costs.DecodeGeometry(3, 12, 2, 2)
-  stage = _CountingStage(jnp.zeros((1, step_costs.STREAM_WIDTH)), vocab_size=16)
+  stage = _CountingStage(jnp.zeros((1, 4)), vocab_size=16)
   calls = step_costs.decode_step_calls({"count": [stage]}, geometry)
   (fn, args), (more_fn, more_args) = calls["count", 1], calls["count", 1 + step_costs.EXTRA_PASSES]
   assert fn is more_fn
@@ -402,3 +372,19 @@ def test_the_two_calls_of_a_stage_list_share_one_program_and_run_their_passes():
   for passes, call_args in ((1, args), (1 + step_costs.EXTRA_PASSES, more_args)):
     np.testing.assert_array_equal(fn(*call_args), start + passes * geometry.steps_per_call)
   assert fn._cache_size() == 1
+
+
+def test_the_program_cache_keeps_the_most_recently_used(monkeypatch):
+  """`step_costs.shared` keeps at most MAX_PROGRAMS functions, dropping the least recently used:
+  a key used again stays, the oldest other one is made anew."""
+  monkeypatch.setattr(step_costs, "_PROGRAMS", type(step_costs._PROGRAMS)())
+  monkeypatch.setattr(step_costs, "MAX_PROGRAMS", 2)
+  made = []
+
+  def make(name):
+    made.append(name)
+    return name
+
+  for key in ("a", "b", "a", "c", "a", "b"):
+    assert step_costs.shared(("test", key), lambda key=key: make(key)) == key
+  assert made == ["a", "b", "c", "b"]

@@ -2,7 +2,12 @@
 
 import json
 
+import numpy as np
+
+from bench_conftest import load_bench
 from conftest import run_script
+from speculative_t5x import network
+from speculative_t5x.measuring import workloads
 
 
 def test_bench_batched_writes_a_row_per_batch_size(tmp_path):
@@ -43,3 +48,32 @@ def test_bench_batched_writes_a_row_per_batch_size(tmp_path):
   table = (tmp_path / "results.md").read_text()
   assert "| batch | temp |" in table and "| 2 | 0 |" in table and "| yes |" in table
   assert table in out
+
+
+def test_truncated_copy_pair_shares_the_first_decoder_layer():
+  config = network.T5Config(
+      vocab_size=16,
+      emb_dim=8,
+      num_heads=2,
+      num_encoder_layers=1,
+      num_decoder_layers=3,
+      head_dim=4,
+      mlp_dim=8,
+      dropout_rate=0.0,
+  )
+  target, drafter_config, drafter = load_bench("bench_batched").truncated_copy_pair(
+      config, 0.5, seed=0
+  )
+  original = workloads.random_params(config, 0)
+  assert drafter_config == config.replace(num_decoder_layers=1)
+  assert sorted(name for name in drafter["decoder"] if name.startswith("layers_")) == ["layers_0"]
+  assert drafter["decoder"]["layers_0"] is target["decoder"]["layers_0"]
+  assert drafter["encoder"] is target["encoder"]
+  for layer in ("layers_1", "layers_2"):
+    for block, kernel in (("self_attention", "out"), ("mlp", "wo")):
+      scaled = target["decoder"][layer][block][kernel]["kernel"]
+      np.testing.assert_allclose(scaled, 0.5 * original["decoder"][layer][block][kernel]["kernel"])
+  np.testing.assert_array_equal(
+      target["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
+      original["decoder"]["layers_0"]["mlp"]["wo"]["kernel"],
+  )

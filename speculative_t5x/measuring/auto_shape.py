@@ -1,82 +1,47 @@
-"""The draft shape chosen from the hardware's measured costs: `Auto`.
+"""The draft shape chosen from the costs measured on this device: `Auto`.
 
-How many drafts pay is a property of the hardware as much as of the pair: two CPUs of one kind,
-with the same code and weights, can price a 4-token verification at one target step or at two, so
-a gamma tuned on one loses on the other (docs/results.md). `Auto.choose` measures, on the
-device it runs on and before decoding, the figures Theorem 3.8's hardware-aware form needs, and
-picks the candidate with the highest predicted speedup, or the baseline when none is predicted
-faster. Only the draft shape changes, so the output law is the target's whatever is chosen.
+How many drafts pay depends on the hardware as much as on the pair: machines of one kind price a
+k-token verification differently, so a gamma tuned on one loses on another (docs/results.md).
+`Auto.choose` measures, before decoding, what Theorem 3.8's hardware-aware form needs and picks
+the candidate with the highest predicted speedup, or the baseline when none is predicted faster.
+Only the draft shape changes, so the output law is the target's whatever is chosen.
 
-For each candidate, with the acceptance of the pair at the temperature, either alpha alone or
-measured per position (`calibration.Positions`: beta_t = sum_x min(p_t, q_t) along the target's
-own outputs, alpha their mean):
+Each candidate, in units of the target's single-token step timed here:
 
-  chain of gamma drafts:  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)              (Eq. 1)
-                          or, per position, n / C(gamma): a sentence's tokens over its
-                          expected target calls, each call starting where the one before
-                          ended (`calibration.chain_decodes`: acceptances that come in runs,
-                          as they do; at T = 0 the decode's own calls, exactly)
-                          cost      = L(gamma), the speculative loop per target call, timed
-                                      (or, without inputs, gamma c_loop + verify(gamma))
-  tree of M drafts, depth D, branching (k_1..k_D):
-                          E[tokens] = what its timed loop realized on the inputs (or, without
-                                      inputs, theory.tree_expected_tokens(
-                                        theory.branching_acceptance(alpha, branching)))
-                          cost      = its loop per target call, timed
-                                      (or, without inputs, D c_loop + verify(M))
+  chain of gamma drafts:  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)   (Eq. 1), or with the
+                          acceptance per position (`calibration.Positions`) n / C(gamma), a
+                          sentence's tokens over its expected target calls
+                          (`calibration.chain_decodes`)
+                          cost = L(gamma), the loop per target call (without inputs:
+                          gamma c_loop + verify(gamma))
+  tree of M drafts, depth D: E[tokens] = what its timed loop realized (without inputs, the upper
+                          bound theory.tree_expected_tokens(theory.branching_acceptance(...)),
+                          which over-estimates sampled siblings)
+                          cost = its loop per target call (without inputs: D c_loop + verify(M))
   predicted speedup = E[tokens] b / cost   (the baseline: 1)
 
-in units of the target's single-token step, timed on this device.
+With real inputs (`LoopInputs`) the decoding loops themselves are timed, so their own work
+(acceptance test, writes, bookkeeping) is in every cost: each input's decode less its prefill is
+fitted over the inputs as F + units x cost (`_fit_decodes`), giving b (the baseline per token), L
+for chains of 1 and G = max_gamma drafts (linear in gamma between them), each tree's, and each
+loop's fixed part F. Spread over the mean sentence's n tokens and C calls, the speedup is
+(F_b + n b) / (F + C L): short outputs pay the fixed parts over fewer tokens. The steps are then
+only the unit, timed greedily at every temperature, so one pair of step programs serves all.
+Without inputs, costs come from steps alone: c_loop (`step_costs.DecodeCosts.c_in_loop`) is G
+drafts and a verification timed together, less the verification, over G (b = 1).
 
-Given real inputs (`LoopInputs`; `choose_for_pair` takes four of the acceptance's sentences,
-whose outputs span their lengths, `spanning_inputs`), the decoding loops themselves are timed
-on them, each input's decode less its prefill fitted over the inputs as F + units x cost
-(`LoopCosts`, `_fit_decodes`): the baseline's per decoded token, b (the step, and the loop's own
-sampling and writes), and the speculative loop per target call of chains of 1 and of G =
-max_gamma drafts, L(gamma) linear in gamma between the two, and of each tree; F, a decode's
-fixed part, likewise. With the acceptance per position, each F is spread over the mean
-sentence's n tokens and C calls: the predicted speedup is (F_b + n b) / (F(gamma) + C L(gamma)),
-so short outputs, which pay the fixed parts over fewer tokens, are priced as such (on the demo
-pair, 2 cores, a decode's fixed part was 6.6-9.4 ms, 2-3 tokens' worth; docs/results.md). So
-the loop's own work (the acceptance test, writes, bookkeeping: 10-30% of a call on the demo pair
-on 2 CPU cores, `report.SpeedupRow`'s efficiency in situ) is in every cost. On the demo pair on 2 cores, the
-loops of 2 and 3 drafts, timed too, were 0.02-0.04 target steps off the line between 1 and 4 in
-one run, 0.01-0.27 in a noisier one (docs/results.md). The decoders are the ones a sweep after
-reuses (`sweep.build_settings`). The target on G + 1 tokens over its step, verify(G)
-(`step_costs.DecodeCosts.verify_cost`), is timed too: the figure a "no shape pays" decision names.
-With the loops timed, every prediction is a ratio of loop times, the step only their unit, so the
-steps are timed at the greedy draw whatever the temperature: one pair of step programs serves
-every temperature (at T = 1 the demo pair's sampled steps cost 2.6 s to compile on 2 cores).
+A candidate is chosen only where it clears `Auto.min_speedup` beyond the timing noise
+(`Prediction.clears`): with the loops timed, the lower quartile of the speedups each round
+predicts alone must clear it too, so a machine that swings by more than a shape gains gets the
+baseline. A chain whose loop was not timed (read off the line between the timed chains) is taken
+over the fastest timed candidate only where predicted faster by more than
+`Auto.interpolation_margin`: the line's own error is not a gain.
 
-Without inputs, every cost is predicted from steps, which leave the loop's own work out: verify(M)
-for every chain and tree, and c_loop, a draft's price inside the loop (`DecodeCosts.c_in_loop`):
-G drafter steps and the target on G + 1 tokens timed together in one loop step, less the
-verification, over G, where the two networks evict each other's weights from the caches as in
-the loop (b = 1).
-
-A tree's acceptance model (`theory.branching_acceptance`) over-estimates sampled siblings (on
-the demo pair its tokens per call came out at 0.83 of it, and auto chose a tree that then lost to
-the chains), so with inputs a tree is predicted from what its own loop realized on them (a few
-sentences: a noisier figure than the chains' per-position one, but not a biased one); without,
-its prediction is an upper bound.
-
-A candidate is chosen only where it is predicted at least `Auto.min_speedup` fast beyond the
-timing noise (`Prediction.clears`): with the loops timed, the speedups each round predicts alone
-(the baseline's loop and the candidate's timed in the same round, `Costs.round_ratios`) must
-clear it at their lower quartile too. A machine that swings by more than a shape gains gets the
-baseline: beside two busy processes the demo's T = 0 chain was predicted 1.03x from the medians
-and measured 0.93x (docs/results.md). Among those that clear it, a chain whose loop was not timed
-(its cost read off the line between the timed chains) is taken over the fastest timed candidate
-only where predicted faster by more than `Auto.interpolation_margin`: the line's own error (the
-loops of 2 and 3 drafts were 0.02-0.04 target steps, 1-2% of a call, off it on the demo pair in
-a quiet run) is not a gain, and the timed candidate's program is compiled already.
-
-The timing rounds are budgeted by the measured round time (`Auto.budget_s`); compilation is
-reported apart. A decision is cached per process, keyed by the device kind, the pair (configs and
-a fingerprint of the weights), the geometry, the temperature and the acceptance; not on disk, since
-machines of one kind differ by 2-4x in what k tokens cost. The acceptance, the pair's and not the
-machine's, may be read from a record instead of measured (`acceptance_record`,
-`Auto.choose_for_pair(acceptance_file=...)`): the demo's --gamma=auto reads the shipped one.
+The timing rounds are budgeted (`Auto.budget_s`); compilation is reported apart. A decision is
+cached per process, keyed by the device kind, the pair (configs and a fingerprint of the
+weights), the geometry, the temperature and the acceptance; not on disk, since machines of one
+kind differ in what k tokens cost. The acceptance, the pair's, may be read from a record
+(`acceptance_record`, `Auto.choose_for_pair(acceptance_file=...)`).
 
 Shapes: B = 1 (the timed steps' batch), V the vocabulary.
 """
@@ -195,9 +160,8 @@ class LoopInputs:
 class LoopCosts:
   """The decoding loops timed whole on `LoopInputs`, beside the steps: per round, each input's
   decode time less its prefill's, t_i = F + u_i x (the loop per unit), fitted over the N inputs
-  (`_fit_decodes`), u_i its units: decoded tokens for the baseline, target calls for a shape. F,
-  a decode's fixed part (its time not in proportion to its tokens or calls), is several tokens'
-  worth on the demo pair on 2 cores (docs/results.md), so short inputs cost more per unit.
+  (`_fit_decodes`), u_i its units: decoded tokens for the baseline, target calls for a shape. F
+  is a decode's fixed part, its time not in proportion to its tokens or calls.
 
   baseline_token: the baseline's loop per decoded token; call: a shape's label ('gamma 1',
   'gamma G', 'tree 2,2,1', as `Prediction.label`) -> its speculative loop per target call;
@@ -393,33 +357,30 @@ class Choice:
 
   def reason(self) -> str:
     """One line: why the choice is what it is, with the figures."""
-    if self.chosen.shape is None and self.best.speedup >= self.min_speedup:  # noise, not cost
+    if self.chosen.shape is None:
+      best = f"{self.best.speedup:.2f}x"
+      noise = self.best.speedup >= self.min_speedup  # the noise kept it out, not the cost
+      if noise:
+        best += f" from the medians, {self.best.speedup_low:.2f}x at its rounds' lower quartile"
       return (
-          f"no draft shape is predicted faster than the baseline here beyond the timing noise "
-          f"(the best, {self.best.label}, {self.best.speedup:.2f}x from the medians, "
-          f"{self.best.speedup_low:.2f}x at its rounds' lower quartile): a verification of "
-          f"{self.costs.gamma + 1} tokens costs {self.costs.verify_cost(self.costs.gamma):.2f} "
-          "target steps on this device, and speculative decoding pays where it costs about 1"
+          "no draft shape is predicted faster than the baseline here"
+          f"{' beyond the timing noise' if noise else ''} (the best, {self.best.label}, {best}): "
+          f"a verification of {self.costs.gamma + 1} tokens costs "
+          f"{self.costs.verify_cost(self.costs.gamma):.2f} target steps on this device, and "
+          "speculative decoding pays where it costs about 1"
       )
-    if self.chosen.shape is not None:
-      interpolated = ""
-      if self.best != self.chosen and self.best.clears(self.min_speedup):
-        interpolated = (
-            f" ({self.best.label}, its loop not timed, is predicted {self.best.speedup:.2f}x: "
-            f"within the interpolation margin, {self.interpolation_margin:.0%})"
-        )
-      chosen = self.chosen
-      baseline = chosen.speedup * chosen.cost / chosen.expected_tokens  # per token, F spread
-      return (
-          f"{chosen.expected_tokens:.2f} tokens per target call at alpha {self.alpha:.2f} "
-          f"for {chosen.cost:.2f} target steps per call here, against {baseline:.2f} per token "
-          f"for the baseline: predicted {chosen.speedup:.2f}x{interpolated}"
+    interpolated = ""
+    if self.best != self.chosen and self.best.clears(self.min_speedup):
+      interpolated = (
+          f" ({self.best.label}, its loop not timed, is predicted {self.best.speedup:.2f}x: "
+          f"within the interpolation margin, {self.interpolation_margin:.0%})"
       )
+    chosen = self.chosen
+    baseline = chosen.speedup * chosen.cost / chosen.expected_tokens  # per token, F spread
     return (
-        f"no draft shape is predicted faster than the baseline here (the best, "
-        f"{self.best.label}, {self.best.speedup:.2f}x): a verification of "
-        f"{self.costs.gamma + 1} tokens costs {self.costs.verify_cost(self.costs.gamma):.2f} "
-        "target steps on this device, and speculative decoding pays where it costs about 1"
+        f"{chosen.expected_tokens:.2f} tokens per target call at alpha {self.alpha:.2f} "
+        f"for {chosen.cost:.2f} target steps per call here, against {baseline:.2f} per token "
+        f"for the baseline: predicted {chosen.speedup:.2f}x{interpolated}"
     )
 
   def summary(self) -> str:
@@ -739,34 +700,31 @@ class Auto:
     start = time.perf_counter()
     outputs = stopwatch.first_calls(calls)
     compile_seconds = time.perf_counter() - start
-    # The compiling runs are the warm-up: on the demo pair on 2 cores the second run of a loop
-    # (30.3 ms) was within the spread of the next six (28.6-34.2 ms).
+    # The compiling runs are the warm-up: a loop's second run is within the spread of the next
+    # ones (docs/results.md).
     start = time.perf_counter()
     first = stopwatch.time_rounds(calls, repeats=1, warmup=0, compiled=True)
     round_seconds = sum(float(s[0]) for s in first.values())
     rounds = int(np.clip(self.budget_s // max(round_seconds, 1e-9), MIN_ROUNDS, MAX_ROUNDS))
-    seconds, done = {name: [first[name]] for name in calls}, 1
-    while True:
-      if rounds > done:
-        for name, times in stopwatch.time_rounds(
-            calls, repeats=rounds - done, warmup=0, compiled=True
-        ).items():
-          seconds[name].append(times)
-        done = rounds
-      try:
-        timings = step_costs.marginal_step_timings(
-            {name: np.concatenate(seconds[name]) for name in step_calls}, geometry
-        )
-        loop = None
-        if loop_inputs is not None:
-          loop = _loop_costs(
-              {name: np.concatenate(seconds[name]) for name in loop_calls}, outputs, loop_inputs
-          )
-        break
-      except ValueError:  # steps or loops too short for the noise: up to MAX_ROUNDS, then give up
-        if done >= MAX_ROUNDS:
-          raise
-        rounds = MAX_ROUNDS
+    seconds = first
+    if rounds > 1:
+      rest = stopwatch.time_rounds(calls, repeats=rounds - 1, warmup=0, compiled=True)
+      seconds = {name: np.concatenate([first[name], rest[name]]) for name in calls}
+
+    def resolve(seconds):
+      timings = step_costs.marginal_step_timings(
+          {name: seconds[name] for name in step_calls}, geometry
+      )
+      loop = None
+      if loop_inputs is not None:
+        loop = _loop_costs({name: seconds[name] for name in loop_calls}, outputs, loop_inputs)
+      return timings, loop
+
+    # Steps or loops too short for the noise: up to MAX_ROUNDS, then its error.
+    (timings, loop), added = stopwatch.until_resolved(
+        calls, seconds, resolve, more=MAX_ROUNDS - rounds, limit=MAX_ROUNDS - rounds
+    )
+    rounds += added
     timing_seconds = time.perf_counter() - start
     costs = Costs(
         target_step=timings["target", 1],

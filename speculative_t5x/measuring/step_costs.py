@@ -15,6 +15,7 @@ target on one token), which Theorem 3.8 assumes to be 1.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -30,7 +31,6 @@ from speculative_t5x.measuring import workloads
 
 DEFAULT_STEPS_PER_CALL = 8
 EXTRA_PASSES = 4  # step times: calls of 1 + EXTRA_PASSES passes minus calls of 1 pass.
-STREAM_WIDTH = 256  # columns of a StreamStage's matrix: rows = bytes / (4 * STREAM_WIDTH).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,41 +237,8 @@ class ProposalStage:
     return tokens.at[:, : self.gamma].set(drafts), (state, sequences)
 
 
-@dataclasses.dataclass(frozen=True)
-class StreamStage:
-  """A stage that only reads memory: every byte of params [rows, STREAM_WIDTH] float32 once per
-  step, in a matrix-vector product whose vector comes from the incoming tokens (so it is neither
-  dead nor loop-invariant), passing the tokens on unchanged. Beside a network's stage it shows
-  what streaming that many bytes does to the network's step (benchmarks/bench_interference.py)."""
-
-  params: jax.Array
-  vocab_size: int
-  k: int = 1
-  span: int = 1
-
-  @classmethod
-  def of_megabytes(cls, megabytes: float, vocab_size: int, seed: int = 0) -> "StreamStage":
-    rows = max(1, int(megabytes * 2**20 / (4 * STREAM_WIDTH)))
-    weights = jax.random.normal(jax.random.PRNGKey(seed), (rows, STREAM_WIDTH), jnp.float32)
-    return cls(weights * 1e-3, vocab_size)
-
-  init_key = "stream"
-
-  def init_cache(self, params, encoder_tokens, cache_length, rng):
-    del params, encoder_tokens, cache_length, rng
-    return ()
-
-  def run(self, params, cache, tokens, position, u, standardize, temperature):
-    del position, u, standardize, temperature
-    # Not a multiple of one fixed vector (XLA would factor the product and hoist it out of the
-    # loop): a different vector for each token value.
-    vector = jnp.cos(jnp.arange(STREAM_WIDTH) * (tokens[0, 0] % 7 + 1).astype(jnp.float32))
-    total = jnp.sum(params @ vector)
-    return jnp.where(total > 1e30, tokens + 1, tokens), cache
-
-
 def decode_step_call(
-    stages: Sequence[Stage | ProposalStage | StreamStage],
+    stages: Sequence[Stage | ProposalStage],
     geometry: DecodeGeometry,
     *,
     temperature: float | None = None,
@@ -303,7 +270,7 @@ def decode_step_call(
 
 
 def _stage_loop(
-    stages: Sequence[Stage | ProposalStage | StreamStage],
+    stages: Sequence[Stage | ProposalStage],
     geometry: DecodeGeometry,
     temperature: float | None,
     batch: int,
@@ -368,8 +335,10 @@ def _stage_loop(
   return run, (params, caches, tokens, u, jnp.float32(temperature or 0.0))
 
 
-# Compiled functions, kept per process (`shared`).
-_PROGRAMS: dict[Hashable, Any] = {}
+# Compiled functions, kept per process (`shared`), the least recently used dropped beyond
+# MAX_PROGRAMS: a long session (a notebook building drafter after drafter) does not grow forever.
+MAX_PROGRAMS = 64
+_PROGRAMS: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 
 
 def shared(key: Hashable, make: Callable[[], Any]) -> Any:
@@ -385,6 +354,9 @@ def shared(key: Hashable, make: Callable[[], Any]) -> Any:
     return make()
   if key not in _PROGRAMS:
     _PROGRAMS[key] = make()
+    while len(_PROGRAMS) > MAX_PROGRAMS:
+      _PROGRAMS.popitem(last=False)
+  _PROGRAMS.move_to_end(key)
   return _PROGRAMS[key]
 
 
@@ -455,30 +427,6 @@ def time_decode_steps(
   return marginal_step_timings(
       stopwatch.time_rounds(calls, repeats=repeats, warmup=warmup), geometry
   )
-
-
-def decode_step_timing(
-    config: network.T5Config,
-    params: dict,
-    k: int,
-    geometry: DecodeGeometry,
-    *,
-    temperature: float | None = None,
-    batch: int = 1,
-    repeats: int = stopwatch.DEFAULT_REPEATS,
-    warmup: int = stopwatch.DEFAULT_WARMUP,
-    seed: int = 0,
-) -> stopwatch.Timing:
-  """Per-step time of `Transformer.decode` on k tokens [batch, k] (see `time_decode_steps`)."""
-  return time_decode_steps(
-      {"step": [Stage(config, params, k)]},
-      geometry,
-      temperature=temperature,
-      batch=batch,
-      repeats=repeats,
-      warmup=warmup,
-      seed=seed,
-  )["step"]
 
 
 @dataclasses.dataclass(frozen=True)

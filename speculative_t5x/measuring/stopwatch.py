@@ -180,11 +180,33 @@ def time_rounds(
   return seconds
 
 
+def until_resolved(
+    calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]],
+    seconds: Mapping[Hashable, np.ndarray],
+    resolve: Callable[[dict[Hashable, np.ndarray]], Any],
+    *,
+    more: int,
+    limit: int,
+) -> tuple[Any, int]:
+  """resolve(seconds), where seconds are the rounds of `calls` (compiled) timed so far (name ->
+  seconds [rounds]); while it raises ValueError (times within the noise), `more` rounds more, up to
+  `limit` rounds more in all, then its error -> (its result, the rounds added)."""
+  seconds, added = dict(seconds), 0
+  while True:
+    try:
+      return resolve(seconds), added
+    except ValueError:
+      if added >= limit:
+        raise
+      new = time_rounds(calls, repeats=more, warmup=0, compiled=True)
+      seconds = {name: np.concatenate([seconds[name], new[name]]) for name in seconds}
+      added += more
+
+
 def first_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]]) -> dict:
   """Each call run once, compiling it -> name -> its output. On the CPU backend the calls run on
-  a thread per core (XLA compiles without Python's lock: 2 cores compiled the demo's decoders
-  1.5-1.9x faster than one at a time); on an accelerator one at a time, since programs running
-  together would hold their buffers at once. The first call of each function goes first: a
+  a thread per core (XLA compiles without Python's lock); on an accelerator one at a time, since
+  programs running together would hold their buffers at once. The first call of each function goes first: a
   second call of a function being compiled waits for that compilation and would hold a thread
   idle."""
   workers = (os.cpu_count() or 1) if jax.default_backend() == "cpu" else 1

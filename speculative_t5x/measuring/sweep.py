@@ -1,40 +1,23 @@
-r"""The timed sweep behind Table 2: a target, its drafters and every (temperature, gamma) against
-the baseline, on the same inputs.
+r"""The timed sweep behind Table 2: a target, its drafters and every (temperature, setting) against
+the baseline, on the same inputs with the same rng.
 
-What is measured (`sweep`), for a target, its drafters and every (temperature, gamma), on
-identical inputs with the same rng, per example, every setting of one example timed side by side
-in the same rounds (`stopwatch.time_calls`):
-  - the wall time of the baseline (`models.EncoderDecoderModel`, `decoding.temperature_sample`)
-    and of speculative decoding (`models.SpeculativeEncoderDecoderModel`): compilation excluded
-    (the first call at each input shape, then `warmup` untimed calls; later examples of a shape
-    already seen reuse the compiled, warm functions and are timed at once), the median (and IQR)
-    of `repeats` calls, each ended by `block_until_ready`. Examples may differ in encoder length
-    (`pad_to_buckets`: each padded to its own multiple of a bucket size, as a server buckets
-    requests, so a short input does not pay a long one's encoder and cross-attention);
-  - the wall time of each setting's prefill (`model.prefill`: encoders and caches, the work before
-    the decoding loop), once per encoder shape (`time_prefills`: PREFILL_REPEATS rounds side by
-    side before the shape's first example; a prefill's work depends on the shapes alone), the
-    timing of every example of that shape;
-  - the decoded tokens, each row's up to and including its first EOS (`decoding.decoded_lengths`);
-  - the speculative decode's own statistics (`decoding.SpeculativeStats`): alpha (mean beta),
-    tokens per target call, acceptance rate;
-and per drafter and temperature, on compiled decode steps at the run's encoder and cache lengths
-(`step_costs.DecodeCosts`, at the encoder length most examples have), timed between the examples
-(`cost_rounds_after`: cost_repeats rounds in all, spread evenly after the examples' decodes, so
-the costs and the decodes sample the same minutes of the machine):
-  - c, the drafter's single-token step time over the target's (Definition 3.7);
-  - the verification cost, the target on gamma + 1 tokens over the target on 1 token;
-  - the iteration cost, gamma drafter steps and the verification timed together in one loop, over
-    the target's step (apart they cost gamma * c + verification cost), and from it the cost of a
-    draft inside the loop, c in loop = (iteration - verification) / gamma in target steps.
-With cost_repeats=0 no decode step is compiled or timed, and the rows' step-cost figures (c, the
-verification and iteration costs, and the predictions made from them) are NaN: for a caller that
-measured the costs another way (`auto_shape.Auto`'s timed loops, as the demo's --gamma=auto).
+Per example, every setting's decode is timed side by side in the same rounds
+(`stopwatch.time_calls`): compilation excluded (the first call at each input shape, then `warmup`
+untimed calls), the median and IQR of `repeats` calls. Examples may differ in encoder length
+(`pad_to_buckets`, as a server buckets requests). Each setting's prefill is timed once per encoder
+shape (`time_prefills`: its work depends on the shapes alone). Recorded beside them: the decoded
+tokens, each row's up to its first EOS, and the speculative decode's own statistics
+(`decoding.SpeculativeStats`).
 
-Each setting at each temperature becomes a `report.SpeedupRow` (report.py says what its speedups,
-predictions and efficiencies are). The settings (`SweepSetting`, crossed by `grid_settings`) are
-drafters, gammas, verifiers, draft-length rules and draft trees; the examples (`load_inputs`) come
-from a seqio task, a file of lines or random token ids.
+Per drafter and temperature, the decode-step costs (`step_costs.DecodeCosts`: c, the verification
+and iteration costs, a draft's cost inside the loop) are timed between the examples
+(`cost_rounds_after`), so the costs and the decodes sample the same minutes of the machine. With
+cost_repeats=0 none is timed and the rows' step-cost figures are NaN, for a caller that measured
+the costs another way (`auto_shape.Auto`'s timed loops).
+
+Each setting at each temperature becomes a `report.SpeedupRow`. The settings (`SweepSetting`,
+crossed by `grid_settings`) are drafters, gammas, verifiers, draft-length rules and trees; the
+examples (`load_inputs`) come from a seqio task, a file of lines or random token ids.
 """
 
 from __future__ import annotations
@@ -485,17 +468,13 @@ def _resolved_step_timings(
   too short for the machine's noise (a busy machine: a draft of 0.02 target steps, 16 extra
   steps, did not resolve in 5 rounds beside two busy processes) -> (timings, extra rounds run).
   Raises the ValueError that names the step if it still does not resolve."""
-  stacked = {key: np.concatenate(times) for key, times in seconds.items()}
-  extra = 0
-  while True:
-    try:
-      return step_costs.marginal_step_timings(stacked, geometry), extra
-    except ValueError:
-      if extra >= MAX_EXTRA_COST_ROUNDS:
-        raise
-      more = stopwatch.time_rounds(calls, repeats=EXTRA_COST_ROUNDS, warmup=0, compiled=True)
-      stacked = {key: np.concatenate([stacked[key], more[key]]) for key in stacked}
-      extra += EXTRA_COST_ROUNDS
+  return stopwatch.until_resolved(
+      calls,
+      {key: np.concatenate(times) for key, times in seconds.items()},
+      lambda stacked: step_costs.marginal_step_timings(stacked, geometry),
+      more=EXTRA_COST_ROUNDS,
+      limit=MAX_EXTRA_COST_ROUNDS,
+  )
 
 
 def cost_rounds_after(cost_repeats: int, examples: int) -> list[int]:

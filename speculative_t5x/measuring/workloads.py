@@ -47,32 +47,6 @@ def random_drafter(
   raise ValueError(f"unknown random drafter kind {kind!r}: use one of {RANDOM_DRAFTER_KINDS}.")
 
 
-def truncated_copy_pair(
-    config: network.T5Config, residual_scale: float, seed: int
-) -> tuple[dict, network.T5Config, dict]:
-  """A random target with a drafter that agrees with it often, at rates differing by row
-  -> (target params, drafter config, drafter params).
-
-  The target (`config`, random weights from `seed`) has the residual outputs of its decoder layers
-  1.. (attention `out` and MLP `wo` kernels) scaled by `residual_scale`, so that decoder layer 0
-  carries most of the signal; the drafter is that target cut after decoder layer 0 (its
-  embedding, encoder, layer 0, final norm and head: the same arrays, no copy).
-  """
-
-  def scaled(path, x):
-    keys = [k.key for k in path]
-    deep = keys[0] == "decoder" and keys[1].startswith("layers_") and keys[1] != "layers_0"
-    return x * residual_scale if deep and keys[-2] in ("out", "wo") else x
-
-  target = jax.tree_util.tree_map_with_path(scaled, random_params(config, seed))
-  drafter_decoder = {
-      name: value
-      for name, value in target["decoder"].items()
-      if not name.startswith("layers_") or name == "layers_0"
-  }
-  return target, config.replace(num_decoder_layers=1), dict(target, decoder=drafter_decoder)
-
-
 def random_tokens(rng: jax.Array, vocab_size: int, shape: Sequence[int]) -> jax.Array:
   """Random non-special token ids (none is PAD, EOS or UNK) -> int32 array of `shape`."""
   if vocab_size <= FIRST_NON_SPECIAL_ID:
