@@ -105,9 +105,8 @@ _TEST_FILE = flags.DEFINE_string(
 _NUM_EXAMPLES = flags.DEFINE_integer(
     "num_examples",
     48,
-    "Sentences to decode and time (the first of --test_file). Tokens per target call over 16 "
-    "sentences move by a standard deviation of 8% from one block of the test split to the next; "
-    "over 48 by 4%.",
+    "Sentences to decode and time (the first of --test_file). Tokens per target call move from "
+    "one block of the test split to the next, less over more sentences (docs/demo.md).",
     lower_bound=1,
 )
 _SHOW = flags.DEFINE_integer("show", 5, "Translations to print.", lower_bound=0)
@@ -191,16 +190,15 @@ _TIMING_BUDGET = flags.DEFINE_float(
     "timing_budget_s",
     8.0,
     "With --repeats=0 and --gamma=auto: seconds of timed decodes per temperature, estimated "
-    "from auto's measured loops (8 s gives 2-3 repeats on the development machine and 1 at half "
-    "its speed, docs/results.md).",
+    "from auto's measured loops.",
     lower_bound=0.0,
 )
 _COST_REPEATS = flags.DEFINE_integer(
     "cost_repeats",
     0,
     "Timed rounds of the decode steps behind c and the verification cost, spread over the "
-    "examples (each round here takes about 0.7 s per temperature, and the steps compile first: "
-    "4-6 s); 0: with --gamma=auto none, since auto's timed loops, printed with its decision, "
+    "examples, after the steps compile; 0: with --gamma=auto none, since auto's timed loops, "
+    "printed with its decision, "
     f"already cost the shape; else {FIXED_SHAPE_COST_REPEATS}.",
     lower_bound=0,
 )
@@ -210,9 +208,7 @@ _INPUT_BUCKET = flags.DEFINE_integer(
     "Pad each sentence's input to its own multiple of this many tokens (sweep.pad_to_buckets), so "
     "a short sentence does not pay the longest one's encoder; 0 (the default) pads every "
     "sentence to the longest: one length, one set of compiled decodes. Each length compiles its "
-    "own, about 10 s on a fast 2-core machine: the demo's 48 sentences fall into 2 lengths at 24 "
-    "(47 and 1 sentences), which gains little and keeps `make demo` from finishing in two "
-    "minutes on a slower machine.",
+    "own decodes, which costs more than the demo's sentences, nearly all of one length, gain.",
     lower_bound=0,
 )
 _DECODE_LENGTH = flags.DEFINE_integer(

@@ -3,8 +3,7 @@
 Acceptance belongs to the pair and its inputs, not to the machine: beta_t = sum_x min(p_t(x),
 q_t(x)) at each position t the target generated itself (`calibration.measure_positions`), the
 same numbers on any device up to float rounding. Measuring it compiles and runs the target's
-sampler and a teacher-forced scorer, about 4 s per temperature on a 2-core CPU (the demo's
---gamma=auto: a twentieth of its run); the machine's costs, which do depend on the machine, are
+sampler and a teacher-forced scorer; the machine's costs, which do depend on the machine, are
 timed afresh by `auto_shape.Auto` in every run.
 
 A record holds the positions (`calibration.Positions`: confidence and beta per sequence, float64,

@@ -302,7 +302,7 @@ class Costs:
 
 
 def _predicted(prediction: Prediction) -> str:
-  """'gamma 2 1.08x', and where the rounds were kept ' (low 1.03x)' (`Prediction.speedup_low`)."""
+  """'<label> <speedup>x', and where the rounds were kept ' (low <speedup_low>x)'."""
   low = prediction.speedup_low
   return f"{prediction.label} {prediction.speedup:.2f}x" + (
       "" if low is None else f" (low {low:.2f}x)"

@@ -115,7 +115,7 @@ def rouge(targets: Sequence[str], predictions: Sequence[str]) -> dict[str, float
   "rougeLsum": ...}.
   """
   _check_pairs(targets, predictions)
-  # Imported here: rouge-score imports nltk, which takes ~3 s, and only ROUGE tasks need it.
+  # Imported here: rouge-score imports nltk, which is slow to import, and only ROUGE tasks need it.
   from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
 
   scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
