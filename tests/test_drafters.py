@@ -18,6 +18,9 @@ import pytest
 
 from conftest import tiny_config
 from speculative_t5x import alpha, drafters, network, sampling, trees
+from speculative_t5x import feature_drafter
+from speculative_t5x import table_drafters
+from speculative_t5x.training import training
 from speculative_t5x.validation import InvalidInputError
 from speculative_t5x.weights import checkpoints
 from speculative_t5x.weights import pairs
@@ -416,3 +419,41 @@ def test_a_drafter_missing_an_abstract_method_cannot_be_made():
 def test_bad_drafter_settings_are_refused(make, message):
   with pytest.raises(ValueError, match=message):
     make()
+
+
+def test_the_drafter_protocol_is_what_the_loop_calls_and_each_kind_meets_the_periphery_s_own():
+  """The base class holds the parameters and the decoding calls and nothing of checkpoints,
+  fitting or training; those are protocols of the weights and training layers, met by the kinds
+  that have them."""
+  assert {name for name in vars(drafters.Drafter) if not name.startswith("_")} == {
+      "init_params", "param_shapes", "floating_params", "check_params", "param_axes",
+      "check_lengths", "check_target", "for_target", "init_state", "decode_params", "propose",
+      "propose_tree", "observe_features", "steps_per_draft", "teacher_forced_logits",
+      "reads_target_features", "target_feature_layers", "draft_vocab",
+  }  # fmt: skip
+  kinds = {
+      "t5": drafters.T5Drafter(CONFIG),
+      "shared": drafters.SharedEncoderDrafter(CONFIG, E_TARGET),
+      "feature": feature_drafter.FeatureDrafter(CONFIG, CONFIG.emb_dim),
+      "unigram": table_drafters.UnigramDrafter(CONFIG.vocab_size),
+      "bigram": table_drafters.BigramDrafter(CONFIG.vocab_size),
+      "lookup": table_drafters.PromptLookupDrafter(CONFIG.vocab_size),
+  }
+  protocols = {
+      "checkpointed": checkpoints.Checkpointed,
+      "completed": checkpoints.CompletedFromTarget,
+      "fitted": pairs.FittedFromTargets,
+      "shares": training.SharesTarget,
+  }
+  met = {
+      name: sorted(p for p, protocol in protocols.items() if isinstance(kind, protocol))
+      for name, kind in kinds.items()
+  }
+  assert met == {
+      "t5": ["checkpointed"],
+      "shared": ["checkpointed"],
+      "feature": ["checkpointed", "completed", "shares"],
+      "unigram": ["fitted"],
+      "bigram": ["fitted"],
+      "lookup": [],
+  }
