@@ -507,6 +507,38 @@ def test_loops_within_the_noise_are_refused_not_priced():
   assert loop.tokens_per_call["gamma 1"] == 2
 
 
+def test_a_loop_whose_fit_falls_with_its_tokens_is_refused_not_priced():
+  """Two inputs of 2 and 4 tokens whose decodes took 3 s and 2 s beyond their prefills: the fit
+  gives a negative time per token (a fixed part of 4 s), which is the noise, not a price. The
+  ValueError names it, and Auto.measure times more rounds, up to MAX_ROUNDS."""
+  vocabulary = seqio.PassThroughVocabulary(32, eos_id=1)
+  inputs = auto_shape.LoopInputs(np.full((2, 4), 5), 4, vocabulary)
+  stats = {"speculative_stats": {"target_calls": np.array([1])}}
+  short, long = np.array([[5, 1, 0, 0]]), np.array([[5, 5, 5, 1]])
+  outputs = {
+      ("loop", auto_shape.BASELINE, 0, "decode"): (short, {}),
+      ("loop", auto_shape.BASELINE, 1, "decode"): (long, {}),
+      ("loop", "gamma 1", 0, "decode"): (short, stats),
+      ("loop", "gamma 1", 1, "decode"): (long, stats),
+  }
+  seconds = {
+      ("loop", auto_shape.BASELINE, 0, "decode"): np.array([4.0, 4.0, 4.0]),
+      ("loop", auto_shape.BASELINE, 1, "decode"): np.array([3.0, 3.0, 3.0]),
+      ("loop", auto_shape.BASELINE, "prefill"): np.array([1.0, 1.0, 1.0]),
+      ("loop", "gamma 1", 0, "decode"): np.array([2.0, 2.0, 2.0]),
+      ("loop", "gamma 1", 1, "decode"): np.array([2.0, 2.0, 2.0]),
+      ("loop", "gamma 1", "prefill"): np.array([1.0, 1.0, 1.0]),
+  }
+  with pytest.raises(
+      ValueError, match="could not resolve the baseline loop's time per decoded token on 2 inputs"
+  ):
+    auto_shape._loop_costs(seconds, outputs, inputs)
+  seconds["loop", auto_shape.BASELINE, 1, "decode"] = np.array([5.0, 5.0, 5.0])
+  loop = auto_shape._loop_costs(seconds, outputs, inputs)
+  assert loop.baseline_token.median_ms == pytest.approx(500.0)  # 1 s more for 2 tokens more
+  assert loop.fixed[auto_shape.BASELINE].median_ms == pytest.approx(2000.0)
+
+
 def test_choose_for_pair_reads_a_recorded_acceptance_and_records_a_measured_one(
     measured, monkeypatch, tmp_path
 ):

@@ -880,7 +880,7 @@ def _loop_costs(
   """`_loop_calls`' times (name -> seconds [rounds]) and outputs -> LoopCosts: per round, each
   input's decode less its prefill, fitted (`_fit_decodes`) over the inputs' decoded tokens (the
   baseline) or target calls (each speculative decode). Raises ValueError where a loop's median
-  time is not positive (the noise larger than the loop)."""
+  time, or its fitted time per unit, is not positive (the noise larger than the loop)."""
   inputs = range(len(loop_inputs.encoder_tokens))
   labels = list(dict.fromkeys(name[1] for name in seconds))
   per_unit, fixed, tokens, calls = {}, {}, {}, {}
@@ -907,6 +907,14 @@ def _loop_costs(
       )
       calls[label] = int(units.sum())
     per_unit[label], fixed[label] = _fit_decodes(loops, units)
+    cost = float(np.median(per_unit[label]))
+    if cost <= 0:  # time that falls as the tokens or calls grow: the noise, not a price
+      unit = "decoded token" if label == BASELINE else "target call"
+      raise ValueError(
+          f"could not resolve the {label} loop's time per {unit} on {len(inputs)} inputs: its "
+          f"fit over them gives a median of {cost * 1e3:.4f} ms, within the noise; give more "
+          "inputs, or a longer decode_length."
+      )
   return LoopCosts(
       baseline_token=stopwatch.Timing.from_seconds(per_unit[BASELINE]),
       call={label: stopwatch.Timing.from_seconds(per_unit[label]) for label in calls},
