@@ -1,49 +1,28 @@
 """The draft shape chosen from the costs measured on this device: `Auto`.
 
-How many drafts pay depends on the hardware as much as on the pair: machines of one kind price a
-k-token verification differently, so a gamma tuned on one loses on another (docs/results.md).
-`Auto.choose` measures, before decoding, what Theorem 3.8's hardware-aware form needs and picks
-the candidate with the highest predicted speedup, or the baseline when none is predicted faster.
-Only the draft shape changes, so the output law is the target's whatever is chosen.
+Machines of one kind price a k-token verification differently, so a gamma tuned on one loses on
+another. `Auto.choose` measures what Theorem 3.8's hardware-aware form needs and picks the
+candidate with the highest predicted speedup, or the baseline when none is predicted faster. Only
+the draft shape changes, so the output law is the target's whatever is chosen.
 
-Each candidate, in units of the target's single-token step timed here:
+With real inputs (`LoopInputs`) the decoding loops themselves are timed, so their own work is in
+every cost. Each input's decode less its prefill is fitted over the inputs as F + units x cost
+(`_fit_decodes`): b, the baseline per token; L, a shape's loop per target call (chains of 1 and G
+= max_gamma drafts timed, linear in gamma between them); F, a loop's fixed part. For a sentence
+of n tokens in C target calls (`calibration.chain_decodes`, or Eq. 1 from alpha) the predicted
+speedup is (F_b + n b) / (F + C L). The target's single-token step is only the unit.
 
-  chain of gamma drafts:  E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)   (Eq. 1), or with the
-                          acceptance per position (`calibration.Positions`) n / C(gamma), a
-                          sentence's tokens over its expected target calls
-                          (`calibration.chain_decodes`)
-                          cost = L(gamma), the loop per target call (without inputs:
-                          gamma c_loop + verify(gamma))
-  tree of M drafts, depth D: E[tokens] = what its timed loop realized (without inputs, the upper
-                          bound theory.tree_expected_tokens(theory.branching_acceptance(...)),
-                          which over-estimates sampled siblings)
-                          cost = its loop per target call (without inputs: D c_loop + verify(M))
-  predicted speedup = E[tokens] b / cost   (the baseline: 1)
-
-With real inputs (`LoopInputs`) the decoding loops themselves are timed, so their own work
-(acceptance test, writes, bookkeeping) is in every cost: each input's decode less its prefill is
-fitted over the inputs as F + units x cost (`_fit_decodes`), giving b (the baseline per token), L
-for chains of 1 and G = max_gamma drafts (linear in gamma between them), each tree's, and each
-loop's fixed part F. Spread over the mean sentence's n tokens and C calls, the speedup is
-(F_b + n b) / (F + C L): short outputs pay the fixed parts over fewer tokens. The steps are then
-only the unit, timed greedily at every temperature, so one pair of step programs serves all.
-Without inputs, costs come from steps alone: c_loop (`step_costs.DecodeCosts.c_in_loop`) is G
-drafts and a verification timed together, less the verification, over G (b = 1).
+Without inputs, costs come from steps alone: a chain costs gamma c_loop + verify(gamma) and a tree
+D c_loop + verify(M), c_loop being G drafts and a verification timed together less the
+verification, over G; a tree's tokens are the branching model's upper bound
+(`theory.tree_expected_tokens`).
 
 A candidate is chosen only where it clears `Auto.min_speedup` beyond the timing noise
-(`Prediction.clears`): with the loops timed, the lower quartile of the speedups each round
-predicts alone must clear it too, so a machine that swings by more than a shape gains gets the
-baseline. A chain whose loop was not timed (read off the line between the timed chains) is taken
-over the fastest timed candidate only where predicted faster by more than
-`Auto.interpolation_margin`: the line's own error is not a gain.
+(`Prediction.clears`), and a chain read off the line between the timed chains only where it beats
+the fastest timed candidate by `Auto.interpolation_margin`: the line's own error is not a gain.
 
-The timing rounds are budgeted (`Auto.budget_s`); compilation is reported apart. A decision is
-cached per process, keyed by the device kind, the pair (configs and a fingerprint of the
-weights), the geometry, the temperature and the acceptance; not on disk, since machines of one
-kind differ in what k tokens cost. The acceptance, the pair's, may be read from a record
-(`acceptance_record`, `Auto.choose_for_pair(acceptance_file=...)`).
-
-Shapes: B = 1 (the timed steps' batch), V the vocabulary.
+Decisions are cached per process, keyed by the device kind, the pair, the geometry, the
+temperature and the acceptance; not on disk, since machines of one kind differ.
 """
 
 from __future__ import annotations
@@ -88,11 +67,10 @@ _DECISIONS: dict[Hashable, "Choice"] = {}
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-  """One candidate: its shape (None: the baseline), label, expected tokens per target call,
-  cost per target call in target steps, and the predicted speedup (their ratio, from the
-  medians). speedup_low: the lower quartile of the speedups each timed round predicts alone, the
-  baseline's loop and the candidate's timed in that round (`Costs.round_ratios`), or speedup
-  where that is lower; None where the loops were not timed."""
+  """One candidate (shape None: the baseline): tokens and cost (in target steps) per target
+  call, and the speedup they predict from the medians. speedup_low: the lower quartile of the
+  speedups the timed rounds predict one by one (`Costs.round_ratios`), at most speedup; None
+  where the loops were not timed."""
 
   shape: draft_shapes.DraftShape | None
   label: str
@@ -102,8 +80,7 @@ class Prediction:
   speedup_low: float | None = None
 
   def clears(self, min_speedup: float) -> bool:
-    """Whether it is predicted at least min_speedup fast beyond the timing noise: its speedup
-    and, where the loops were timed, its rounds' lower quartile too."""
+    """Whether its speedup, and its rounds' lower quartile where kept, reach min_speedup."""
     low = self.speedup if self.speedup_low is None else self.speedup_low
     return min(self.speedup, low) >= min_speedup
 
@@ -123,12 +100,8 @@ BASELINE_PREDICTION = Prediction(None, BASELINE, 1.0, 1.0, 1.0)
 
 @dataclasses.dataclass(frozen=True)
 class LoopInputs:
-  """Real inputs on which `Auto.measure` times the decoding loops themselves.
-
-  encoder_tokens: [N, Le] int32, each row decoded alone (batch 1); decode_length: tokens decoded
-  per row; vocabulary: the output vocabulary (its EOS ends the decodes). The decoders are
-  `sweep.build_settings`', so a sweep of the same vocabulary size and EOS reuses them compiled.
-  """
+  """Real inputs on which `Auto.measure` times the decoding loops: encoder_tokens [N, Le], each
+  row decoded alone to decode_length tokens; vocabulary, whose EOS ends the decodes."""
 
   encoder_tokens: np.ndarray
   decode_length: int
@@ -146,7 +119,7 @@ class LoopInputs:
     validation.check_eos_id(getattr(self.vocabulary, "eos_id", None))
 
   def key(self) -> Hashable:
-    """What the decision depends on: the tokens, the length, the vocabulary's size and EOS."""
+    """What the decision depends on."""
     tokens = self.encoder_tokens
     digest = hashlib.sha256(tokens.tobytes()).hexdigest()
     return digest, tokens.shape, self.decode_length, self.vocabulary.vocab_size, self.eos_id
@@ -158,17 +131,12 @@ class LoopInputs:
 
 @dataclasses.dataclass(frozen=True)
 class LoopCosts:
-  """The decoding loops timed whole on `LoopInputs`, beside the steps: per round, each input's
-  decode time less its prefill's, t_i = F + u_i x (the loop per unit), fitted over the N inputs
-  (`_fit_decodes`), u_i its units: decoded tokens for the baseline, target calls for a shape. F
-  is a decode's fixed part, its time not in proportion to its tokens or calls.
+  """The decoding loops timed on `LoopInputs`, each round's decodes less prefills fitted as
+  t_i = F + u_i x (`_fit_decodes`), u_i the decoded tokens (baseline) or target calls (a shape).
 
-  baseline_token: the baseline's loop per decoded token; call: a shape's label ('gamma 1',
-  'gamma G', 'tree 2,2,1', as `Prediction.label`) -> its speculative loop per target call;
-  tokens_per_call: label -> what that loop realized on the inputs; rounds: BASELINE and each
-  label -> those figures in ms, round by round (every loop is timed once per round), for
-  `Costs.round_ratios`; empty: not kept. fixed: BASELINE and each label -> F (a Timing over the
-  rounds); fixed_rounds: F in ms, round by round; both empty: F = 0.
+  baseline_token: x of the baseline; call: label ('gamma 1', 'tree 2,2,1') -> x of that shape;
+  tokens_per_call: label -> what its loop realized; fixed: BASELINE and each label -> F. rounds
+  and fixed_rounds: the same per round in ms, for `Costs.round_ratios` (empty: not kept, F = 0).
   """
 
   baseline_token: stopwatch.Timing
@@ -193,13 +161,9 @@ class LoopCosts:
 
 @dataclasses.dataclass(frozen=True)
 class Costs:
-  """What `Auto` measures on one device.
-
-  target_step: the target on 1 token; verify: M -> the target on M + 1 tokens; gamma: the
-  longest chain tried, G; iteration: G drafts then the target on G + 1 tokens in one loop step
-  (timed where the loops were not); loop: the decoding loops themselves (None where no inputs
-  were given: the steps alone).
-  """
+  """What `Auto` measures on one device: target_step (1 token); verify, M -> the target on
+  M + 1 tokens; gamma, G; iteration, G drafts and a verification in one loop step (timed where
+  the loops are not); loop, the timed loops (None: the steps alone)."""
 
   target_step: stopwatch.Timing
   verify: dict[int, stopwatch.Timing]
@@ -213,8 +177,7 @@ class Costs:
 
   @property
   def c_loop(self) -> float:
-    """A draft's price inside the loop, in target steps: (iteration - verification) / G, at
-    least 0 (`step_costs.DecodeCosts.c_in_loop`, taken to hold at every gamma)."""
+    """A draft in the loop, in target steps: (iteration - verification) / G, at least 0."""
     if self.iteration is None:
       raise ValueError("the iteration was not timed: Auto times it where no loop is timed.")
     drafting = self.iteration.median_ms - self.verify[self.gamma].median_ms
@@ -222,25 +185,21 @@ class Costs:
 
   @property
   def baseline_step(self) -> float:
-    """b: the baseline's loop per decoded token in target steps (the step, and the loop's own
-    sampling and writes); 1 where the loops were not timed."""
+    """b, the baseline's loop per token in target steps; 1 where the loops were not timed."""
     if self.loop is None:
       return 1.0
     return self.loop.baseline_token.median_ms / self.target_step.median_ms
 
   def chain_cost(self, gamma: int) -> float:
-    """A target call of a chain of gamma drafts, in target steps: where the loops were timed,
-    the loop's per call, linear in gamma between the chains timed (1 and G); else gamma c_loop +
-    verify(gamma)."""
+    """A chain's target call in target steps: its timed loop's (`_on_the_line`), else
+    gamma c_loop + verify(gamma)."""
     if self.loop is None:
       return gamma * self.c_loop + self.verify_cost(gamma)
     ms = {label: t.median_ms for label, t in self.loop.call.items()}
     return float(self._on_the_line(ms, gamma)) / self.target_step.median_ms
 
   def fixed(self, label: str, gamma: int | None = None) -> float:
-    """F, a decode's fixed part, of the baseline (BASELINE) or a shape, in target steps (for a
-    chain, `gamma`: linear between the chains timed, as `chain_cost`); 0 where the loops were
-    not timed or no F was fitted."""
+    """F of BASELINE or a shape (a chain: `gamma`, off the line) in target steps; 0 unfitted."""
     if self.loop is None or not self.loop.fixed:
       return 0.0
     if gamma is None:
@@ -249,16 +208,15 @@ class Costs:
     return float(self._on_the_line(ms, gamma)) / self.target_step.median_ms
 
   def _on_the_line(self, by_label: dict[str, Any], gamma: int) -> Any:
-    """A chain of gamma drafts' figure read off the line between the timed chains' (label ->
-    a number, or per-round figures): linear in gamma between the chains of 1 and G drafts."""
+    """A chain's figure, linear in gamma between the timed chains' of 1 and G drafts."""
     first = np.asarray(by_label[_chain_label(1)], np.float64)
     last = np.asarray(by_label[_chain_label(self.gamma)], np.float64)
     weight = 0.0 if self.gamma == 1 else (gamma - 1) / (self.gamma - 1)
     return first + weight * (last - first)
 
   def tree_cost(self, label: str, depth: int, drafts: int) -> float:
-    """A target call of the tree `label` (`drafts` drafts, `depth`), in target steps: its loop
-    per call where the loops were timed; else depth c_loop + verify(drafts)."""
+    """A tree's target call in target steps: its timed loop's, else depth c_loop +
+    verify(drafts)."""
     if self.loop is None:
       return depth * self.c_loop + self.verify_cost(drafts)
     return self.loop.call[label].median_ms / self.target_step.median_ms
@@ -266,12 +224,9 @@ class Costs:
   def round_ratios(
       self, label: str, gamma: int | None = None, decode: tuple[float, float] | None = None
   ) -> np.ndarray | None:
-    """b_r / L_r for each timed round r: the baseline's loop per token over the candidate's per
-    target call, both from round r (for a chain, `gamma`: L_r linear between the chains timed,
-    as `chain_cost`), so a slow spell that lands on a round lands on both; tokens per call times
-    it is that round's predicted speedup. decode: (tokens, target calls) of a decode, with which
-    each round's fixed parts are spread over them, b_r + F_r / tokens over L_r + F'_r / calls.
-    None where the rounds were not kept."""
+    """b_r / L_r per timed round r, both from that round, so a slow spell lands on both (a
+    chain: `gamma`, off the line). decode: (tokens, calls), over which each round's F are
+    spread. None where the rounds were not kept."""
     if self.loop is None or not self.loop.rounds:
       return None
 
@@ -302,7 +257,7 @@ class Costs:
 
 
 def _predicted(prediction: Prediction) -> str:
-  """'<label> <speedup>x', and where the rounds were kept ' (low <speedup_low>x)'."""
+  """'<label> <speedup>x', with ' (low <speedup_low>x)' where kept."""
   low = prediction.speedup_low
   return f"{prediction.label} {prediction.speedup:.2f}x" + (
       "" if low is None else f" (low {low:.2f}x)"
@@ -321,16 +276,10 @@ def _tree_label(branching: Sequence[int]) -> str:
 class Choice:
   """What `Auto.choose` decided and every number behind it.
 
-  chosen: the best prediction of those that reach `Auto.min_speedup` beyond the timing noise
-  (`Prediction.clears`), or the baseline's when none does; best: the best speculative candidate
-  by its median prediction (chosen or not); speculative: the speculative candidate to show, the
-  chosen one, or where the baseline is chosen the best one whose loop was timed (the best one
-  where no loop was); predictions: every candidate, in order;
-  costs: what was measured; alpha and where it came from; compile_seconds and timing_seconds:
-  what the measurement cost; rounds: timing rounds run; device_kind; acceptance_tokens: the
-  positions the acceptance was measured at (0 for a given alpha); cached: whether this
-  process had made the decision before (no time spent then); min_speedup and
-  interpolation_margin: `Auto`'s.
+  chosen: the fastest candidate that clears `Auto.min_speedup`, or the baseline; best: the
+  fastest speculative one by its medians; speculative: the one to show (chosen, or the fastest
+  timed where the baseline is); acceptance_tokens: the positions alpha was measured at (0:
+  given); cached: decided before in this process.
   """
 
   chosen: Prediction
@@ -356,7 +305,7 @@ class Choice:
     return self.chosen.shape
 
   def reason(self) -> str:
-    """One line: why the choice is what it is, with the figures."""
+    """Why the choice is what it is, with the figures."""
     if self.chosen.shape is None:
       best = f"{self.best.speedup:.2f}x"
       noise = self.best.speedup >= self.min_speedup  # the noise kept it out, not the cost
@@ -446,13 +395,9 @@ class Choice:
 class Auto:
   """The candidates and the measurement's budget.
 
-  max_gamma: chains of 1..max_gamma drafts are candidates. trees: draft trees that are candidates
-  too, for a drafter that proposes trees, each its branching (children per node at each depth,
-  e.g. (2, 2, 1), `trees.DraftTree.from_branching`). budget_s: seconds of timing rounds (compilation apart), at least
-  MIN_ROUNDS rounds. min_speedup: a candidate is chosen only when predicted at least this fast;
-  below it the baseline is. interpolation_margin: how much faster than the fastest timed
-  candidate a chain whose loop was not timed must be predicted to be taken (the module
-  docstring).
+  max_gamma: chains of 1..max_gamma drafts; trees: branchings (children per depth, e.g. (2, 2,
+  1)) for a drafter that proposes trees; budget_s: seconds of timing rounds, compilation apart,
+  MIN_ROUNDS at least; min_speedup and interpolation_margin: the module docstring.
   """
 
   max_gamma: int = 4
@@ -481,8 +426,7 @@ class Auto:
 
   @property
   def max_block(self) -> int:
-    """The most tokens one target call of a candidate scores: M + 1, M its drafts (the k a
-    `step_costs.DecodeGeometry` must admit)."""
+    """The most tokens a candidate's target call scores: the k a geometry must admit."""
     return max(shape.num_drafts for shape in self.candidates()) + 1
 
   def candidates(self) -> list[draft_shapes.DraftShape]:
@@ -502,12 +446,9 @@ class Auto:
       acceptance_source: str = "given",
       loop_inputs: LoopInputs | None = None,
   ) -> Choice:
-    """Measures the costs on the default device (the decoding loops on `loop_inputs`, if given,
-    at the temperature; `step_costs.cost_steps` at `geometry`, with the temperature's
-    standardization and draw, or the greedy one where the loops are timed) and predicts every
-    candidate (the module docstring) at `acceptance`, alpha or the betas per position
-    (`measure_acceptance`) -> the Choice. The same arguments again in one process
-    return the cached decision."""
+    """Measures the costs on the default device (`measure`) and predicts every candidate at
+    `acceptance`, alpha or the betas per position (`measure_acceptance`) -> the Choice, cached
+    per process."""
     step_costs.check_drafter(drafter)
     if isinstance(acceptance, calibration.Positions):
       alpha = float(np.mean(np.concatenate(acceptance.beta)))
@@ -562,8 +503,7 @@ class Auto:
     return _DECISIONS[key]
 
   def _fastest(self, candidates: list[Prediction], costs: Costs) -> Prediction:
-    """The fastest of `candidates` (not empty), unless it is a chain whose loop was not timed and
-    the fastest timed one is within `interpolation_margin` of it: then that one."""
+    """The fastest candidate, or the fastest timed one where within `interpolation_margin`."""
     fastest = max(candidates, key=lambda p: p.speedup)
     fastest_timed = _fastest_timed(candidates, costs)
     if fastest_timed is None or fastest.speedup > fastest_timed.speedup * (
@@ -573,9 +513,7 @@ class Auto:
     return fastest_timed
 
   def _shown(self, candidates: list[Prediction], costs: Costs) -> Prediction:
-    """The candidate shown where the baseline is chosen: the fastest whose loop was timed, its
-    programs compiled already (it is shown, not chosen: an untimed chain predicted faster would
-    cost a compilation to show), or `_fastest` where the loops were not timed."""
+    """Shown where the baseline is chosen: the fastest timed candidate, compiled already."""
     return _fastest_timed(candidates, costs) or self._fastest(candidates, costs)
 
   def choose_for_pair(
@@ -590,16 +528,12 @@ class Auto:
       acceptance_file: str | os.PathLike | None = None,
       record: bool = False,
   ) -> Choice:
-    """`choose` for a loaded pair with a drafter: the acceptance per position measured along
-    the target's own outputs of up to decode_length tokens for encoder_tokens [N, Le] (one
-    batch, `measure_acceptance`), then the costs, the loops timed on LOOP_INPUTS of them that
-    span their outputs' lengths (`spanning_inputs`). vocabulary: the output vocabulary (its EOS
-    ends the decodes). `inputs` names them in the Choice.
+    """`choose` for a loaded pair: the acceptance per position along the target's own outputs
+    for encoder_tokens [N, Le] (`measure_acceptance`), the loops timed on LOOP_INPUTS of them
+    (`spanning_inputs`). `inputs` names them in the Choice.
 
-    acceptance_file: a file of acceptance records (`acceptance_record`): where it holds the
-    record of this pair, temperature, decode length and encoder_tokens, its positions are taken
-    instead of measuring them (the Choice's alpha_source says so). record: measure whatever the
-    file holds, and write the measurement into it (it needs acceptance_file)."""
+    acceptance_file: records (`acceptance_record`) whose entry for this pair and inputs is used
+    instead of measuring; record: measure anyway and write the entry."""
     if record and acceptance_file is None:
       raise validation.InvalidInputError(
           "record=True writes the measured acceptance into acceptance_file: give one."
@@ -667,13 +601,10 @@ class Auto:
       temperature,
       loop_inputs: LoopInputs | None = None,
   ) -> tuple[Costs, float, float, int]:
-    """Times, side by side (`stopwatch.time_rounds`): with `loop_inputs`, the decoding loops on
-    them (the baseline's, the chains' of 1 and max_gamma drafts, each tree's) and the target on 1
-    and max_gamma + 1 tokens; without, the target on 1..max_gamma + 1 tokens and each tree's
-    M + 1, and one iteration of max_gamma drafts (marginal step times,
-    `step_costs.marginal_step_timings`) -> (Costs, seconds compiling (with each program's first
-    run), seconds timing, rounds). One timed round runs after the compiling runs; the rest fill
-    `budget_s` (MIN_ROUNDS to MAX_ROUNDS in all)."""
+    """Times side by side the target's steps at `geometry` and, with `loop_inputs`, the loops
+    (baseline, chains of 1 and max_gamma, each tree); without, the steps of every candidate and
+    one iteration -> (Costs, compile seconds, timing seconds, rounds). The rounds fill
+    `budget_s`, MIN_ROUNDS to MAX_ROUNDS."""
     gamma = self.max_gamma
     if loop_inputs is None:
       widths = {k + 1 for k in range(gamma + 1)} | {
@@ -738,9 +669,7 @@ class Auto:
   def predictions(
       self, costs: Costs, alpha: float, positions: calibration.Positions | None = None
   ) -> list[Prediction]:
-    """The module docstring's prediction of every candidate, chains first: a chain's tokens per
-    call from the betas per position where given, else from alpha; a tree's as its timed loop
-    realized them where the loops were timed, else from the branching model."""
+    """Every candidate's Prediction (the module docstring), chains first."""
     predictions = []
     sequence_tokens = None
     if positions is not None:
@@ -785,10 +714,7 @@ def _prediction(
     decode: tuple[float, float] | None,
     gamma: int | None = None,
 ) -> Prediction:
-  """A candidate's Prediction from its tokens and cost per target call: where `decode` (tokens,
-  target calls of a decode) is given, each loop's fixed part (`Costs.fixed`; `gamma` for a
-  chain) is spread over it, the baseline's over the tokens and the candidate's over the calls,
-  so the speedup is (F_b + n b) / (F + C L) for a decode of n tokens in C calls."""
+  """A Prediction; with `decode` (n tokens, C calls), (F_b + n b) / (F + C L) per token."""
   baseline = costs.baseline_step
   if decode is not None:
     baseline += costs.fixed(BASELINE) / decode[0]
@@ -807,11 +733,9 @@ def _prediction(
 def spanning_inputs(
     encoder_tokens: np.ndarray, positions: calibration.Positions, count: int
 ) -> np.ndarray:
-  """The `count` rows of encoder_tokens [N, Le] whose target outputs (one sequence of
-  `positions` per row, in order) have the lengths at the (2i + 1) / (2 count) quantiles, i <
-  count, in their order in encoder_tokens -> [min(count, N), Le]: inputs that span the outputs'
-  lengths, over which a decode's fixed part and its cost per token or call can be told apart
-  (`_fit_decodes`). The first `count` rows where the positions are not one sequence per row."""
+  """encoder_tokens [N, Le] -> the rows [min(count, N), Le] whose outputs' lengths (one
+  `positions` sequence per row) sit at the (2i + 1) / (2 count) quantiles, so a fixed part and
+  a per-unit cost can be told apart; else the first `count` rows."""
   if len(positions.beta) != len(encoder_tokens) or len(encoder_tokens) <= count:
     return encoder_tokens[:count]
   order = np.argsort([len(beta) for beta in positions.beta], kind="stable")
@@ -820,14 +744,13 @@ def spanning_inputs(
 
 
 def _fastest_timed(candidates: list[Prediction], costs: Costs) -> Prediction | None:
-  """The fastest of `candidates` whose loop was timed; None where none was."""
+  """The fastest timed candidate, or None."""
   timed = [] if costs.loop is None else [p for p in candidates if p.label in costs.loop.call]
   return max(timed, key=lambda p: p.speedup) if timed else None
 
 
 def _low(tokens: float, ratios: np.ndarray | None, speedup: float) -> float | None:
-  """`Prediction.speedup_low`: the LOW_QUANTILE-th percentile of tokens x the rounds' ratios, at
-  most `speedup` (the median of ratios is not the ratio of the medians)."""
+  """The LOW_QUANTILE-th percentile of tokens x ratios, at most `speedup`."""
   if ratios is None:
     return None
   return min(float(np.percentile(tokens * ratios, LOW_QUANTILE)), speedup)
@@ -836,12 +759,10 @@ def _low(tokens: float, ratios: np.ndarray | None, speedup: float) -> float | No
 def _loop_calls(
     target_config, target_params, drafter, drafter_params, shapes, loop_inputs, temperature
 ) -> dict[Hashable, tuple[Any, tuple]]:
-  """("loop", label, i, "decode") and ("loop", label, "prefill") -> (fn, args): each input's
-  decode, and one prefill (the inputs share their shapes, and a prefill's work depends on them
-  alone: `sweep.time_prefills`), by the baseline (label BASELINE) and by speculative decoding in
-  each of `shapes` (label -> draft shape; Algorithm 1 for a chain, a tree's own verifier), the
-  functions `sweep.build_settings` makes (and keeps, for a sweep after), the rng
-  fold_in(PRNGKey(0), i)."""
+  """("loop", label, i, "decode") and ("loop", label, "prefill") -> (fn, args) for the
+  baseline and each of `shapes` (label -> shape): each input's decode and one prefill, whose
+  work depends on the shapes alone. The decoders are `sweep.build_settings`', so a sweep after
+  reuses them compiled."""
   settings = {
       label: sweep.SweepSetting(
           label,
@@ -877,10 +798,8 @@ def _loop_calls(
 def _loop_costs(
     seconds: dict[Hashable, np.ndarray], outputs: dict[Hashable, Any], loop_inputs: LoopInputs
 ) -> LoopCosts:
-  """`_loop_calls`' times (name -> seconds [rounds]) and outputs -> LoopCosts: per round, each
-  input's decode less its prefill, fitted (`_fit_decodes`) over the inputs' decoded tokens (the
-  baseline) or target calls (each speculative decode). Raises ValueError where a loop's median
-  time, or its fitted time per unit, is not positive (the noise larger than the loop)."""
+  """`_loop_calls`' seconds [rounds] and outputs -> LoopCosts. Raises ValueError where a loop's
+  time, or its fitted time per unit, is not positive: the noise, not a price."""
   inputs = range(len(loop_inputs.encoder_tokens))
   labels = list(dict.fromkeys(name[1] for name in seconds))
   per_unit, fixed, tokens, calls = {}, {}, {}, {}
@@ -927,10 +846,8 @@ def _loop_costs(
 
 
 def _fit_decodes(seconds: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Each round's t_i = F + u_i x by least squares over the inputs: seconds [N, rounds] and
-  units [N] (tokens or target calls per input) -> (x, F), each [rounds]. Where the units do
-  not differ (no line to fit) or a round's F comes out negative (noise: time does not fall with
-  fewer units), that round is F = 0, x = sum_i t_i / sum_i u_i."""
+  """t_i = F + u_i x by least squares: seconds [N, rounds], units [N] -> (x, F), each
+  [rounds]. A round with equal units or a negative F (noise) is F = 0, x = sum t / sum u."""
   units = np.asarray(units, np.float64)
   through_origin = seconds.sum(axis=0) / units.sum()
   if np.ptp(units) == 0:
@@ -943,8 +860,7 @@ def _fit_decodes(seconds: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np
 
 
 def _branching(tree: Any) -> tuple[int, ...]:
-  """A branching (k_1, ..., k_D), children per node at each depth -> it as a tuple, checked by
-  `trees.DraftTree.from_branching` (an InvalidInputError naming the entry otherwise)."""
+  """A branching (k_1, ..., k_D) as a tuple, or an InvalidInputError naming it."""
   try:
     branching = tuple(int(k) for k in tree)
     trees_lib.DraftTree.from_branching(branching)
@@ -964,9 +880,8 @@ def measure_acceptance(
     eos_id: int,
     num_tokens: int,
 ) -> calibration.Positions:
-  """beta per position along about `num_tokens` tokens the target generates itself from
-  `encoder_batches` (arrays [B, Le]) at `temperature` (`calibration.measure_positions`), for a
-  loaded pair with a drafter."""
+  """beta per position along about `num_tokens` tokens the target generates from
+  `encoder_batches` [B, Le] (`calibration.measure_positions`)."""
   positions = calibration.measure_positions(
       pair, encoder_batches, decode_length, temperature, eos_id, num_tokens
   )

@@ -1,16 +1,11 @@
-"""Decode-step costs: the paper's cost coefficient c and the verification cost, timed the way the
-decoding loops run their steps.
+"""Decode-step costs: the paper's cost coefficient c (Definition 3.7) and the verification cost
+(the target on gamma + 1 tokens over one token, which Theorem 3.8 takes as 1).
 
-Decode steps are timed as the loops run them: cached decode steps inside one jitted
-`lax.fori_loop`, the cache carried (and written in place) from step to step, each step's logits
-feeding the next step's input tokens, at advancing positions of a cache of realistic length, after
-an encoder of realistic length. A step's time is marginal: a call of many steps minus a call of
-fewer, over the difference (see `time_decode_steps`), so what a call pays once (dispatch, copying
-the cache in), which the `lax.while_loop` of a real decode does not pay per step, cancels.
-
-From these come the paper's cost coefficient c (Definition 3.7: one drafter step over one target
-step, both on a single token) and the verification cost (the target on gamma + 1 tokens over the
-target on one token), which Theorem 3.8 assumes to be 1.
+Steps are timed as the loops run them: cached decode steps in one jitted `lax.fori_loop`, the
+cache written in place, each step's logits feeding the next step's tokens, at advancing positions
+of a realistic cache. A step's time is marginal, a call of many steps less a call of fewer over
+the difference, so what a call pays once (dispatch, copying the cache in) cancels, as it does in
+a real decode's `lax.while_loop`.
 """
 
 from __future__ import annotations
@@ -35,8 +30,8 @@ EXTRA_PASSES = 4  # step times: calls of 1 + EXTRA_PASSES passes minus calls of 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeGeometry:
-  """Where timed decode steps run: encoder length Le, cache length L, first position of the
-  timed steps, and the block sizes k it admits (position + steps_per_call - 1 + k <= L)."""
+  """Where timed steps run: encoder length Le, cache length L, the first timed position; it
+  admits blocks of k where position + steps_per_call - 1 + k <= L."""
 
   encoder_length: int
   cache_length: int
@@ -51,8 +46,7 @@ class DecodeGeometry:
       max_k: int,
       steps_per_call: int = DEFAULT_STEPS_PER_CALL,
   ) -> "DecodeGeometry":
-    """The cache of a speculative decode of `decode_length` tokens with blocks of up to `max_k`
-    (= gamma + 1) tokens, L = decode_length + max_k, timed from mid-decode (as far as it fits)."""
+    """A decode of `decode_length` tokens in blocks of up to max_k, timed from mid-decode."""
     if min(encoder_length, decode_length, max_k, steps_per_call) < 1:
       raise ValueError(
           f"encoder_length, decode_length, max_k and steps_per_call must be >= 1, got "
@@ -77,9 +71,8 @@ class DecodeGeometry:
 def _verification_tokens(
     standardize: sampling.Standardizer, u: jax.Array, logits: jax.Array
 ) -> jax.Array:
-  """What a sampling verification computes from the target's logits [B, k, V]: every position's
-  distribution, each read at one token (the acceptance test), and one draw (the correction token)
-  -> next input tokens [B, k]."""
+  """A sampling verification's work on logits [B, k, V]: every position's distribution read at
+  one token, and one draw -> next input tokens [B, k]."""
   probs = standardize(logits)
   token = standardize.draw(u, probs[:, -1])
   read = jnp.take_along_axis(
@@ -89,8 +82,8 @@ def _verification_tokens(
 
 
 def _feedback_tokens(logits: jax.Array) -> jax.Array:
-  """logits [B, k, V] -> next input tokens [B, k]: a function of every logit (so nothing is dead
-  code or loop-invariant) that costs next to nothing: the network alone is timed."""
+  """logits [B, k, V] -> tokens [B, k]: reads every logit, so nothing is dead, at next to no
+  cost, so the network alone is timed."""
   return jnp.where(
       jnp.sum(logits, axis=-1) > 0,
       workloads.FIRST_NON_SPECIAL_ID + 1,
@@ -101,12 +94,8 @@ def _feedback_tokens(logits: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class Stage:
   """`repeats` cached decode steps of one network on k tokens, at consecutive positions.
-
-  encoder_emb_dim: None for a `network.Transformer(config)`, which runs its own encoder; E_target
-  for a `network.SharedEncoderDecoder(config)` (a `drafters.SharedEncoderDrafter`,
-  `drafters.stepped_network`), whose cache is made from a random encoder output
-  [B, Le, E_target]. Either way the encoder work is outside the timed steps.
-  """
+  encoder_emb_dim: None for a `network.Transformer`; E_target for a
+  `network.SharedEncoderDecoder`, its cache made from a random encoder output [B, Le, E]."""
 
   config: network.T5Config
   params: dict
@@ -125,7 +114,7 @@ class Stage:
 
   @property
   def init_key(self) -> Hashable:
-    """What its cache depends on (not k, not the parameters' values)."""
+    """What its cache depends on."""
     return type(self).__name__, self.config, self.encoder_emb_dim
 
   @property
@@ -137,7 +126,7 @@ class Stage:
   def init_cache(
       self, params: dict, encoder_tokens: jax.Array, cache_length: int, rng: jax.Array
   ) -> dict:
-    """`module.decode`'s cache after encoder_tokens [B, Le], with `params` (the stage's, traced)."""
+    """The decode cache after encoder_tokens [B, Le]."""
     module = self.module
     variables = {"params": params}
     if self.encoder_emb_dim is None:
@@ -148,9 +137,8 @@ class Stage:
     )
 
   def run(self, params, cache, tokens, position, u, standardize, temperature):
-    """The stage's steps from cache index `position` [B] on the first k of tokens [B, width]
-    -> (tokens with their first k replaced by what the steps drew, cache); see
-    `decode_step_call`."""
+    """Its steps from `position` [B] on the first k of tokens [B, width] -> (tokens, the first
+    k replaced by the draws, cache)."""
     module = self.module
     for r in range(self.repeats):
       logits, cache = module.apply(
@@ -168,16 +156,11 @@ class Stage:
 
 @dataclasses.dataclass(frozen=True)
 class ProposalStage:
-  """One proposal of `gamma` drafts by a drafter, as the loop makes it (`Drafter.propose`, its
-  state carried from call to call): for a drafter whose proposal is not `gamma` single steps of
-  one T5 network (`drafters.stepped_network` None), e.g. a `feature_drafter.FeatureDrafter`, which
-  rebuilds gamma + 1 cache entries from the target's features and then steps on its own.
+  """One `Drafter.propose` of `gamma` drafts, its state carried, for a drafter whose proposal is
+  not single steps of one T5 network (`drafters.stepped_network` None).
 
-  params: (its parameters, their `Drafter.decode_params` form), made once before the timed calls
-  as the loop makes them once per decode call (`ProposalStage.of`).
-  target_emb_dim: E_target, the width of the random encoder output [B, Le, E] its state is made
-  from (the target's encoder output in the loop); its feature buffer stays as `init_state` makes
-  it (the cost does not depend on the values).
+  params: (parameters, their `decode_params` form), made once as the loop makes them;
+  target_emb_dim: E of the random encoder output [B, Le, E] its state is made from.
   """
 
   drafter: drafters_lib.Drafter
@@ -208,7 +191,7 @@ class ProposalStage:
     return self.gamma + 1
 
   def init_cache(self, params, encoder_tokens, cache_length, rng):
-    """-> (the drafter's `init_state`, a decoded sequence [B, cache_length] of random tokens)."""
+    """-> (the drafter's state, random decoded tokens [B, cache_length])."""
     rng_encoded, rng_tokens = jax.random.split(rng)
     encoded = jax.random.normal(
         rng_encoded, encoder_tokens.shape + (self.target_emb_dim,), jnp.float32
@@ -220,8 +203,7 @@ class ProposalStage:
     return state, sequences
 
   def run(self, params, carry, tokens, position, u, standardize, temperature):
-    """Writes tokens[:, 0] into the sequence at `position`, then proposes at length
-    position + gamma -> (tokens with the gamma drafts first, (state, sequence))."""
+    """Writes tokens[:, 0] at `position`, then proposes gamma drafts into tokens."""
     del temperature
     state, sequences = carry
     sequences = jax.lax.dynamic_update_slice(sequences, tokens[:, :1], (0, position[0]))
@@ -246,24 +228,14 @@ def decode_step_call(
     passes: int = 1,
     seed: int = 0,
 ) -> tuple[Callable[..., Any], tuple]:
-  """A jitted call of `passes` x `geometry.steps_per_call` loop steps, each running the stages in
-  order, against caches of `geometry.cache_length` after encoder inputs
-  [batch, geometry.encoder_length] -> (fn, args) for `stopwatch.time_calls`.
+  """A jitted call of passes x steps_per_call loop steps, each running the stages in order on
+  caches after encoder inputs [batch, Le] -> (fn, args) for `stopwatch.time_calls`.
 
-  Loop step i runs each stage's decode steps at cache_index = position + i (+ r for its r-th
-  repeat), on the first k of the tokens the previous decode step produced from its logits, writing
-  the caches in place. With `temperature` None only the networks are timed; with a temperature
-  every decode step is what the decoding loops run per call: the network, the standardized
-  distribution of all k positions (`sampling.Standardizer`) and a draw (k = 1: the next token), or
-  every position read at one token and one draw (k > 1: a verification); at a greedy temperature
-  the argmax of the logits at every position, as the greedy loops do. One stage
-  [Stage(target, k)] is a step of the baseline (k = 1) or a verification (k = gamma + 1);
-  [Stage(drafter, 1, gamma), Stage(target, gamma + 1)] is the network work of one speculative
-  iteration, and [ProposalStage(drafter, gamma), Stage(target, gamma + 1)] that of a drafter
-  whose proposal is more than single network steps (it draws greedily when `temperature` is None).
-
-  `passes` is the call's last argument, traced: calls of the same stages that differ only in it
-  (`decode_step_calls`) share one compiled program and its caches.
+  Each step feeds the next the tokens drawn from its logits. With `temperature` None only the
+  networks are timed; with one, each step also standardizes and draws as the loops do (k > 1: a
+  verification's reads and draw; greedy: argmax). [Stage(target, k)] is a baseline step or a
+  verification; [Stage(drafter, 1, gamma), Stage(target, gamma + 1)] one iteration's network
+  work. `passes` is traced, so calls that differ only in it share one program and its caches.
   """
   fn, args = _stage_loop(stages, geometry, temperature, batch, seed)
   return fn, (*args, jnp.int32(passes))
@@ -276,7 +248,7 @@ def _stage_loop(
     batch: int,
     seed: int,
 ) -> tuple[Callable[..., Any], tuple]:
-  """`decode_step_call` less its last argument, the number of passes."""
+  """`decode_step_call` less its last argument, passes."""
   width = max(stage.k for stage in stages)
   for stage in stages:
     geometry.check(stage.span)
@@ -335,19 +307,16 @@ def _stage_loop(
   return run, (params, caches, tokens, u, jnp.float32(temperature or 0.0))
 
 
-# Compiled functions, kept per process (`shared`), the least recently used dropped beyond
-# MAX_PROGRAMS: a long session (a notebook building drafter after drafter) does not grow forever.
+# Compiled functions kept per process, the least recently used dropped beyond MAX_PROGRAMS, so a
+# notebook building drafter after drafter does not grow forever.
 MAX_PROGRAMS = 64
 _PROGRAMS: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
 
 
 def shared(key: Hashable, make: Callable[[], Any]) -> Any:
-  """The jitted function (or functions) kept under `key`, made by `make` the first time, so the
-  same program timed twice in one process compiles once: the step programs of `auto_shape` and
-  then of a sweep, a sweep per temperature, and `sweep.build_settings`' decoders, which
-  `auto_shape` times before the sweep does. A key holds what the program depends on without the
-  parameters, which stay out of it; a key that is not hashable (a drafter holding arrays) gets a
-  fresh function."""
+  """The jitted function(s) kept under `key`, made by `make` the first time, so a program timed
+  by `auto_shape` and then by a sweep compiles once. The key holds what the program depends on
+  but not the parameters; an unhashable key gets a fresh function."""
   try:
     hash(key)
   except TypeError:
@@ -368,9 +337,8 @@ def decode_step_calls(
     batch: int = 1,
     seed: int = 0,
 ) -> dict[Hashable, tuple[Callable[..., Any], tuple]]:
-  """The calls that time `name -> stages` (see `decode_step_call`): (name, passes) -> (fn, args)
-  for 1 and 1 + EXTRA_PASSES passes, the two of a name one compiled program on the same caches;
-  `marginal_step_timings` turns their times into step times."""
+  """(name, passes) -> (fn, args) for 1 and 1 + EXTRA_PASSES passes of each name's stages,
+  one program and caches per name, for `marginal_step_timings`."""
   calls = {}
   for name, stages in steps.items():
     fn, args = _stage_loop(stages, geometry, temperature, batch, seed)
@@ -382,10 +350,8 @@ def decode_step_calls(
 def marginal_step_timings(
     seconds: Mapping[Hashable, np.ndarray], geometry: DecodeGeometry
 ) -> dict[Hashable, stopwatch.Timing]:
-  """Per-step times from the rounds of `decode_step_calls` ((name, passes) -> seconds [rounds]):
-  in each round, the call of 1 + EXTRA_PASSES passes minus the call of one pass, over the
-  EXTRA_PASSES x `geometry.steps_per_call` extra steps -> name -> stopwatch.Timing.
-  Raises ValueError if the extra steps took no measurable time (noise larger than the steps)."""
+  """`decode_step_calls`' seconds [rounds] -> name -> Timing of one step: per round, the
+  extra passes' time over their steps. Raises ValueError where that is within the noise."""
   extra_steps = EXTRA_PASSES * geometry.steps_per_call
   names = [name for name, passes in seconds if passes == 1]
   timings = {
@@ -414,15 +380,7 @@ def time_decode_steps(
     warmup: int = stopwatch.DEFAULT_WARMUP,
     seed: int = 0,
 ) -> dict[Hashable, stopwatch.Timing]:
-  """Per-loop-step times of `name -> stages` (see `decode_step_call`), all timed side by side
-  (`stopwatch.time_rounds`).
-
-  A step's time is the marginal one, as a decoding loop pays it: in each round, the time of a call
-  running 1 + EXTRA_PASSES passes over the geometry's `steps_per_call` positions minus that of a
-  call running one pass, divided by the EXTRA_PASSES x `steps_per_call` extra steps. What a call
-  pays once (dispatch, the copy of the cache into the loop, the encoder) cancels.
-  Raises ValueError if the extra steps took no measurable time (noise larger than the steps).
-  """
+  """name -> marginal step Timing of `name -> stages`, all timed side by side."""
   calls = decode_step_calls(steps, geometry, temperature=temperature, batch=batch, seed=seed)
   return marginal_step_timings(
       stopwatch.time_rounds(calls, repeats=repeats, warmup=warmup), geometry
@@ -431,13 +389,9 @@ def time_decode_steps(
 
 @dataclasses.dataclass(frozen=True)
 class DecodeCosts:
-  """Single-step timings of a (target, drafter) pair and the ratios Theorem 3.8 needs.
-
-  target_step, drafter_step: one token each; verify: gamma -> the target on gamma + 1 tokens;
-  iteration: gamma -> gamma drafter steps then the target on gamma + 1 tokens, timed together in
-  one loop: the network work of one speculative iteration as the loop pays it, where the two
-  networks evict each other's weights from the processor's caches.
-  """
+  """Step timings of a (target, drafter) pair and the ratios Theorem 3.8 needs. verify: gamma ->
+  the target on gamma + 1 tokens; iteration: gamma -> gamma drafter steps and that verification
+  timed together, where the networks evict each other's weights from the caches."""
 
   geometry: DecodeGeometry
   target_step: stopwatch.Timing
@@ -455,20 +409,18 @@ class DecodeCosts:
     return self._get(self.verify, gamma).median_ms / self.target_step.median_ms
 
   def iteration_cost(self, gamma: int) -> float:
-    """The network work of one iteration timed together, over the target's step: what
-    gamma * c + verify_cost would be if the two networks did not slow each other down."""
+    """An iteration over the target's step: gamma c + verify_cost, with the interference."""
     return self._get(self.iteration, gamma).median_ms / self.target_step.median_ms
 
   def c_in_loop(self, gamma: int) -> float:
-    """What a draft costs inside the loop, in target steps: the iteration's time less the
-    verification's, over gamma; `c` is a drafter step timed alone."""
+    """A draft inside the loop in target steps: (iteration - verification) / gamma."""
     iteration = self._get(self.iteration, gamma).median_ms
     return (
         (iteration - self._get(self.verify, gamma).median_ms) / gamma / self.target_step.median_ms
     )
 
   def interference_ms(self, gamma: int) -> float:
-    """How much longer the iteration's network work takes together than its parts apart."""
+    """How much longer the iteration takes than its parts apart."""
     apart = gamma * self.drafter_step.median_ms + self._get(self.verify, gamma).median_ms
     return self._get(self.iteration, gamma).median_ms - apart
 
@@ -495,8 +447,7 @@ class DecodeCosts:
 
 
 def check_drafter(drafter: Any, name: str = "the drafter") -> None:
-  """Raises ValueError unless `drafter` is a `drafters.Drafter` (a T5 network's config is
-  not one: wrap it, `drafters.T5Drafter(config)`)."""
+  """Raises ValueError, naming the fix, unless `drafter` is a `drafters.Drafter`."""
   if not isinstance(drafter, drafters_lib.Drafter):
     fix = (
         f"wrap it: drafters.T5Drafter({type(drafter).__name__}(...))"
@@ -507,15 +458,14 @@ def check_drafter(drafter: Any, name: str = "the drafter") -> None:
 
 
 def drafter_network(drafter: drafters_lib.Drafter) -> tuple[network.T5Config, int | None] | None:
-  """`drafters.stepped_network` of a checked drafter: None when a proposal is not gamma single
-  steps of one T5 network (`ProposalStage` times it)."""
+  """`drafters.stepped_network` of a checked drafter."""
   check_drafter(drafter)
   return drafters_lib.stepped_network(drafter)
 
 
 def drafter_record(drafter: drafters_lib.Drafter) -> dict:
-  """What a results file records of a drafter: its network's T5Config fields (plus
-  encoder_emb_dim for a decoder reading the target's encoder output), or its kind and fields."""
+  """A drafter for a results file: its network's config (and encoder_emb_dim), or its kind and
+  fields."""
   stepped = drafter_network(drafter)
   if stepped is None:
     fields = {f.name: getattr(drafter, f.name) for f in dataclasses.fields(drafter)}
@@ -537,18 +487,10 @@ def cost_steps(
     drafters: Mapping[str, tuple[drafters_lib.Drafter, dict]],
     gammas: Sequence[int],
 ) -> dict[Hashable, list[Stage | ProposalStage]]:
-  """The decode steps Theorem 3.8's costs need, name -> stages (see `decode_step_call`).
-
-  The target's single-token step and its steps on gamma + 1 tokens (every gamma), shared by the
-  drafters; each drafter's single-token step, except for a drafter that is the target itself (same
-  config, same parameter objects), whose step is the target's (c = 1); and for each drafter and
-  gamma, one iteration's network work together (`DecodeCosts.iteration`). A drafter whose
-  proposal is not single network steps (`drafter_network` None) is timed by its own `propose`
-  (`ProposalStage`): its step is a proposal of one draft, its iteration a proposal of gamma.
-
-  Args:
-    drafters: name -> (a `drafters.Drafter`, params).
-  """
+  """name -> stages of the steps Theorem 3.8's costs need: the target on 1 and gamma + 1
+  tokens; each drafter's step (none for the target itself: c = 1) and its iteration at each
+  gamma, by `ProposalStage` where its proposal is not single network steps. drafters: name ->
+  (a `drafters.Drafter`, params)."""
   if not gammas or min(gammas) < 1:
     raise ValueError(f"gammas must be a non-empty list of integers >= 1, got {gammas}.")
   gammas = sorted({int(g) for g in gammas})
@@ -581,7 +523,7 @@ def costs_from_timings(
     gammas: Sequence[int],
     geometry: DecodeGeometry,
 ) -> dict[str, DecodeCosts]:
-  """Step timings of `cost_steps`' names -> drafter name -> DecodeCosts."""
+  """`cost_steps`' timings -> drafter name -> DecodeCosts."""
   gammas = sorted({int(g) for g in gammas})
   target_step = timings["target", 1]
   verify = {g: timings["target", g + 1] for g in gammas}
@@ -608,15 +550,8 @@ def measure_costs(
     repeats: int = stopwatch.DEFAULT_REPEATS,
     warmup: int = stopwatch.DEFAULT_WARMUP,
 ) -> dict[str, DecodeCosts]:
-  """Costs of the target against each drafter (`cost_steps`), all timed side by side in
-  `geometry` (see `DecodeGeometry.for_decoding`); with a `temperature`, every step includes
-  standardizing and drawing from its logits, as the decoding loops do (see `decode_step_call`).
-
-  Args:
-    drafters: name -> (a `drafters.Drafter`, params).
-  Returns:
-    name -> DecodeCosts.
-  """
+  """name -> DecodeCosts of the target against each drafter (name -> (drafter, params)), timed
+  side by side at `geometry`; a `temperature` adds the loops' standardizing and draws."""
   timings = time_decode_steps(
       cost_steps(target_config, target_params, drafters, gammas),
       geometry,

@@ -1,9 +1,7 @@
 """Wall time of jitted calls, and whether the machine was quiet before they were timed.
 
-Every measurement excludes the first call (compilation), then makes `warmup` untimed calls, then
-`repeats` timed rounds, each call ended by `jax.block_until_ready`; calls that are compared are
-timed in the same rounds (`time_calls`); results are the median, minimum, maximum and
-interquartile range.
+The first call (compilation) and `warmup` more are untimed; calls that are compared are timed in
+the same `repeats` rounds, each ended by `jax.block_until_ready`.
 """
 
 from __future__ import annotations
@@ -21,17 +19,14 @@ DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 1
 
 
-# Before a timing: other processes running on the cores make it not a quiet machine's (the
-# figures of a busy machine can be twice a quiet one's). The 1-minute load average lags (a script
-# run just before, or an install, raises it for minutes), so the verdict rests on the processes
-# runnable at the moment (/proc/loadavg, sampled), the load averages being recorded beside it.
+# A busy machine's timings are not a quiet one's. The load average lags by minutes, so the
+# verdict rests on the processes runnable now (/proc/loadavg, sampled).
 _RUNNABLE_SAMPLES = 5
 _SAMPLE_SECONDS = 0.1
 
 
 def _runnable_others() -> int | None:
-  """The fewest runnable tasks besides this one over a few samples, or None without
-  /proc/loadavg (then only the load averages speak)."""
+  """The fewest runnable tasks besides this one over a few samples; None without /proc."""
   try:
     counts = []
     for _ in range(_RUNNABLE_SAMPLES):
@@ -44,8 +39,7 @@ def _runnable_others() -> int | None:
 
 
 def machine_load() -> dict:
-  """The load averages (1, 5, 15 minutes), the core count and the other processes runnable now,
-  to record beside timings."""
+  """The load averages, the core count and the other processes runnable now."""
   one, five, fifteen = os.getloadavg()
   return {
       "load_1m": one,
@@ -57,8 +51,8 @@ def machine_load() -> dict:
 
 
 def busy_warning(load: dict) -> str | None:
-  """A loud warning when `machine_load()` taken before a timing shows other work running (or,
-  where runnable tasks cannot be read, a 1-minute load average above 0.5), else None."""
+  """A loud warning where `machine_load()` shows other work running (without /proc, a
+  1-minute load above 0.5), else None."""
   others = load["runnable_others"]
   if others is None:
     if load["load_1m"] <= 0.5:
@@ -122,22 +116,10 @@ def time_calls(
     compiled: bool = False,
     outputs: dict[Hashable, Any] | None = None,
 ) -> dict[Hashable, Timing]:
-  """Wall times of several jitted calls measured side by side, compilation excluded.
-
-  Each call runs once (compilation, `first_calls`; not with `compiled`, when every call ran
-  before) and `warmup` more times untimed; then come `repeats` rounds,
-  each timing every call once, in an order rotated from round to round. Calls compared with each
-  other (a baseline and its speculative decode, a target step and a drafter step) so share the
-  same minutes of the machine: a slow spell (another process, frequency scaling) lands on all of
-  them alike instead of on whichever was timed during it.
-
-  Args:
-    calls: name -> (jitted fn, args); each timed as `jax.block_until_ready(fn(*args))`.
-    outputs: where given, filled with name -> the result of that call's last timed run (what a
-      caller would otherwise compute by one more call).
-  Returns:
-    name -> Timing.
-  """
+  """name -> Timing of calls (name -> (jitted fn, args)) timed side by side: each round times
+  every call once, in an order rotated from round to round, so a slow spell lands on all alike.
+  compiled: every call ran before (else `first_calls` first). outputs: filled with name -> the
+  last timed run's result."""
   return {
       name: Timing.from_seconds(seconds)
       for name, seconds in time_rounds(
@@ -154,9 +136,7 @@ def time_rounds(
     compiled: bool = False,
     outputs: dict[Hashable, Any] | None = None,
 ) -> dict[Hashable, np.ndarray]:
-  """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r.
-  With `compiled` (every call ran before), only the `warmup` calls precede the rounds; `outputs`
-  as in `time_calls`."""
+  """`time_calls` without the statistics: name -> seconds [repeats], entry r from round r."""
   if int(repeats) < 1 or int(warmup) < 0:
     raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}.")
   if not calls:
@@ -188,9 +168,8 @@ def until_resolved(
     more: int,
     limit: int,
 ) -> tuple[Any, int]:
-  """resolve(seconds), where seconds are the rounds of `calls` (compiled) timed so far (name ->
-  seconds [rounds]); while it raises ValueError (times within the noise), `more` rounds more, up to
-  `limit` rounds more in all, then its error -> (its result, the rounds added)."""
+  """(resolve(seconds), rounds added): while resolve raises ValueError (within the noise), time
+  `more` rounds of `calls` more, up to `limit` in all, then raise it."""
   seconds, added = dict(seconds), 0
   while True:
     try:
@@ -204,11 +183,9 @@ def until_resolved(
 
 
 def first_calls(calls: Mapping[Hashable, tuple[Callable[..., Any], Sequence[Any]]]) -> dict:
-  """Each call run once, compiling it -> name -> its output. On the CPU backend the calls run on
-  a thread per core (XLA compiles without Python's lock); on an accelerator one at a time, since
-  programs running together would hold their buffers at once. The first call of each function goes first: a
-  second call of a function being compiled waits for that compilation and would hold a thread
-  idle."""
+  """name -> the output of each call run once, compiling it: on CPU a thread per core (XLA
+  compiles without Python's lock), on an accelerator one at a time so buffers are not held
+  together. Each function's first call goes first: a second would idle waiting for it."""
   workers = (os.cpu_count() or 1) if jax.default_backend() == "cpu" else 1
   firsts = {}  # id(fn) -> the name of its first call
   for name, (fn, _) in calls.items():

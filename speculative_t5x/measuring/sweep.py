@@ -1,23 +1,15 @@
-r"""The timed sweep behind Table 2: a target, its drafters and every (temperature, setting) against
-the baseline, on the same inputs with the same rng.
+r"""The timed sweep behind Table 2: every (temperature, setting) against the baseline, on the
+same inputs with the same rng, each becoming a `report.SpeedupRow`.
 
 Per example, every setting's decode is timed side by side in the same rounds
-(`stopwatch.time_calls`): compilation excluded (the first call at each input shape, then `warmup`
-untimed calls), the median and IQR of `repeats` calls. Examples may differ in encoder length
-(`pad_to_buckets`, as a server buckets requests). Each setting's prefill is timed once per encoder
-shape (`time_prefills`: its work depends on the shapes alone). Recorded beside them: the decoded
-tokens, each row's up to its first EOS, and the speculative decode's own statistics
-(`decoding.SpeculativeStats`).
+(`stopwatch.time_calls`), compilation excluded; each prefill once per encoder shape, since its
+work depends on the shapes alone. The decode-step costs (`step_costs.DecodeCosts`) are timed
+between the examples (`cost_rounds_after`), so costs and decodes sample the same minutes of the
+machine; with cost_repeats=0 they are not, and the rows' step-cost figures are NaN.
 
-Per drafter and temperature, the decode-step costs (`step_costs.DecodeCosts`: c, the verification
-and iteration costs, a draft's cost inside the loop) are timed between the examples
-(`cost_rounds_after`), so the costs and the decodes sample the same minutes of the machine. With
-cost_repeats=0 none is timed and the rows' step-cost figures are NaN, for a caller that measured
-the costs another way (`auto_shape.Auto`'s timed loops).
-
-Each setting at each temperature becomes a `report.SpeedupRow`. The settings (`SweepSetting`,
-crossed by `grid_settings`) are drafters, gammas, verifiers, draft-length rules and trees; the
-examples (`load_inputs`) come from a seqio task, a file of lines or random token ids.
+The settings (`SweepSetting`, crossed by `grid_settings`) are drafters, gammas, verifiers,
+draft-length rules and trees; the examples (`load_inputs`) come from a seqio task, a file of lines
+or random token ids, and may differ in encoder length (`pad_to_buckets`).
 """
 
 from __future__ import annotations
@@ -57,8 +49,8 @@ PREFILL_REPEATS = 10
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-  """One way to decode: `predict(params, batch, rng, temperature) -> (decodes [B, L], aux)` and
-  `prefill(params, batch)`, both jitted, and their params."""
+  """Jitted `predict(params, batch, rng, temperature) -> (decodes [B, L], aux)` and
+  `prefill(params, batch)`, and their params."""
 
   predict: Callable[..., Any]
   prefill: Callable[..., Any]
@@ -76,15 +68,9 @@ DraftTrees = Mapping[str, trees.DraftTree]
 
 @dataclasses.dataclass(frozen=True)
 class SweepSetting:
-  """One speculative setting of a sweep: which drafter decodes, with what draft shape and
-  verifier, under which row label. A new axis of the benchmark is one more field here, passed on
-  by `model_kwargs`.
-
-  label: the rows' drafter label (`report.SpeedupRow.drafter`); drafter: a key of the sweep's
-  drafters; shape: a `draft_shapes.DraftShape` (`draft_shapes.Chain(gamma, draft_stop)`,
-  `draft_shapes.Tree(tree)`, or any other); verifier: None is the shape's default (Algorithm 1
-  for a chain, `speculative.TreeVerifier` for a tree).
-  """
+  """One speculative setting: the rows' label, a key of the sweep's drafters, a
+  `draft_shapes.DraftShape` and a verifier (None: the shape's default). A new axis of the
+  benchmark is one more field here, passed on by `model_kwargs`."""
 
   label: str
   drafter: str
@@ -93,12 +79,12 @@ class SweepSetting:
 
   @property
   def gamma(self) -> int:
-    """Drafts per call along one path: gamma of a chain, a tree's depth."""
+    """Drafts per call along one path."""
     return self.shape.depth
 
   @property
   def key(self) -> tuple[str, int]:
-    """Its key in `build_settings` and `Sweep.results`: (label, gamma)."""
+    """(label, gamma): its key in `build_settings` and `Sweep.results`."""
     return self.label, self.gamma
 
   def model_kwargs(self) -> dict[str, Any]:
@@ -113,11 +99,9 @@ def grid_settings(
     draft_stops: DraftStops | None = None,
     draft_trees: DraftTrees | None = None,
 ) -> list[SweepSetting]:
-  """Every drafter with every verifier, draft-length rule and gamma, then with every tree at its
-  depth. Labels: the drafter's name, then ', <verifier> verification' where several verifiers
-  are swept and ', <rule> draft length' where several rules are (the defaults: Algorithm 1,
-  static gamma); '<name>, tree <label>' for a tree (verified by the tree shape's default
-  verifier)."""
+  """Every drafter with every verifier, draft-length rule and gamma, then every tree. Labels:
+  the drafter's name, with ', <verifier> verification' and ', <rule> draft length' where
+  several are swept; '<name>, tree <label>' for a tree."""
   verifiers = verifiers or {"token": speculative.ALGORITHM_1}
   draft_stops = draft_stops or {"static": None}
   settings = []
@@ -139,8 +123,7 @@ def grid_settings(
 
 
 def cost_gammas(settings: Sequence[SweepSetting]) -> list[int]:
-  """The 'gammas' whose verification the costs time: each setting's drafts per verification
-  (the target on that many + 1 tokens)."""
+  """Each setting's drafts per verification: the gammas whose verification the costs time."""
   return sorted({setting.shape.num_drafts for setting in settings})
 
 
@@ -151,12 +134,8 @@ def build_settings(
     settings: Sequence[SweepSetting],
     vocabulary: vocabularies.Vocabulary,
 ) -> dict[Hashable, Setting]:
-  """BASELINE and each setting's key (label, gamma) -> Setting, the drafter's parameters in their
-  `Drafter.decode_params` form. The compiled functions are kept per process
-  (`step_costs.shared`), keyed by the configs, the drafter, the setting's model arguments and
-  the vocabulary's size and EOS id (all a decode reads of it): settings that differ only in their
-  drafter's parameters share them, and so do a later sweep and `auto_shape`'s timing of the loops
-  before it."""
+  """BASELINE and each setting's key -> Setting. The compiled functions are kept per process
+  (`step_costs.shared`) without the parameters, so a sweep reuses those `auto_shape` timed."""
   validation.check_vocabulary(vocabulary, target_config.vocab_size, "vocabulary")
   result = {BASELINE: Setting(*_decode_functions(target_config, vocabulary), target_params)}
   decode_params = {}
@@ -164,8 +143,7 @@ def build_settings(
     drafter, drafter_params = drafters[setting.drafter]
     step_costs.check_drafter(drafter, f"drafter {setting.drafter!r}")
     if setting.drafter not in decode_params:
-      # The drafter's decode form (`Drafter.decode_params`), made once, as a user decoding many
-      # examples with the same parameters would.
+      # Made once, as a user decoding many examples with the same parameters would.
       decode_params[setting.drafter] = drafter.decode_params(drafter_params)
     result[setting.key] = Setting(
         *_decode_functions(target_config, vocabulary, drafter, setting.model_kwargs()),
@@ -180,8 +158,7 @@ def _decode_functions(
     drafter: drafters_lib.Drafter | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-  """(jitted predict, jitted prefill) of the baseline (no drafter) or of speculative decoding
-  with `model_kwargs`, kept per process (`build_settings`)."""
+  """(jitted predict, jitted prefill) of the baseline (no drafter) or of speculative decoding."""
   model_kwargs = dict(model_kwargs or {})
 
   def make():
@@ -210,16 +187,9 @@ def time_example(
     compiled: bool = False,
     prefills: Mapping[Hashable, stopwatch.Timing] | None = None,
 ) -> dict[Hashable, report.ExampleResult]:
-  """Every setting's decode of one example, timed side by side (`stopwatch.time_calls`), with its
-  prefill -> key -> report.ExampleResult.
-
-  Args:
-    batch: {'encoder_input_tokens': [B, Le], 'decoder_input_tokens': [B, L]}.
-    warmup, compiled: as in `stopwatch.time_calls` (compiled: every call ran before, at this
-      batch's shapes).
-    prefills: key -> the setting's prefill timed at this batch's shapes (`time_prefills`); None:
-      each prefill timed here, in the decodes' rounds.
-  """
+  """Every setting's decode of one batch ({'encoder_input_tokens': [B, Le],
+  'decoder_input_tokens': [B, L]}) timed side by side -> key -> report.ExampleResult. prefills:
+  key -> Timing at these shapes (`time_prefills`); None: timed here with the decodes."""
   calls = {}
   for key, setting in decoders.items():
     for part, call in example_calls(setting, batch, rng, temperature).items():
@@ -242,10 +212,8 @@ def time_example(
 def time_prefills(
     decoders: Mapping[Hashable, Setting], batch: Mapping[str, jax.Array]
 ) -> dict[Hashable, stopwatch.Timing]:
-  """Every setting's prefill at one batch's shapes, PREFILL_REPEATS rounds side by side, each
-  compiled first where it is not -> key -> stopwatch.Timing. A prefill (the encoders over
-  [B, Le], empty caches for [B, L]) has no data-dependent work, so one timing serves every batch
-  of these shapes."""
+  """key -> every setting's prefill Timing at one batch's shapes, which serves every batch of
+  them: a prefill has no data-dependent work."""
   calls = {key: _prefill_call(setting, batch) for key, setting in decoders.items()}
   return stopwatch.time_calls(calls, repeats=PREFILL_REPEATS, warmup=0)
 
@@ -257,8 +225,7 @@ def _prefill_call(setting: Setting, batch: Mapping[str, jax.Array]) -> tuple[Cal
 def example_calls(
     setting: Setting, batch: Mapping[str, jax.Array], rng: jax.Array, temperature: float
 ) -> dict[str, tuple[Callable[..., Any], tuple]]:
-  """One setting's calls on one example, for `stopwatch.time_rounds`: 'decode' and 'prefill' ->
-  (fn, args), the decode at `temperature` (a concrete greedy one runs the greedy program)."""
+  """'decode' (at `temperature`) and 'prefill' -> (fn, args) of one setting on one example."""
   return {
       "decode": (setting.predict, (setting.params, batch, rng, jnp.float32(temperature))),
       "prefill": _prefill_call(setting, batch),
@@ -272,9 +239,8 @@ def check_input_source(
     sentencepiece_model: str | None,
     num_examples: int,
 ) -> None:
-  """What `load_inputs` will read, checked without reading it: one source (a task or an input
-  file), a registered task with `split`, an input file and sentencepiece model that exist, and a
-  count of examples >= 0 (>= 1 for random inputs). Raises ValueError naming the fix."""
+  """What `load_inputs` will read, checked without reading it. Raises ValueError naming the
+  fix."""
   if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)):
     raise ValueError(f"num_examples must be an integer >= 0, got {num_examples!r}.")
   if num_examples < 0:
@@ -297,8 +263,8 @@ def check_input_source(
 
 
 def _tasks():
-  """speculative_t5x.text.tasks, imported where a task is read: seqio and TensorFlow load then, and
-  a sweep of an input file or of random inputs runs without them."""
+  """speculative_t5x.text.tasks, imported where a task is read: a sweep of a file or of random
+  inputs runs without seqio and TensorFlow."""
   try:
     from speculative_t5x.text import tasks  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -322,19 +288,10 @@ def load_inputs(
     seed: int = 0,
     eos_id: int = 1,
 ) -> tuple[str, vocabularies.Vocabulary, np.ndarray]:
-  """A sweep's examples, from one of three sources:
-    - `task`: the 'inputs' of its `split` through the task's pipeline (truncated as in T5X), in
-      the task's vocabulary;
-    - `input_file`: its non-empty lines, tokenized with `sentencepiece_model`;
-    - neither: `num_examples` random ones (`workloads.random_inputs`, seeded by `seed`).
-  `num_examples` caps the first two (0: all).
-
-  Args:
-    vocab_size: the models' vocabulary size (a task's or file's vocabulary must fit it).
-    task_feature_lengths: {'inputs': Le, 'targets': ...}.
-  Returns:
-    (task label, vocabulary, encoder inputs [N, Le] int32, EOS-ended and 0-padded).
-  """
+  """A sweep's examples -> (label, vocabulary, encoder inputs [N, Le] int32, EOS-ended and
+  0-padded), from a `task`'s `split` (truncated as in T5X), the lines of an `input_file`
+  (tokenized with `sentencepiece_model`), or else `num_examples` random ones. `num_examples`
+  caps the first two (0: all); task_feature_lengths: {'inputs': Le, ...}."""
   check_input_source(task, split, input_file, sentencepiece_model, num_examples)
   length = int(task_feature_lengths["inputs"])
   if task:
@@ -367,13 +324,9 @@ def load_inputs(
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-  """What `sweep` measured.
-
-  rows: one per drafter, gamma and temperature (in that nesting); costs: temperature -> drafter ->
-  DecodeCosts (none with cost_repeats=0); results: temperature -> setting (BASELINE or
-  (drafter, gamma)) -> one report.ExampleResult per example; cost_rounds: the timed rounds behind each step cost (the
-  most at any temperature, more than cost_repeats where a step needed more to resolve).
-  """
+  """What `sweep` measured: rows per setting and temperature; costs: temperature -> drafter ->
+  DecodeCosts; results: temperature -> setting key -> an ExampleResult per example;
+  cost_rounds: the most rounds behind a step cost at any temperature."""
 
   rows: list[report.SpeedupRow]
   costs: dict[float, dict[str, step_costs.DecodeCosts]]
@@ -446,14 +399,13 @@ def _check_sweep(
 
 
 def encoder_lengths(encoder_inputs: Sequence[np.ndarray]) -> dict[int, int]:
-  """Examples [B, Le] -> {Le: how many examples have it}, by increasing Le."""
+  """Examples [B, Le] -> {Le: count}, by increasing Le."""
   counts = collections.Counter(np.shape(x)[-1] for x in encoder_inputs)
   return dict(sorted(counts.items()))
 
 
 def most_common_length(encoder_inputs: Sequence[np.ndarray]) -> int:
-  """The encoder length Le that most examples [B, Le] have (the longest of those tied): where
-  the decode steps behind the costs are timed."""
+  """The Le most examples [B, Le] have, the longest of those tied."""
   counts = encoder_lengths(encoder_inputs)
   return max(counts, key=lambda length: (counts[length], length))
 
@@ -463,11 +415,8 @@ def _resolved_step_timings(
     seconds: Mapping[Hashable, list[np.ndarray]],
     geometry: step_costs.DecodeGeometry,
 ) -> tuple[dict[Hashable, stopwatch.Timing], int]:
-  """`step_costs.marginal_step_timings` of the rounds timed between the examples, with more
-  rounds of `calls`, EXTRA_COST_ROUNDS at a time up to MAX_EXTRA_COST_ROUNDS, where a step is
-  too short for the machine's noise (a busy machine: a draft of 0.02 target steps, 16 extra
-  steps, did not resolve in 5 rounds beside two busy processes) -> (timings, extra rounds run).
-  Raises the ValueError that names the step if it still does not resolve."""
+  """The step timings of the rounds between the examples, timing more rounds where a step is
+  within the noise -> (timings, extra rounds run)."""
   return stopwatch.until_resolved(
       calls,
       {key: np.concatenate(times) for key, times in seconds.items()},
@@ -478,10 +427,8 @@ def _resolved_step_timings(
 
 
 def cost_rounds_after(cost_repeats: int, examples: int) -> list[int]:
-  """Rounds of the decode-step costs to time after each example's decodes: cost_repeats in all,
-  spread evenly, at least one after the first example (which compiles the steps), so more
-  examples add decodes, not cost rounds. Round r of the cost_repeats runs after example
-  floor(r * examples / cost_repeats): entry i is ceil((i + 1) R / N) - ceil(i R / N)."""
+  """Cost rounds after each example: cost_repeats R in all over N examples, spread evenly, one
+  at least after the first; entry i is ceil((i + 1) R / N) - ceil(i R / N)."""
   if cost_repeats < 1 or examples < 1:
     raise ValueError(f"need cost_repeats >= 1 and examples >= 1, got {cost_repeats}, {examples}.")
   return [
@@ -491,11 +438,9 @@ def cost_rounds_after(cost_repeats: int, examples: int) -> list[int]:
 
 
 def pad_to_buckets(encoder_inputs: np.ndarray, multiple: int) -> list[np.ndarray]:
-  """Each example's encoder inputs cut to its own length bucket: [examples, B, Le] -> a list of
-  [B, Le_i], Le_i the example's longest row (up to its last non-padding token) rounded up to a
-  `multiple`, and at most Le. Only trailing padding (token 0) is removed, so every example keeps
-  every token; decoding a bucket gives what decoding it at Le gives, since the padding is masked.
-  A sweep compiles once per bucket."""
+  """[examples, B, Le] -> a list of [B, Le_i], Le_i the example's longest row rounded up to a
+  `multiple` (at most Le). Only trailing padding goes, which is masked, so decodes are
+  unchanged; a sweep compiles once per bucket."""
   encoder_inputs = np.asarray(encoder_inputs)
   if encoder_inputs.ndim != 3 or isinstance(multiple, bool) or int(multiple) < 1:
     raise ValueError(
@@ -530,32 +475,17 @@ def sweep(
     cost_geometry: step_costs.DecodeGeometry | None = None,
     progress: bool = False,
 ) -> Sweep:
-  """Measures every setting at every temperature against the baseline (the module docstring).
-
-  For each temperature, each example's decodes (the baseline and every speculative setting, with
-  the rng fold_in(PRNGKey(seed), example)) are timed side by side (`time_example`); after them,
-  the example's share of the cost_repeats rounds of the decode steps behind the costs
-  (`cost_rounds_after`; `step_costs.cost_steps`, at the examples' batch size, encoder length and
-  cache length, with the temperature's standardization and draw).
+  """Every setting at every temperature against the baseline (the module docstring), example i
+  with the rng fold_in(PRNGKey(seed), i).
 
   Args:
     drafters: name -> (a `drafters.Drafter`, params).
-    settings: the speculative settings (`SweepSetting`; `grid_settings` crosses drafters,
-      gammas, verifiers, draft-length rules and trees), all timed side by side per example.
-    encoder_inputs: the examples, each [B, Le_i] int32, a batch of B rows (1 for Table 2); an
-      array [examples, B, Le], or examples of several lengths (`pad_to_buckets`).
-    decode_length: tokens decoded per row (the decoder input length).
-    vocabulary: the models' output vocabulary (its eos_id ends the decodes).
+    encoder_inputs: examples [B, Le_i] int32 (B = 1 for Table 2); an array [examples, B, Le].
+    decode_length: tokens decoded per row.
     task: the rows' task label.
-    cost_repeats: rounds of the decode steps per temperature; 0: none compiled or timed (the
-      rows' step-cost figures NaN, the module docstring).
-    cost_geometry: where the decode steps behind the costs are timed; None: the examples' most
-      common encoder length, a cache for decode_length and the longest block, steps_per_call
-      steps. Give the geometry an earlier timing used (`auto_shape.Auto.choose`) and its
-      compiled step programs are reused (`step_costs.decode_step_calls`).
-    progress: show a progress bar over the examples.
-  Returns:
-    The rows, the costs, every example's results and the cost rounds.
+    cost_repeats: rounds of the decode steps per temperature; 0: none.
+    cost_geometry: where the steps are timed; give an earlier timing's (`auto_shape`) to reuse
+      its programs. None: the most common encoder length, a cache for decode_length.
   """
   temperatures = [float(t) for t in temperatures]
   _check_sweep(
@@ -604,8 +534,7 @@ def sweep(
     seconds = {key: [] for key in calls}
     prefills = {}  # encoder shape -> key -> the setting's prefill timing (`time_prefills`)
     for i, (batch, rng) in enumerate(zip(batches, rngs)):
-      # Only the first example of each shape compiles and warms up; the later ones reuse its
-      # executables.
+      # Only the first example of each shape compiles and warms up.
       shape = batch["encoder_input_tokens"].shape
       first = shape not in prefills
       if first:

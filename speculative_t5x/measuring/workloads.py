@@ -12,18 +12,13 @@ import numpy as np
 from speculative_t5x import drafters as drafters_lib
 from speculative_t5x import network
 
-# Random drafters for random-weight runs. 'independent': its own random weights (alpha is whatever
-# two unrelated random models share); 'copy': the target's own weights (alpha ~ 1, c ~ 1). Both
-# exercise the mechanics only: the alpha of random models says nothing about real drafters.
+# Random drafters exercise the mechanics only: their alpha says nothing about real drafters.
 RANDOM_DRAFTER_KINDS = ("independent", "copy")
 FIRST_NON_SPECIAL_ID = 3  # T5 vocabularies: 0 = PAD, 1 = EOS, 2 = UNK.
 
 
 def random_params(config: network.T5Config, seed: int) -> dict:
-  """float32 parameters from `network.init_params` (activations follow `config.dtype`).
-
-  Run eagerly: compiling the initialiser of a T5-small costs more than running it op by op.
-  """
+  """float32 parameters, initialised eagerly: compiling the initialiser costs more."""
   return network.init_params(config, jax.random.PRNGKey(seed))
 
 
@@ -34,12 +29,8 @@ def random_drafter(
     drafter: drafters_lib.Drafter,
     drafter_params: dict,
 ) -> tuple[drafters_lib.Drafter, dict]:
-  """A random-weight drafter of one of RANDOM_DRAFTER_KINDS -> (drafter, params).
-
-  'independent' is `drafter` with its own (random) parameters; 'copy' is the T5 drafter of the
-  target's config with the target's very parameters (alpha ~ 1: the drafter proposes what the
-  target would sample).
-  """
+  """-> (drafter, params): 'independent', `drafter` with its own random parameters; 'copy', a
+  T5 drafter with the target's very parameters (alpha ~ 1)."""
   if kind == "independent":
     return drafter, drafter_params
   if kind == "copy":
@@ -62,8 +53,8 @@ def host_tokens(draws: np.random.Generator, vocab_size: int, shape: Sequence[int
 def random_inputs(
     vocab_size: int, num_examples: int, length: int, seed: int = 0, eos_id: int = 1
 ) -> np.ndarray:
-  """Random encoder inputs -> [num_examples, length] int32: row i holds n_i - 1 random
-  non-special tokens then EOS, n_i drawn from [max(1, length // 2), length], then 0-padding."""
+  """[num_examples, length] int32: n_i - 1 random tokens, EOS, 0-padding; n_i drawn from
+  [max(1, length // 2), length]."""
   if num_examples < 1 or length < 1:
     raise ValueError(
         f"random inputs need num_examples >= 1 and length >= 1, got {num_examples} "
@@ -103,9 +94,8 @@ def check_vocabulary(vocabulary: Any, vocab_size: int, source: str) -> None:
 def encode_texts(
     texts: Sequence[str], vocabulary: Any, length: int | None = None, multiple: int = 8
 ) -> np.ndarray:
-  """Texts tokenized by a seqio vocabulary, each followed by EOS, 0-padded
-  -> [len(texts), length] int32; with `length` None, the longest rounded up to a `multiple`.
-  Raises ValueError, naming the first, if a text does not fit `length`."""
+  """Texts tokenized, EOS-ended, 0-padded -> [len(texts), length] int32 (None: the longest,
+  rounded up to a `multiple`). Raises ValueError, naming the first, if a text does not fit."""
   if not texts:
     raise ValueError("no texts to encode.")
   sequences = [list(vocabulary.encode(text)) + [vocabulary.eos_id] for text in texts]
