@@ -50,6 +50,7 @@ from speculative_t5x.measuring import step_costs
 from speculative_t5x.measuring import sweep
 from speculative_t5x.measuring import workloads
 from speculative_t5x.running import run_dir
+from speculative_t5x.text import input_data
 
 EOS_ID = 1
 DRAFTER = "truncated copy (decoder layer 0)"
@@ -215,7 +216,7 @@ def main(argv):
   vocabulary = seqio.PassThroughVocabulary(FLAGS.vocab_size, eos_id=EOS_ID)
   results, costs = [], {}
   for batch_size in [int(b) for b in FLAGS.batch_sizes]:
-    inputs = workloads.random_tokens(
+    inputs = input_data.random_tokens(
         jax.random.PRNGKey(FLAGS.seed), FLAGS.vocab_size, (1, batch_size, FLAGS.input_length)
     )
     measured = sweep.sweep(

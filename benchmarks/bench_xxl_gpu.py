@@ -79,9 +79,9 @@ from speculative_t5x.measuring import report
 from speculative_t5x.measuring import step_costs
 from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
-from speculative_t5x.measuring import workloads
 from speculative_t5x.projections import paper
 from speculative_t5x.projections import roofline
+from speculative_t5x.text import input_data
 from speculative_t5x.text import vocabularies
 
 EOS_ID = 1
@@ -280,7 +280,7 @@ class Bench:
     self.geometry = step_costs.DecodeGeometry.for_decoding(
         sizes.input_length, sizes.decode_length, max_k, sizes.steps_per_call
     )
-    inputs = workloads.random_inputs(
+    inputs = input_data.random_inputs(
         self.target_config.vocab_size, options.num_examples, sizes.input_length, options.seed
     )
     self.batches = [

@@ -45,7 +45,7 @@ from speculative_t5x import draft_shapes
 from speculative_t5x import gin_utils
 from speculative_t5x import models
 from speculative_t5x import network
-from speculative_t5x.measuring import workloads
+from speculative_t5x.text import input_data
 from speculative_t5x.weights import pairs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ def main(argv):
   )
   decoder_params = {"temperature": _TEMPERATURE.value, "max_decode_steps": _STEPS.value}
   batch = {
-      "encoder_input_tokens": workloads.random_inputs(
+      "encoder_input_tokens": input_data.random_inputs(
           pair.target_config.vocab_size, 1, INPUT_LENGTH, eos_id=EOS_ID
       ),
       "decoder_input_tokens": np.zeros((1, 2 * _STEPS.value), np.int32),

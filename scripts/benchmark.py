@@ -15,7 +15,7 @@ RANDOM_INIT_SEED set) the drafters are 'independent' (its own random weights) an
 target's weights: alpha ~ 1, c = 1): their alpha checks the mechanics and says nothing about real
 drafters.
 
-Inputs (`sweep.load_inputs`): random token ids (--num_examples of them, lengths up to the
+Inputs (`input_data.load_inputs`): random token ids (--num_examples of them, lengths up to the
 'inputs' feature length), the lines of --input_file tokenized with --sentencepiece_model, or the
 --split of the seqio --task.
 
@@ -66,6 +66,7 @@ from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
 from speculative_t5x.running import multihost
 from speculative_t5x.running import run_dir
+from speculative_t5x.text import input_data
 
 DEFAULT_GIN_FILE = "configs/runs/benchmark_tiny.gin"
 EOS_ID = 1
@@ -163,7 +164,8 @@ def check_flags() -> run_dir.OutputDir:
 
 def load_setup() -> benchmark_config.BenchmarkSetup:
   """The gin configuration, with --gammas and --temperatures applied and checked, and the
-  inputs checked (`sweep.check_input_source`): a bad setting is refused before the models load."""
+  inputs checked (`input_data.check_input_source`): a bad setting is refused before the models load.
+  """
   gin_utils.parse_gin_flags(FLAGS.gin_file, FLAGS.gin_bindings, default_files=[DEFAULT_GIN_FILE])
   try:
     gammas = _flag_numbers(FLAGS.gammas, "--gammas", int) if FLAGS.gammas else None
@@ -175,7 +177,7 @@ def load_setup() -> benchmark_config.BenchmarkSetup:
   setup = benchmark_config.BenchmarkSetup().checked(gammas, temperatures)
   if not FLAGS.costs_only:  # the inputs are read after the models load: check them before
     try:
-      sweep.check_input_source(
+      input_data.check_input_source(
           FLAGS.task, FLAGS.split, FLAGS.input_file, FLAGS.sentencepiece_model, FLAGS.num_examples
       )
     except ValueError as e:
@@ -186,11 +188,11 @@ def load_setup() -> benchmark_config.BenchmarkSetup:
 
 
 def load_inputs(setup: benchmark_config.BenchmarkSetup) -> tuple[str, object, np.ndarray]:
-  """`sweep.load_inputs` for the flags, before any model loads (it reads and tokenizes the
+  """`input_data.load_inputs` for the flags, before any model loads (it reads and tokenizes the
   inputs, and needs only the target's vocab_size): an empty or over-long input is refused
   first."""
   try:
-    return sweep.load_inputs(
+    return input_data.load_inputs(
         setup.pair.target_config.vocab_size,
         setup.task_feature_lengths,
         task=FLAGS.task,

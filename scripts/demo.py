@@ -60,8 +60,8 @@ from speculative_t5x.measuring import report
 from speculative_t5x.measuring import step_costs
 from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
-from speculative_t5x.measuring import workloads
 from speculative_t5x.text import demo_data
+from speculative_t5x.text import input_data
 from speculative_t5x.text import vocabularies
 from speculative_t5x.weights import checkpoints
 from speculative_t5x.weights import pairs
@@ -338,7 +338,7 @@ def read_test_pairs() -> list[tuple[str, str]]:
   a missing file or a line that is not English<TAB>German is a configuration error."""
   given = f"--test_file={_TEST_FILE.value}"
   try:
-    lines = workloads.read_lines(_TEST_FILE.value, _NUM_EXAMPLES.value)
+    lines = input_data.read_lines(_TEST_FILE.value, _NUM_EXAMPLES.value)
   except (OSError, ValueError) as e:
     raise gin_utils.ConfigError(f"{given}: {e}") from e
   pairs_read = []
@@ -606,12 +606,12 @@ def main(argv):
   target = pair.target_config
   if vocabulary is None:
     sources = references = None
-    encoder_tokens = workloads.random_inputs(
+    encoder_tokens = input_data.random_inputs(
         target.vocab_size, _NUM_EXAMPLES.value, RANDOM_INPUT_LENGTH, eos_id=EOS_ID
     )
   else:
     sources, references = zip(*test_pairs)
-    encoder_tokens = workloads.encode_texts(
+    encoder_tokens = input_data.encode_texts(
         [demo_data.TRANSLATE_EN_DE_PREFIX + source for source in sources], vocabulary
     )
   examples = encoder_tokens[:, None]
@@ -674,7 +674,7 @@ def main(argv):
         examples,
         _DECODE_LENGTH.value,
         vocabulary=vocabulary,
-        task="demo_ende" if sources else sweep.RANDOM_TASK,
+        task="demo_ende" if sources else input_data.RANDOM_TASK,
         repeats=repeats,
         cost_repeats=_COST_REPEATS.value or (0 if auto else FIXED_SHAPE_COST_REPEATS),
         cost_geometry=geometry,

@@ -38,9 +38,9 @@ from speculative_t5x import speculative
 from speculative_t5x import table_drafters
 from speculative_t5x import trees
 from speculative_t5x.measuring import calibration
-from speculative_t5x.measuring import sweep
 from speculative_t5x.running import bootstrap
 from speculative_t5x.running import inference
+from speculative_t5x.text import input_data
 from speculative_t5x.text import tasks
 from speculative_t5x.training import distillation
 from speculative_t5x.training import training
@@ -1483,55 +1483,55 @@ THIRD_CASES = [
     # ---- the inputs of a sweep (scripts/benchmark.py), checked before anything loads
     (
         "inputs: an empty task name, not ignored",
-        lambda: sweep.check_input_source("", "test", None, None, 2),
+        lambda: input_data.check_input_source("", "test", None, None, 2),
         ValueError,
         r"the task or mixture name must be a non-empty string, got ''",
     ),
     (
         "inputs: a task and an input file",
-        lambda: sweep.check_input_source("demo_ende", "test", _SPM, _SPM, 2),
+        lambda: input_data.check_input_source("demo_ende", "test", _SPM, _SPM, 2),
         ValueError,
         r"give a task \(demo_ende\) or an input file \(.*\), not both",
     ),
     (
         "inputs: an empty split name",
-        lambda: sweep.check_input_source("demo_ende", "", None, None, 2),
+        lambda: input_data.check_input_source("demo_ende", "", None, None, 2),
         ValueError,
         r"the split \(a split's name, e\.g\. 'validation'\) must be a non-empty string",
     ),
     (
         "inputs: an input file without a sentencepiece model",
-        lambda: sweep.check_input_source(None, "test", _SPM, None, 2),
+        lambda: input_data.check_input_source(None, "test", _SPM, None, 2),
         ValueError,
         r"the input file '.*' needs a sentencepiece model to tokenize it",
     ),
     (
         "inputs: an input file that does not exist",
-        lambda: sweep.check_input_source(None, "test", "/nonexistent/lines.txt", _SPM, 2),
+        lambda: input_data.check_input_source(None, "test", "/nonexistent/lines.txt", _SPM, 2),
         ValueError,
         r"the input file '/nonexistent/lines\.txt' does not exist",
     ),
     (
         "inputs: a sentencepiece model that does not exist",
-        lambda: sweep.check_input_source(None, "test", _SPM, "/nonexistent/spm.model", 2),
+        lambda: input_data.check_input_source(None, "test", _SPM, "/nonexistent/spm.model", 2),
         ValueError,
         r"the sentencepiece model '/nonexistent/spm\.model' does not exist",
     ),
     (
         "inputs: a negative count of examples",
-        lambda: sweep.check_input_source(None, "test", None, None, -1),
+        lambda: input_data.check_input_source(None, "test", None, None, -1),
         ValueError,
         r"num_examples must be >= 0 \(0: every example\), got -1",
     ),
     (
         "inputs: a count of examples as text",
-        lambda: sweep.check_input_source(None, "test", None, None, "2"),
+        lambda: input_data.check_input_source(None, "test", None, None, "2"),
         ValueError,
         r"num_examples must be an integer >= 0, got '2'",
     ),
     (
         "inputs: no random examples",
-        lambda: sweep.check_input_source(None, "test", None, None, 0),
+        lambda: input_data.check_input_source(None, "test", None, None, 0),
         ValueError,
         r"random inputs need num_examples >= 1, got 0",
     ),

@@ -1,5 +1,5 @@
-"""The timing harness (measuring/stopwatch.py, step_costs.py) and its inputs (workloads.py); the
-script: tests/test_benchmark_script.py. No timing is asserted: speed is measured by the
+"""The timing harness (measuring/stopwatch.py, step_costs.py) and its random models
+(workloads.py); the script: tests/test_benchmark_script.py. No timing is asserted: speed is measured by the
 benchmarks, never by tests."""
 
 import dataclasses
@@ -237,65 +237,12 @@ def test_random_drafter_kinds():
     workloads.random_drafter("twin", *args)
 
 
-def test_random_tokens_avoid_special_ids():
-  tokens = np.asarray(workloads.random_tokens(jax.random.PRNGKey(0), 6, (4, 50)))
-  assert tokens.dtype == np.int32 and tokens.shape == (4, 50)
-  assert tokens.min() >= 3 and tokens.max() < 6
-
-
 def test_host_tokens_avoid_special_ids_and_follow_the_generator():
   tokens = np.asarray(workloads.host_tokens(np.random.default_rng(0), 6, (4, 50)))
   assert tokens.dtype == np.int32 and tokens.shape == (4, 50)
   assert tokens.min() >= 3 and tokens.max() < 6 and len(np.unique(tokens)) == 3
   again = np.asarray(workloads.host_tokens(np.random.default_rng(0), 6, (4, 50)))
   np.testing.assert_array_equal(tokens, again)
-
-
-def test_random_inputs_end_in_eos_then_padding():
-  inputs = workloads.random_inputs(vocab_size=20, num_examples=5, length=8, seed=3, eos_id=1)
-  assert inputs.dtype == np.int32 and inputs.shape == (5, 8)
-  for row in inputs:
-    n = int(np.flatnonzero(row == 1)[0]) + 1  # one EOS, after n - 1 ordinary tokens
-    assert 4 <= n <= 8 and np.all(row[: n - 1] >= 3) and np.all(row[n:] == 0)
-  np.testing.assert_array_equal(inputs, workloads.random_inputs(20, 5, 8, seed=3))
-  with pytest.raises(ValueError, match="num_examples >= 1"):
-    workloads.random_inputs(20, 0, 8)
-
-
-class _CharVocabulary:
-  """Each character one token (its code point modulo 50, plus 3); EOS = 1."""
-
-  eos_id = 1
-  vocab_size = 53
-
-  def encode(self, text):
-    return [ord(ch) % 50 + 3 for ch in text]
-
-
-def test_encode_texts_pads_and_names_texts_that_do_not_fit():
-  inputs = workloads.encode_texts(["ab", "abcdefghij"], _CharVocabulary())
-  assert inputs.shape == (2, 16)  # 11 tokens with EOS, rounded up to a multiple of 8
-  assert list(inputs[0, :4]) == [ord("a") % 50 + 3, ord("b") % 50 + 3, 1, 0]
-  assert workloads.encode_texts(["ab"], _CharVocabulary(), length=5).shape == (1, 5)
-  with pytest.raises(
-      ValueError,
-      match=r"1 of the 2 inputs \(first: input 2, 11 tokens with EOS"
-      r".*exceed the 'inputs' length 8",
-  ):
-    workloads.encode_texts(["ab", "abcdefghij"], _CharVocabulary(), length=8)
-
-
-def test_read_lines_and_check_vocabulary(tmp_path):
-  path = tmp_path / "lines.txt"
-  path.write_text(" one \n\ntwo\nthree\n")
-  assert workloads.read_lines(str(path)) == ["one", "two", "three"]
-  assert workloads.read_lines(str(path), 2) == ["one", "two"]
-  path.write_text("\n \n")
-  with pytest.raises(ValueError, match="has no non-empty lines"):
-    workloads.read_lines(str(path))
-  workloads.check_vocabulary(_CharVocabulary(), 53, "chars")
-  with pytest.raises(ValueError, match="chars has 53 pieces but the models' vocab_size is 40"):
-    workloads.check_vocabulary(_CharVocabulary(), 40, "chars")
 
 
 def test_a_drafter_without_single_network_steps_is_timed_by_its_own_proposal():

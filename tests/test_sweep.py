@@ -18,7 +18,7 @@ from speculative_t5x import trees
 from speculative_t5x.measuring import step_costs
 from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import sweep
-from speculative_t5x.measuring import workloads
+from speculative_t5x.text import input_data
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -112,7 +112,7 @@ def test_sweep_times_examples_side_by_side_and_costs_between_them(monkeypatch):
   monkeypatch.setattr(step_costs, "decode_step_calls", decode_step_calls)
   monkeypatch.setattr(stopwatch, "time_rounds", time_rounds)
   config, params = _tiny_pair()
-  inputs = workloads.random_inputs(config.vocab_size, 2, 6, seed=0)
+  inputs = input_data.random_inputs(config.vocab_size, 2, 6, seed=0)
   vocabulary = seqio.PassThroughVocabulary(config.vocab_size, eos_id=1)
   measured = sweep.sweep(
       config,
@@ -159,7 +159,7 @@ def test_cost_repeats_zero_times_no_step_and_leaves_the_step_figures_nan(monkeyp
   ):
     monkeypatch.setattr(module, name, refuse)
   config, params = _tiny_pair()
-  inputs = workloads.random_inputs(config.vocab_size, 2, 6, seed=0)
+  inputs = input_data.random_inputs(config.vocab_size, 2, 6, seed=0)
 
   def run(temperatures, cost_repeats):
     return sweep.sweep(
@@ -302,7 +302,7 @@ def test_sweep_takes_a_drafter_reading_the_targets_encoder(monkeypatch):
   drafter_params = network.shared_encoder_init_params(
       drafter_config, config.emb_dim, jax.random.PRNGKey(3)
   )
-  inputs = workloads.random_inputs(config.vocab_size, 3, 6, seed=1)
+  inputs = input_data.random_inputs(config.vocab_size, 3, 6, seed=1)
   measured = sweep.sweep(
       config,
       params,
@@ -401,27 +401,6 @@ def test_grid_settings_cross_the_axes_and_label_them():
   plain, adaptive = sweep.grid_settings(["a"], [4], None, stops)
   assert (plain.label, adaptive.label) == ("a, static draft length", "a, confident draft length")
   assert adaptive.shape == draft_shapes.Chain(4, draft_length.ConfidenceStop(0.5))
-
-
-def test_load_inputs_random_and_from_a_file(tmp_path):
-  task, vocabulary, inputs = sweep.load_inputs(50, {"inputs": 8, "targets": 4}, num_examples=3)
-  assert task == sweep.RANDOM_TASK and vocabulary.eos_id == 1 and inputs.shape == (3, 8)
-  assert all(1 in row for row in inputs)
-
-  spm = str(REPO / "demo_models" / "sentencepiece.model")
-  lines = tmp_path / "inputs.txt"
-  lines.write_text("Open the file\n\nSave\n")
-  task, vocabulary, inputs = sweep.load_inputs(
-      8000, {"inputs": 8}, input_file=str(lines), sentencepiece_model=spm
-  )
-  assert task == "inputs" and inputs.shape == (2, 8)
-  assert list(inputs[1][inputs[1] > 0]) == vocabulary.encode("Save") + [vocabulary.eos_id]
-  with pytest.raises(ValueError, match="not both"):
-    sweep.load_inputs(8000, {"inputs": 8}, task="demo_ende", input_file=str(lines))
-  with pytest.raises(ValueError, match="has 8000 pieces but the models' vocab_size is 100"):
-    sweep.load_inputs(100, {"inputs": 8}, input_file=str(lines), sentencepiece_model=spm)
-  with pytest.raises(ValueError, match="num_examples >= 1"):
-    sweep.load_inputs(50, {"inputs": 8}, num_examples=0)
 
 
 def test_steps_within_the_noise_get_more_rounds_then_an_error():

@@ -23,6 +23,7 @@ from speculative_t5x import network
 from speculative_t5x import sampling
 from speculative_t5x.measuring import stopwatch
 from speculative_t5x.measuring import workloads
+from speculative_t5x.text import input_data
 
 DEFAULT_STEPS_PER_CALL = 8
 EXTRA_PASSES = 4  # step times: calls of 1 + EXTRA_PASSES passes minus calls of 1 pass.
@@ -86,8 +87,8 @@ def _feedback_tokens(logits: jax.Array) -> jax.Array:
   cost, so the network alone is timed."""
   return jnp.where(
       jnp.sum(logits, axis=-1) > 0,
-      workloads.FIRST_NON_SPECIAL_ID + 1,
-      workloads.FIRST_NON_SPECIAL_ID,
+      input_data.FIRST_NON_SPECIAL_ID + 1,
+      input_data.FIRST_NON_SPECIAL_ID,
   ).astype(jnp.int32)
 
 
@@ -197,7 +198,7 @@ class ProposalStage:
         rng_encoded, encoder_tokens.shape + (self.target_emb_dim,), jnp.float32
     )
     state = self.drafter.init_state(params[0], encoder_tokens, cache_length, target_encoded=encoded)
-    sequences = workloads.random_tokens(
+    sequences = input_data.random_tokens(
         rng_tokens, self.vocab_size, (encoder_tokens.shape[0], cache_length)
     )
     return state, sequences

@@ -8,16 +8,14 @@ between the examples (`cost_rounds_after`), so costs and decodes sample the same
 machine; with cost_repeats=0 they are not, and the rows' step-cost figures are NaN.
 
 The settings (`SweepSetting`, crossed by `grid_settings`) are drafters, gammas, verifiers,
-draft-length rules and trees; the examples (`load_inputs`) come from a seqio task, a file of lines
-or random token ids, and may differ in encoder length (`pad_to_buckets`).
+draft-length rules and trees; the examples (`input_data.load_inputs`) come from a seqio task, a
+file of lines or random token ids, and may differ in encoder length (`pad_to_buckets`).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import os
-import pathlib
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import jax
@@ -36,13 +34,11 @@ from speculative_t5x import validation
 from speculative_t5x.measuring import report
 from speculative_t5x.measuring import step_costs
 from speculative_t5x.measuring import stopwatch
-from speculative_t5x.measuring import workloads
 from speculative_t5x.text import vocabularies
 
 BASELINE = "baseline"  # the settings' key of the baseline; speculative ones are (drafter, gamma).
 EXTRA_COST_ROUNDS = 10  # more rounds of the decode steps where one is within the noise,
 MAX_EXTRA_COST_ROUNDS = 30  # up to this many (`sweep`), before its error.
-RANDOM_TASK = "random"  # the task label of random inputs.
 # Rounds of each setting's prefill per encoder shape and temperature (`time_prefills`).
 PREFILL_REPEATS = 10
 
@@ -230,96 +226,6 @@ def example_calls(
       "decode": (setting.predict, (setting.params, batch, rng, jnp.float32(temperature))),
       "prefill": _prefill_call(setting, batch),
   }
-
-
-def check_input_source(
-    task: str | None,
-    split: str,
-    input_file: str | None,
-    sentencepiece_model: str | None,
-    num_examples: int,
-) -> None:
-  """What `load_inputs` will read, checked without reading it. Raises ValueError naming the
-  fix."""
-  if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)):
-    raise ValueError(f"num_examples must be an integer >= 0, got {num_examples!r}.")
-  if num_examples < 0:
-    raise ValueError(f"num_examples must be >= 0 (0: every example), got {num_examples}.")
-  if task is not None and input_file is not None:
-    raise ValueError(f"give a task ({task}) or an input file ({input_file}), not both.")
-  if task is not None:
-    tasks = _tasks()
-    tasks.check_split(tasks.get_task(task), split, "the split")
-    return
-  if input_file is not None:
-    if not sentencepiece_model:
-      raise ValueError(f"the input file {input_file!r} needs a sentencepiece model to tokenize it.")
-    for path, what in ((input_file, "input file"), (sentencepiece_model, "sentencepiece model")):
-      if not os.path.isfile(path):
-        raise ValueError(f"the {what} {path!r} does not exist (or is not a file).")
-    return
-  if num_examples < 1:
-    raise ValueError(f"random inputs need num_examples >= 1, got {num_examples}.")
-
-
-def _tasks():
-  """speculative_t5x.text.tasks, imported where a task is read: a sweep of a file or of random
-  inputs runs without seqio and TensorFlow."""
-  try:
-    from speculative_t5x.text import tasks  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ValueError(
-        f"reading a seqio task needs seqio and TensorFlow, which cannot be imported here ({e}): "
-        "install the package with its dependencies (pip install -e .), or give an input file "
-        "or random inputs instead of a task."
-    ) from e
-  return tasks
-
-
-def load_inputs(
-    vocab_size: int,
-    task_feature_lengths: Mapping[str, int],
-    *,
-    task: str | None = None,
-    split: str = "test",
-    input_file: str | None = None,
-    sentencepiece_model: str | None = None,
-    num_examples: int = 0,
-    seed: int = 0,
-    eos_id: int = 1,
-) -> tuple[str, vocabularies.Vocabulary, np.ndarray]:
-  """A sweep's examples -> (label, vocabulary, encoder inputs [N, Le] int32, EOS-ended and
-  0-padded), from a `task`'s `split` (truncated as in T5X), the lines of an `input_file`
-  (tokenized with `sentencepiece_model`), or else `num_examples` random ones. `num_examples`
-  caps the first two (0: all); task_feature_lengths: {'inputs': Le, ...}."""
-  check_input_source(task, split, input_file, sentencepiece_model, num_examples)
-  length = int(task_feature_lengths["inputs"])
-  if task:
-    tasks = _tasks()
-    seqio_task = tasks.get_task(task)
-    vocabulary = seqio_task.output_features["targets"].vocabulary
-    workloads.check_vocabulary(vocabulary, vocab_size, f"task {task}")
-    return (
-        f"{task}:{split}",
-        vocabulary,
-        tasks.feature_arrays(
-            seqio_task, split, "inputs", task_feature_lengths, num_examples or None
-        ),
-    )
-  if input_file:
-    vocabulary = vocabularies.SentencePieceVocabulary(sentencepiece_model)
-    workloads.check_vocabulary(vocabulary, vocab_size, sentencepiece_model)
-    lines = workloads.read_lines(input_file, num_examples or None)
-    return (
-        pathlib.Path(input_file).stem,
-        vocabulary,
-        workloads.encode_texts(lines, vocabulary, length),
-    )
-  return (
-      RANDOM_TASK,
-      vocabularies.PassThroughVocabulary(vocab_size, eos_id=eos_id),
-      workloads.random_inputs(vocab_size, num_examples, length, seed, eos_id),
-  )
 
 
 @dataclasses.dataclass(frozen=True)
