@@ -799,7 +799,7 @@ def _loop_costs(
     seconds: dict[Hashable, np.ndarray], outputs: dict[Hashable, Any], loop_inputs: LoopInputs
 ) -> LoopCosts:
   """`_loop_calls`' seconds [rounds] and outputs -> LoopCosts. Raises ValueError where a loop's
-  time is not positive; a loop whose fitted time per unit is not is priced through the origin."""
+  time is not positive (the noise, not a price)."""
   inputs = range(len(loop_inputs.encoder_tokens))
   labels = list(dict.fromkeys(name[1] for name in seconds))
   per_unit, fixed, tokens, calls = {}, {}, {}, {}
@@ -826,11 +826,6 @@ def _loop_costs(
       )
       calls[label] = int(units.sum())
     per_unit[label], fixed[label] = _fit_decodes(loops, units)
-    if float(np.median(per_unit[label])) <= 0:
-      # Time that falls as the units grow is noise hiding the line: price through the origin,
-      # as `_fit_decodes` does a round whose F comes out negative.
-      per_unit[label] = loops.sum(axis=0) / units.sum()
-      fixed[label] = np.zeros_like(per_unit[label])
   return LoopCosts(
       baseline_token=stopwatch.Timing.from_seconds(per_unit[BASELINE]),
       call={label: stopwatch.Timing.from_seconds(per_unit[label]) for label in calls},
@@ -844,7 +839,9 @@ def _loop_costs(
 
 def _fit_decodes(seconds: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """t_i = F + u_i x by least squares: seconds [N, rounds], units [N] -> (x, F), each
-  [rounds]. A round with equal units or a negative F (noise) is F = 0, x = sum t / sum u."""
+  [rounds]. Where noise hides the line (equal units, a round's F negative, or a median x not
+  positive: time falling as the units grow), F = 0 and x = sum t / sum u: in that round, or in
+  every round for the median."""
   units = np.asarray(units, np.float64)
   through_origin = seconds.sum(axis=0) / units.sum()
   if np.ptp(units) == 0:
@@ -853,7 +850,10 @@ def _fit_decodes(seconds: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np
   slope = centered @ (seconds - seconds.mean(axis=0)) / (centered @ centered)
   intercept = seconds.mean(axis=0) - slope * units.mean()
   fitted = intercept >= 0
-  return np.where(fitted, slope, through_origin), np.where(fitted, intercept, 0.0)
+  per_unit = np.where(fitted, slope, through_origin)
+  if np.median(per_unit) <= 0:
+    return through_origin, np.zeros_like(through_origin)
+  return per_unit, np.where(fitted, intercept, 0.0)
 
 
 def _branching(tree: Any) -> tuple[int, ...]:
