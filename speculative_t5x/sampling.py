@@ -119,9 +119,12 @@ def sample(u: jax.Array, probs: jax.Array) -> jax.Array:
   """
   probs = probs.astype(jnp.float32)
   vocab = probs.shape[-1]
-  num_blocks = -(-vocab // SAMPLE_BLOCK)
-  padding = [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * SAMPLE_BLOCK - vocab)]
-  blocks = jnp.pad(probs, padding).reshape(probs.shape[:-1] + (num_blocks, SAMPLE_BLOCK))
+  # A vocabulary smaller than a block is one block of its own size: padding it would only add
+  # zeros to both cumulative sums.
+  width = min(SAMPLE_BLOCK, vocab)
+  num_blocks = -(-vocab // width)
+  padding = [(0, 0)] * (probs.ndim - 1) + [(0, num_blocks * width - vocab)]
+  blocks = jnp.pad(probs, padding).reshape(probs.shape[:-1] + (num_blocks, width))
   mass = jnp.sum(blocks, axis=-1)  # [..., num_blocks]
   block_cdf = jnp.cumsum(mass, axis=-1)
   total = block_cdf[..., -1:]
@@ -130,7 +133,7 @@ def sample(u: jax.Array, probs: jax.Array) -> jax.Array:
   inside = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]
   before = jnp.take_along_axis(block_cdf - mass, block[..., None], axis=-1)
   return (
-      block * SAMPLE_BLOCK + _first_above(jnp.cumsum(inside, axis=-1), threshold - before)
+      block * width + _first_above(jnp.cumsum(inside, axis=-1), threshold - before)
   ).astype(jnp.int32)
 
 

@@ -34,6 +34,7 @@ def test_demo_translates_and_checks_greedy_equality():
   )
   assert out.count("  EN  ") == 2 and out.count("  DE  ") == 2
   assert "before the run: 1-minute load average" in out
+  chose_a_shape = False
   for temperature in (0, 1):
     decision = re.search(
         rf"auto draft shape at temperature {temperature}: (gamma \d|baseline), .*\n"
@@ -49,6 +50,7 @@ def test_demo_translates_and_checks_greedy_equality():
     )
     assert decision, out
     chose_baseline = decision.group(1) == "baseline"
+    chose_a_shape = chose_a_shape or not chose_baseline
     assert re.search(
         rf"What you get on this machine: .*temperature {temperature}, "
         + (r"the baseline, 1\.00x" if chose_baseline else r"gamma \d, [\d.]+x"),
@@ -72,7 +74,9 @@ def test_demo_translates_and_checks_greedy_equality():
   # --cost_repeats=0, the default: auto's timed loops cost the shape, no decode step is timed.
   # (A baseline decision's reason names the verification's cost too, so the rows' line is matched.)
   assert out.count("tokens per target call\n") == 4 and "in target steps: a verification" not in out
-  assert "speedup" in out and "x per token" in out
+  # A chosen shape's row says "speedup"; where the baseline won at both temperatures (a busy
+  # machine), the rows give the timed shape's figure per token without that word.
+  assert ("speedup" in out or not chose_a_shape) and "x per token" in out
   assert "--verbose" in out and "| task |" not in out  # the full table only when asked
   assert "identical to the baseline on all 2 examples: True" in out
 
