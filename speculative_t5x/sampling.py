@@ -132,9 +132,8 @@ def sample(u: jax.Array, probs: jax.Array) -> jax.Array:
   block = _first_above(block_cdf, threshold)
   inside = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]
   before = jnp.take_along_axis(block_cdf - mass, block[..., None], axis=-1)
-  return (
-      block * width + _first_above(jnp.cumsum(inside, axis=-1), threshold - before)
-  ).astype(jnp.int32)
+  token = block * width + _first_above(jnp.cumsum(inside, axis=-1), threshold - before)
+  return token.astype(jnp.int32)
 
 
 def _first_above(cdf: jax.Array, threshold: jax.Array) -> jax.Array:
